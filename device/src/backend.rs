@@ -1,0 +1,90 @@
+//! The backend interface: a [`Backend`] allocates [`Arena`]s; an arena is written, sealed, then
+//! exported as an [`ExportedHandle`] for a worker process. The host backend implements it now,
+//! the CUDA backends (legacy IPC, VMM) later, without change to callers.
+
+use crate::error::Result;
+
+/// Which kind of memory a backend hands out, and so which handle a worker gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Shared host memory (`memfd`), passed as a file descriptor.
+    Host,
+    /// CUDA legacy IPC (`cuMemAlloc` + `CUipcMemHandle`).
+    CudaIpc,
+    /// CUDA virtual memory management (`cuMemCreate` with a POSIX-fd handle).
+    CudaVmm,
+}
+
+/// What a backend says about its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The backend.
+    pub backend: BackendKind,
+    /// The device's UUID as it goes on the wire (`"host"` for host memory).
+    pub uuid: String,
+    /// A human-readable name.
+    pub name: String,
+    /// The device's total memory in bytes (0 where unknown).
+    pub total_bytes: u64,
+}
+
+/// A device that allocates arenas.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Describes the device.
+    fn info(&self) -> DeviceInfo;
+
+    /// Allocates a zero-filled arena of `len` bytes (`len` may be 0: the arena is still valid),
+    /// writable until sealed. `label` names it (e.g. `"llama-7b@3"`) for debugging (the memfd's
+    /// name on the host backend).
+    fn allocate(&self, len: u64, label: &str) -> Result<Box<dyn Arena>>;
+
+    /// Device memory in use as the device reports it; `None` where unknown (host).
+    fn used_bytes(&self) -> Option<u64>;
+}
+
+/// One allocation: written, then sealed, then exported to workers.
+pub trait Arena: Send + Sync + std::fmt::Debug {
+    /// The arena's length in bytes.
+    fn len(&self) -> u64;
+
+    /// Whether the arena has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `bytes` into the arena at `offset`. Callable from several threads at once for
+    /// disjoint ranges. Fails if the range runs past the end or the arena is sealed.
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()>;
+
+    /// Ends writing: the contents become immutable (host: adds `F_SEAL_WRITE`). Idempotent.
+    fn seal(&self) -> Result<()>;
+
+    /// A handle to hand to a worker process. The host backend exports only sealed arenas.
+    fn export(&self) -> Result<ExportedHandle>;
+
+    /// Reads back `buf.len()` bytes at `offset` (server-side checks and tests).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+}
+
+/// A handle to an arena, to give to a worker process.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ExportedHandle {
+    /// Host: a new descriptor (a `dup`) of the sealed memfd, to pass with `SCM_RIGHTS`
+    /// (see [`crate::handoff`]) and map with [`crate::HostMapping::map`].
+    Fd(std::os::fd::OwnedFd),
+}
+
+/// Checks that `len` bytes at `offset` lie within an arena of `arena_len` bytes.
+pub(crate) fn check_range(op: &'static str, offset: u64, len: usize, arena_len: u64) -> Result<()> {
+    let len = len as u64;
+    match offset.checked_add(len) {
+        Some(end) if end <= arena_len => Ok(()),
+        _ => Err(crate::DeviceError::OutOfRange {
+            op,
+            offset,
+            len,
+            arena_len,
+        }),
+    }
+}

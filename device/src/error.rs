@@ -1,0 +1,97 @@
+//! The crate's one error type, [`DeviceError`], and its [`Result`] alias.
+//!
+//! Messages are lowercase and name the thing; the cause, where there is one, is the error's
+//! `source()`, not repeated in the message.
+
+/// What can go wrong with an arena, a mapping or a handoff.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A read or write touches bytes past the arena's end.
+    #[error("{op} of {len} bytes at offset {offset} runs past the arena's {arena_len} bytes")]
+    OutOfRange {
+        /// `"write"` or `"read"`.
+        op: &'static str,
+        /// Where the access starts.
+        offset: u64,
+        /// How many bytes it touches.
+        len: u64,
+        /// The arena's length.
+        arena_len: u64,
+    },
+    /// A write came after the arena was sealed.
+    #[error("the arena is sealed: its contents can no longer change")]
+    Sealed,
+    /// An arena was exported before it was sealed.
+    #[error("the arena is not sealed yet: seal it before exporting it")]
+    NotSealed,
+    /// A system call failed for a reason other than those with their own variant.
+    #[error("{op} failed")]
+    Io {
+        /// The operation, e.g. `"pwrite to the arena"`.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The memory could not be had (no memory, no space, file too large, out of descriptors).
+    #[error("allocating {bytes} bytes failed: {reason}")]
+    AllocationFailed {
+        /// The size asked for.
+        bytes: u64,
+        /// Why it failed.
+        reason: String,
+    },
+    /// An imported handle is not what it claims to be (wrong size, not sealed, ...).
+    #[error("bad memory handle: {reason}")]
+    BadHandle {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The handle server answered a ticket with a refusal.
+    #[error("the handle server refused the ticket: {reason}")]
+    HandoffRefused {
+        /// The server's reason, as it sent it.
+        reason: String,
+    },
+    /// A handoff message broke the wire protocol.
+    #[error("malformed handoff message: {reason}")]
+    Protocol {
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The backend cannot do this.
+    #[error("{what} is not supported by this backend")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
+}
+
+impl DeviceError {
+    /// Whether the error means a resource ran out (memory, space, descriptors), so that the
+    /// server can answer `RESOURCE_EXHAUSTED` rather than `INTERNAL`.
+    pub fn is_resource_exhausted(&self) -> bool {
+        match self {
+            DeviceError::AllocationFailed { .. } => true,
+            DeviceError::OutOfRange { .. }
+            | DeviceError::Sealed
+            | DeviceError::NotSealed
+            | DeviceError::Io { .. }
+            | DeviceError::BadHandle { .. }
+            | DeviceError::HandoffRefused { .. }
+            | DeviceError::Protocol { .. }
+            | DeviceError::Unsupported { .. } => false,
+        }
+    }
+
+    /// An [`DeviceError::Io`] from a rustix errno.
+    pub(crate) fn io(op: &'static str, errno: rustix::io::Errno) -> Self {
+        DeviceError::Io {
+            op,
+            source: errno.into(),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, DeviceError>;

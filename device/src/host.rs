@@ -1,0 +1,514 @@
+//! The host backend: arenas of shared host memory, one `memfd` each.
+//!
+//! Server side, a [`HostArena`] is a memfd created with `MFD_ALLOW_SEALING`, sized with
+//! `ftruncate` and at once sealed against shrinking and growing. It is written with `pwrite`
+//! (never through a writable mapping, which would make `F_SEAL_WRITE` impossible to add), then
+//! [`seal`](Arena::seal)ed with `F_SEAL_WRITE | F_SEAL_SEAL`, then exported as a `dup` of its
+//! descriptor. Worker side, a [`HostMapping`] checks the received descriptor's seals and size
+//! and maps it read-only. The kernel frees the memory once the arena, every exported
+//! descriptor and every mapping are gone.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::io::Errno;
+
+use crate::backend::{Arena, Backend, BackendKind, DeviceInfo, ExportedHandle, check_range};
+use crate::error::{DeviceError, Result};
+use crate::sys::SealedMapping;
+
+/// The longest memfd name Linux accepts (249 bytes, without the NUL).
+const MEMFD_NAME_MAX: usize = 249;
+
+/// Shared host memory as a backend. Cheap to create; holds nothing but its description.
+#[derive(Debug, Clone)]
+pub struct HostBackend {
+    info: DeviceInfo,
+}
+
+impl HostBackend {
+    /// A host backend; its total is `MemTotal` from `/proc/meminfo` (0 where unreadable).
+    pub fn new() -> Self {
+        HostBackend {
+            info: DeviceInfo {
+                backend: BackendKind::Host,
+                uuid: "host".into(),
+                name: "host memory".into(),
+                total_bytes: mem_total().unwrap_or(0),
+            },
+        }
+    }
+}
+
+impl Default for HostBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for HostBackend {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    fn allocate(&self, len: u64, label: &str) -> Result<Box<dyn Arena>> {
+        Ok(Box::new(HostArena::new(len, label)?))
+    }
+
+    fn used_bytes(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// `MemTotal` from `/proc/meminfo`, in bytes.
+fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line["MemTotal:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    let scale = match words.next() {
+        Some("kB") => 1024,
+        None => 1,
+        Some(_) => return None,
+    };
+    n.checked_mul(scale)
+}
+
+/// An arena of shared host memory: one sealable memfd.
+#[derive(Debug)]
+pub struct HostArena {
+    fd: OwnedFd,
+    len: u64,
+    sealed: AtomicBool,
+}
+
+impl HostArena {
+    /// Creates a zero-filled memfd of `len` bytes named after `label`, sealed against shrinking
+    /// and growing, still writable.
+    ///
+    /// Out of memory, space or descriptors is [`DeviceError::AllocationFailed`]. On tmpfs the
+    /// size is reserved lazily: pages are taken as they are written.
+    pub fn new(len: u64, label: &str) -> Result<Self> {
+        let name = memfd_name(label);
+        let fd = create_memfd(&name, len)?;
+        rustix::fs::ftruncate(&fd, len).map_err(|e| match e {
+            Errno::INVAL | Errno::FBIG | Errno::NOSPC | Errno::NOMEM => {
+                DeviceError::AllocationFailed {
+                    bytes: len,
+                    reason: format!("ftruncate of memfd '{name}': {e}"),
+                }
+            }
+            e => DeviceError::io("ftruncate of the arena's memfd", e),
+        })?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)
+            .map_err(|e| DeviceError::io("sealing the arena's size (F_ADD_SEALS)", e))?;
+        tracing::debug!(len, label, "allocated host arena");
+        Ok(HostArena {
+            fd,
+            len,
+            sealed: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether [`seal`](Arena::seal) has completed.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed.load(Ordering::Acquire)
+    }
+}
+
+/// `modelshare:<label>`, cut to the kernel's limit at a character boundary, without NULs.
+fn memfd_name(label: &str) -> String {
+    let mut name = String::with_capacity(MEMFD_NAME_MAX);
+    for c in "modelshare:".chars().chain(label.chars()) {
+        let c = if c == '\0' { '_' } else { c };
+        if name.len() + c.len_utf8() > MEMFD_NAME_MAX {
+            break;
+        }
+        name.push(c);
+    }
+    name
+}
+
+/// `memfd_create`, with `MFD_NOEXEC_SEAL` where the kernel knows it (6.3+), else without.
+fn create_memfd(name: &str, len: u64) -> Result<OwnedFd> {
+    let base = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    let created = match rustix::fs::memfd_create(name, base | MemfdFlags::NOEXEC_SEAL) {
+        Err(Errno::INVAL) => rustix::fs::memfd_create(name, base),
+        other => other,
+    };
+    created.map_err(|e| match e {
+        Errno::NOMEM | Errno::NOSPC | Errno::MFILE | Errno::NFILE => {
+            DeviceError::AllocationFailed {
+                bytes: len,
+                reason: format!("memfd_create '{name}': {e}"),
+            }
+        }
+        e => DeviceError::io("memfd_create for an arena", e),
+    })
+}
+
+impl Arena for HostArena {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+        check_range("write", offset, bytes.len(), self.len)?;
+        if self.is_sealed() {
+            return Err(DeviceError::Sealed);
+        }
+        let mut done = 0;
+        while done < bytes.len() {
+            match rustix::io::pwrite(&self.fd, &bytes[done..], offset + done as u64) {
+                Ok(0) => {
+                    return Err(DeviceError::io("pwrite to the arena", Errno::IO));
+                }
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                // A seal raced with this write.
+                Err(Errno::PERM) => return Err(DeviceError::Sealed),
+                Err(e @ (Errno::NOSPC | Errno::NOMEM | Errno::FBIG)) => {
+                    return Err(DeviceError::AllocationFailed {
+                        bytes: self.len,
+                        reason: format!("pwrite of {} bytes at offset {offset}: {e}", bytes.len()),
+                    });
+                }
+                Err(e) => return Err(DeviceError::io("pwrite to the arena", e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn seal(&self) -> Result<()> {
+        if self.is_sealed() {
+            return Ok(());
+        }
+        match rustix::fs::fcntl_add_seals(&self.fd, SealFlags::WRITE | SealFlags::SEAL) {
+            Ok(()) => {}
+            // F_SEAL_SEAL already set: another thread sealed it first, if WRITE is there.
+            Err(Errno::PERM)
+                if rustix::fs::fcntl_get_seals(&self.fd)
+                    .is_ok_and(|s| s.contains(SealFlags::WRITE)) => {}
+            Err(e) => return Err(DeviceError::io("sealing the arena (F_SEAL_WRITE)", e)),
+        }
+        self.sealed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn export(&self) -> Result<ExportedHandle> {
+        if !self.is_sealed() {
+            return Err(DeviceError::NotSealed);
+        }
+        let fd =
+            self.fd
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| match source.raw_os_error() {
+                    Some(code) if code == Errno::MFILE.raw_os_error() => {
+                        DeviceError::AllocationFailed {
+                            bytes: self.len,
+                            reason: format!("dup of the arena's memfd: {source}"),
+                        }
+                    }
+                    _ => DeviceError::Io {
+                        op: "dup of the arena's memfd",
+                        source,
+                    },
+                })?;
+        Ok(ExportedHandle::Fd(fd))
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range("read", offset, buf.len(), self.len)?;
+        let mut done = 0;
+        while done < buf.len() {
+            match rustix::io::pread(&self.fd, &mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(DeviceError::io("pread from the arena", Errno::IO)),
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(DeviceError::io("pread from the arena", e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Worker side: a read-only mapping of an arena received as a descriptor.
+///
+/// Send and Sync; unmapped on drop. It keeps the memory alive by itself: the descriptor it was
+/// made from is closed once mapped, and the server may drop its arena meanwhile.
+#[derive(Debug)]
+pub struct HostMapping {
+    mapping: SealedMapping,
+}
+
+impl HostMapping {
+    /// Maps `fd` read-only after checking that it is `expected_len` bytes long and sealed
+    /// against writes, shrinking and growing ([`DeviceError::BadHandle`] otherwise: unsealed, the
+    /// bytes could change or the file shrink under the reader, a `SIGBUS`). Consumes `fd`.
+    pub fn map(fd: OwnedFd, expected_len: u64) -> Result<HostMapping> {
+        let mapping = SealedMapping::map(fd.as_fd(), expected_len)?;
+        Ok(HostMapping { mapping })
+    }
+
+    /// The arena's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.mapping.as_slice()
+    }
+
+    /// The arena's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.mapping.len() as u64
+    }
+
+    /// Whether the arena has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.mapping.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use rustix::fs::{MemfdFlags, SealFlags};
+    use rustix::io::Errno;
+
+    use super::*;
+    use crate::test_util::random_bytes;
+
+    fn exported_fd(arena: &dyn Arena) -> OwnedFd {
+        match arena.export().unwrap() {
+            ExportedHandle::Fd(fd) => fd,
+        }
+    }
+
+    /// Several MiB written from several threads, sealed, exported and mapped come back intact.
+    #[test]
+    fn write_seal_export_map_round_trips() {
+        let backend: Box<dyn Backend> = Box::new(HostBackend::new());
+        let data = random_bytes(5 * 1024 * 1024 + 123, 7);
+        let arena = backend.allocate(data.len() as u64, "round-trip@1").unwrap();
+        assert_eq!(arena.len(), data.len() as u64);
+        let chunk = 1024 * 1024 + 17;
+        std::thread::scope(|s| {
+            for (i, part) in data.chunks(chunk).enumerate() {
+                let arena = &arena;
+                s.spawn(move || arena.write_at((i * chunk) as u64, part).unwrap());
+            }
+        });
+        arena.seal().unwrap();
+        let mut back = vec![0; data.len()];
+        arena.read_at(0, &mut back).unwrap();
+        assert!(back == data, "read_at differs from what was written");
+        let mapping = HostMapping::map(exported_fd(&*arena), data.len() as u64).unwrap();
+        assert_eq!(mapping.len(), data.len() as u64);
+        assert!(
+            mapping.as_slice() == data,
+            "mapping differs from what was written"
+        );
+    }
+
+    /// A new arena reads as zeros where nothing was written.
+    #[test]
+    fn new_arena_is_zero_filled() {
+        let arena = HostArena::new(10_000, "zeros").unwrap();
+        arena.write_at(100, &[1, 2, 3]).unwrap();
+        let mut buf = vec![0xff; 10_000];
+        arena.read_at(0, &mut buf).unwrap();
+        assert!(buf[..100].iter().all(|&b| b == 0));
+        assert_eq!(&buf[100..103], &[1, 2, 3]);
+        assert!(buf[103..].iter().all(|&b| b == 0));
+    }
+
+    /// Writes after seal are refused, and sealing twice is harmless.
+    #[test]
+    fn write_after_seal_is_refused() {
+        let arena = HostArena::new(4096, "sealed").unwrap();
+        arena.write_at(0, b"before").unwrap();
+        arena.seal().unwrap();
+        arena.seal().unwrap();
+        assert!(arena.is_sealed());
+        assert!(matches!(
+            arena.write_at(0, b"after"),
+            Err(DeviceError::Sealed)
+        ));
+        let mut buf = [0; 6];
+        arena.read_at(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"before");
+    }
+
+    /// Reads and writes past the end (or whose end overflows u64) are refused with the numbers.
+    #[test]
+    fn out_of_range_access_is_refused() {
+        let arena = HostArena::new(2048, "range").unwrap();
+        let err = arena.write_at(100, &[0; 4096]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "write of 4096 bytes at offset 100 runs past the arena's 2048 bytes"
+        );
+        assert!(matches!(
+            arena.write_at(u64::MAX, &[1]),
+            Err(DeviceError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            arena.write_at(2049, &[]),
+            Err(DeviceError::OutOfRange { .. })
+        ));
+        arena.write_at(2048, &[]).unwrap();
+        arena.write_at(2047, &[9]).unwrap();
+        let mut buf = [0; 2];
+        assert!(matches!(
+            arena.read_at(2047, &mut buf),
+            Err(DeviceError::OutOfRange { op: "read", .. })
+        ));
+    }
+
+    /// A zero-length arena allocates, seals, exports and maps to an empty slice.
+    #[test]
+    fn zero_length_arena_works_end_to_end() {
+        let arena = HostBackend::new().allocate(0, "empty").unwrap();
+        assert!(arena.is_empty());
+        arena.write_at(0, &[]).unwrap();
+        arena.read_at(0, &mut []).unwrap();
+        arena.seal().unwrap();
+        let mapping = HostMapping::map(exported_fd(&*arena), 0).unwrap();
+        assert!(mapping.is_empty());
+        assert_eq!(mapping.as_slice(), &[] as &[u8]);
+    }
+
+    /// Exporting a still-writable arena is refused, so no worker gets a writable descriptor.
+    #[test]
+    fn export_before_seal_is_refused() {
+        let arena = HostArena::new(64, "unsealed").unwrap();
+        assert!(matches!(arena.export(), Err(DeviceError::NotSealed)));
+    }
+
+    /// Mapping a descriptor whose bytes could change or whose size is wrong is refused.
+    #[test]
+    fn map_refuses_unsealed_or_wrong_size() {
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        // Sealable but no seals yet.
+        let fd = rustix::fs::memfd_create("unsealed", flags).unwrap();
+        rustix::fs::ftruncate(&fd, 4096).unwrap();
+        let err = HostMapping::map(fd, 4096).unwrap_err();
+        assert!(
+            matches!(&err, DeviceError::BadHandle { reason } if reason.contains("seal")),
+            "{err}"
+        );
+        // Size sealed, writes not.
+        let fd = rustix::fs::memfd_create("half-sealed", flags).unwrap();
+        rustix::fs::ftruncate(&fd, 4096).unwrap();
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+        assert!(matches!(
+            HostMapping::map(fd, 4096),
+            Err(DeviceError::BadHandle { .. })
+        ));
+        // Not sealable at all.
+        let fd = rustix::fs::memfd_create("no-sealing", MemfdFlags::CLOEXEC).unwrap();
+        assert!(matches!(
+            HostMapping::map(fd, 0),
+            Err(DeviceError::BadHandle { .. })
+        ));
+        // Not a memory file.
+        let (pipe, _w) = std::io::pipe().unwrap();
+        assert!(matches!(
+            HostMapping::map(pipe.into(), 0),
+            Err(DeviceError::BadHandle { .. })
+        ));
+        // Fully sealed, wrong size.
+        let arena = HostArena::new(4096, "size").unwrap();
+        arena.seal().unwrap();
+        let err = HostMapping::map(exported_fd(&arena), 8192).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bad memory handle: the memory file has 4096 bytes, expected 8192"
+        );
+    }
+
+    /// After seal, the exported descriptor can neither write, resize nor map writable.
+    #[test]
+    fn exported_fd_cannot_modify_after_seal() {
+        let arena = HostArena::new(4096, "readonly").unwrap();
+        arena.write_at(0, &[7; 4096]).unwrap();
+        arena.seal().unwrap();
+        let fd = exported_fd(&arena);
+        assert_eq!(rustix::io::pwrite(&fd, b"x", 0), Err(Errno::PERM));
+        assert_eq!(rustix::fs::ftruncate(&fd, 0), Err(Errno::PERM));
+        assert_eq!(rustix::fs::ftruncate(&fd, 8192), Err(Errno::PERM));
+        assert_eq!(
+            rustix::fs::fcntl_add_seals(&fd, SealFlags::FUTURE_WRITE),
+            Err(Errno::PERM)
+        );
+        let mut buf = [0; 1];
+        arena.read_at(0, &mut buf).unwrap();
+        assert_eq!(buf, [7]);
+    }
+
+    /// A worker's mapping stays readable after the server drops the arena and the descriptor.
+    #[test]
+    fn mapping_outlives_arena() {
+        let data = random_bytes(3 * 4096 + 5, 11);
+        let arena = HostArena::new(data.len() as u64, "outlive").unwrap();
+        arena.write_at(0, &data).unwrap();
+        arena.seal().unwrap();
+        let fd = exported_fd(&arena);
+        drop(arena);
+        let mapping = HostMapping::map(fd, data.len() as u64).unwrap();
+        let mapping = std::thread::spawn(move || mapping).join().unwrap();
+        assert!(mapping.as_slice() == data);
+    }
+
+    /// An impossible size is a resource error the server can answer RESOURCE_EXHAUSTED with.
+    #[test]
+    fn impossible_size_is_allocation_failed() {
+        let err = HostArena::new(u64::MAX, "huge").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DeviceError::AllocationFailed {
+                    bytes: u64::MAX,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.is_resource_exhausted());
+        assert!(!DeviceError::Sealed.is_resource_exhausted());
+    }
+
+    /// The memfd's name carries the label, within the kernel's limit, whatever the label.
+    #[test]
+    fn memfd_names_are_bounded() {
+        assert_eq!(memfd_name("llama-7b@3"), "modelshare:llama-7b@3");
+        let long = "é".repeat(300);
+        let name = memfd_name(&long);
+        assert!(name.len() <= MEMFD_NAME_MAX && name.len() >= MEMFD_NAME_MAX - 1);
+        assert_eq!(memfd_name("a\0b"), "modelshare:a_b");
+        let arena = HostArena::new(1, &format!("{long}\0")).unwrap();
+        assert!(arena.fd.as_fd().try_clone_to_owned().is_ok());
+    }
+
+    /// The host backend describes itself as host memory with the machine's total.
+    #[test]
+    fn host_info() {
+        let backend = HostBackend::new();
+        let info = backend.info();
+        assert_eq!(info.backend, BackendKind::Host);
+        assert_eq!(info.uuid, "host");
+        assert_eq!(info.name, "host memory");
+        assert!(info.total_bytes > 0, "MemTotal not read from /proc/meminfo");
+        assert_eq!(backend.used_bytes(), None);
+    }
+
+    /// Mappings and arenas can be shared between threads.
+    #[test]
+    fn types_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<HostMapping>();
+        check::<HostArena>();
+        check::<HostBackend>();
+        check::<Box<dyn Arena>>();
+    }
+}

@@ -1,0 +1,28 @@
+//! Compiles `modelshare/v1/*.proto` with protox (a pure-Rust protobuf compiler, so no `protoc`
+//! is needed) and generates the tonic code into `OUT_DIR`, with the file descriptor set that
+//! the server's reflection service serves.
+
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &[
+    "modelshare/v1/common.proto",
+    "modelshare/v1/admin.proto",
+    "modelshare/v1/worker.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(PROTOS, ["."])?;
+    std::fs::write(
+        out_dir.join("modelshare_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(cfg!(feature = "client"))
+        .build_server(cfg!(feature = "server"))
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! The gRPC contract of modelshare.
+//!
+//! # Layout
+//! - `modelshare/v1/common.proto`: dtypes, version states, manifests, device info.
+//! - `modelshare/v1/admin.proto`: [`v1::admin_service_client`] / [`v1::admin_service_server`],
+//!   the operator API (load, unload, list, describe, stats, sessions).
+//! - `modelshare/v1/worker.proto`: [`v1::worker_service_client`] / [`v1::worker_service_server`],
+//!   sessions, attach and release.
+//!
+//! The code is generated at build time into `OUT_DIR`; [`FILE_DESCRIPTOR_SET`] is the compiled
+//! descriptor set, for gRPC server reflection. Client and server stubs sit behind the `client`
+//! and `server` features so that the worker SDK does not build server code.
+#![forbid(unsafe_code)]
+
+/// Package `modelshare.v1`.
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod v1 {
+    tonic::include_proto!("modelshare.v1");
+}
+
+/// The encoded `FileDescriptorSet` of every modelshare `.proto` file.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/modelshare_descriptor.bin"));

@@ -1,0 +1,132 @@
+//! The application state shared by every service, and the one path a load takes (used both by
+//! `LoadModel` and by the start-up models).
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::error::ServerError;
+use crate::handles::Tickets;
+use crate::loader;
+use crate::model::validate_name;
+use crate::registry::{LoadProgress, Registry, VersionSnapshot};
+use crate::weights::{layout, source};
+
+/// State shared by the gRPC services.
+#[derive(Debug, Clone)]
+pub struct App {
+    /// Models, versions, sessions, leases.
+    pub registry: Arc<Registry>,
+    /// Outstanding fd-passing tickets.
+    pub tickets: Arc<Tickets>,
+    /// The whole configuration.
+    pub config: Arc<Config>,
+    /// Cancelled when the server starts shutting down.
+    pub shutdown: CancellationToken,
+    load_slots: Arc<Semaphore>,
+}
+
+/// A load that has been validated and admitted; its copy runs in the background.
+#[derive(Debug)]
+pub struct RunningLoad {
+    /// Version number assigned.
+    pub version: u32,
+    /// Payload bytes to copy.
+    pub bytes_total: u64,
+    /// Number of tensors.
+    pub tensor_count: u32,
+    /// Shared progress.
+    pub progress: Arc<LoadProgress>,
+    /// Resolves when the load ends: the version as it then stands, or why it failed.
+    pub done: oneshot::Receiver<Result<VersionSnapshot, ServerError>>,
+}
+
+impl App {
+    /// Application state over `registry`.
+    pub fn new(registry: Arc<Registry>, config: Arc<Config>) -> Self {
+        Self {
+            registry,
+            tickets: Arc::new(Tickets::new(config.ticket_ttl)),
+            load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
+            shutdown: CancellationToken::new(),
+            config,
+        }
+    }
+
+    /// Validates `name` and the weights at `path` (every header, before anything is allocated),
+    /// allocates the arena and starts the copy on a blocking thread. The copy goes on if the
+    /// caller stops listening.
+    pub async fn start_load(&self, name: &str, path: &str) -> Result<RunningLoad, ServerError> {
+        validate_name(name)?;
+        let permit = self.load_permit()?;
+        let root = self.config.model_root.clone();
+        let limits = self.config.weights.clone();
+        let rel = path.to_owned();
+        let registry = self.registry.clone();
+        let model = name.to_owned();
+        // Validation reads files and allocation may call the device: both block.
+        let (job, src, plan) = tokio::task::spawn_blocking(move || {
+            let src = source::resolve(&root, &rel, &limits)?;
+            let plan = layout::plan(&src)?;
+            let job = registry.begin_load(&model, &src, &plan)?;
+            Ok::<_, ServerError>((job, src, plan))
+        })
+        .await
+        .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
+
+        let (tx, done) = oneshot::channel();
+        let running = RunningLoad {
+            version: job.version,
+            bytes_total: plan.payload_bytes,
+            tensor_count: u32::try_from(plan.tensors.len()).unwrap_or(u32::MAX),
+            progress: job.progress.clone(),
+            done,
+        };
+        let registry = self.registry.clone();
+        tokio::task::spawn_blocking(move || {
+            let _permit: OwnedSemaphorePermit = permit;
+            let started = std::time::Instant::now();
+            let reply = match loader::copy_into(&job, &src, &plan) {
+                Ok(manifest) => {
+                    registry.finish_load(&job, Ok(manifest));
+                    let secs = started.elapsed().as_secs_f64();
+                    info!(
+                        model = %job.model,
+                        version = job.version,
+                        bytes = plan.payload_bytes,
+                        seconds = secs,
+                        gb_per_s = plan.payload_bytes as f64 / secs.max(1e-9) / 1e9,
+                        "model loaded"
+                    );
+                    registry
+                        .version_snapshot(&job.model, job.version)
+                        .ok_or_else(|| ServerError::LoadCancelled {
+                            model: job.model.clone(),
+                            version: job.version,
+                        })
+                }
+                Err(e) => {
+                    warn!(model = %job.model, version = job.version, error = %e, "load failed");
+                    registry.finish_load(&job, Err(e.to_string()));
+                    Err(e)
+                }
+            };
+            let _ = tx.send(reply);
+        });
+        Ok(running)
+    }
+
+    fn load_permit(&self) -> Result<OwnedSemaphorePermit, ServerError> {
+        self.load_slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ServerError::LimitExceeded {
+                what: "loads running at once".into(),
+                limit: self.config.max_concurrent_loads as u64,
+                requested: self.config.max_concurrent_loads as u64 + 1,
+            })
+    }
+}

@@ -1,0 +1,336 @@
+//! Printing command results as readable tables or as JSON (one document per command).
+
+use comfy_table::presets::UTF8_BORDERS_ONLY;
+use comfy_table::{Cell, CellAlignment, Table};
+use modelshare_proto::v1 as pb;
+use serde_json::{Value, json};
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Readable tables.
+    Table,
+    /// JSON on one line.
+    Json,
+}
+
+/// `1536` → `1.5 KiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn state_name(v: i32) -> &'static str {
+    match pb::VersionState::try_from(v) {
+        Ok(pb::VersionState::Loading) => "loading",
+        Ok(pb::VersionState::Ready) => "ready",
+        Ok(pb::VersionState::Draining) => "draining",
+        Ok(pb::VersionState::Freed) => "freed",
+        Ok(pb::VersionState::Failed) => "failed",
+        Ok(pb::VersionState::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+fn dtype_name(v: i32) -> String {
+    pb::DType::try_from(v)
+        .map(|d| d.as_str_name().trim_start_matches("DTYPE_").to_owned())
+        .unwrap_or_else(|_| format!("unknown({v})"))
+}
+
+fn backend_name(v: i32) -> &'static str {
+    match pb::BackendKind::try_from(v) {
+        Ok(pb::BackendKind::Host) => "host",
+        Ok(pb::BackendKind::CudaIpc) => "cuda-ipc",
+        Ok(pb::BackendKind::CudaVmm) => "cuda-vmm",
+        Ok(pb::BackendKind::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header(header.iter().copied());
+    t
+}
+
+fn right(s: impl ToString) -> Cell {
+    Cell::new(s.to_string()).set_alignment(CellAlignment::Right)
+}
+
+fn print_json(v: &Value) {
+    println!("{v}");
+}
+
+/// JSON of a version.
+pub fn version_json(v: &pb::VersionInfo) -> Value {
+    json!({
+        "version": v.version,
+        "state": state_name(v.state),
+        "arena_bytes": v.arena_bytes,
+        "tensor_count": v.tensor_count,
+        "source": v.source,
+        "created_unix_ms": v.created_unix_ms,
+        "finished_unix_ms": v.finished_unix_ms,
+        "error": v.error,
+        "leases": v.leases,
+        "bytes_loaded": v.bytes_loaded,
+        "bytes_total": v.bytes_total,
+    })
+}
+
+fn model_json(m: &pb::ModelInfo) -> Value {
+    json!({
+        "name": m.name,
+        "latest_ready": m.latest_ready,
+        "versions": m.versions.iter().map(version_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A finished load.
+pub fn loaded(name: &str, v: &pb::VersionInfo, out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({"model": name, "version": version_json(v)})),
+        OutputFormat::Table => println!(
+            "loaded {name} v{}: {} tensors, {} ({})",
+            v.version,
+            v.tensor_count,
+            human_bytes(v.arena_bytes),
+            state_name(v.state)
+        ),
+    }
+}
+
+/// Versions affected by an unload.
+pub fn versions(vs: &[pb::VersionInfo], out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({
+            "versions": vs.iter().map(version_json).collect::<Vec<_>>()
+        })),
+        OutputFormat::Table => {
+            let mut t = table(&["VERSION", "STATE", "ARENA", "LEASES"]);
+            for v in vs {
+                t.add_row(vec![
+                    right(v.version),
+                    Cell::new(state_name(v.state)),
+                    right(human_bytes(v.arena_bytes)),
+                    right(v.leases),
+                ]);
+            }
+            println!("{t}");
+        }
+    }
+}
+
+/// `modelshare ls`.
+pub fn models(ms: &[pb::ModelInfo], out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({
+            "models": ms.iter().map(model_json).collect::<Vec<_>>()
+        })),
+        OutputFormat::Table => {
+            let mut t = table(&[
+                "MODEL", "VERSION", "STATE", "ARENA", "TENSORS", "LEASES", "SOURCE",
+            ]);
+            for m in ms {
+                for v in &m.versions {
+                    let mark = if v.version == m.latest_ready { "*" } else { "" };
+                    t.add_row(vec![
+                        Cell::new(&m.name),
+                        right(format!("{}{mark}", v.version)),
+                        Cell::new(state_name(v.state)),
+                        right(human_bytes(v.arena_bytes)),
+                        right(v.tensor_count),
+                        right(v.leases),
+                        Cell::new(&v.source),
+                    ]);
+                }
+            }
+            println!("{t}");
+            if ms.is_empty() {
+                println!("no models loaded");
+            }
+        }
+    }
+}
+
+/// `modelshare describe`.
+pub fn describe(r: &pb::DescribeModelResponse, out: OutputFormat) {
+    let tensors = r
+        .manifest
+        .as_ref()
+        .map(|m| m.tensors.as_slice())
+        .unwrap_or(&[]);
+    match out {
+        OutputFormat::Json => {
+            let manifest = r.manifest.as_ref().map(|m| {
+                json!({
+                    "model": m.model,
+                    "version": m.version,
+                    "arena_bytes": m.arena_bytes,
+                    "alignment": m.alignment,
+                    "tensors": m.tensors.iter().map(|t| json!({
+                        "name": t.name,
+                        "dtype": dtype_name(t.dtype),
+                        "shape": t.shape,
+                        "offset": t.offset,
+                        "byte_length": t.byte_length,
+                        "xxh3": format!("{:016x}", t.xxh3),
+                    })).collect::<Vec<_>>(),
+                    "header_metadata": m.header_metadata,
+                    "files": m.files.iter().map(|f| json!({"name": f.name, "bytes": f.content.len()})).collect::<Vec<_>>(),
+                })
+            });
+            print_json(&json!({
+                "model": r.model.as_ref().map(model_json),
+                "manifest": manifest,
+            }));
+        }
+        OutputFormat::Table => {
+            if let Some(m) = &r.model {
+                models(std::slice::from_ref(m), OutputFormat::Table);
+            }
+            if let Some(m) = &r.manifest {
+                println!(
+                    "version {}: {} tensors in a {} arena, aligned to {} bytes",
+                    m.version,
+                    m.tensors.len(),
+                    human_bytes(m.arena_bytes),
+                    m.alignment
+                );
+                let mut t = table(&["TENSOR", "DTYPE", "SHAPE", "OFFSET", "BYTES", "XXH3"]);
+                for x in tensors {
+                    t.add_row(vec![
+                        Cell::new(&x.name),
+                        Cell::new(dtype_name(x.dtype)),
+                        Cell::new(format!("{:?}", x.shape)),
+                        right(x.offset),
+                        right(x.byte_length),
+                        Cell::new(format!("{:016x}", x.xxh3)),
+                    ]);
+                }
+                println!("{t}");
+                if !m.files.is_empty() {
+                    let names: Vec<&str> = m.files.iter().map(|f| f.name.as_str()).collect();
+                    println!("metadata files: {}", names.join(", "));
+                }
+            }
+        }
+    }
+}
+
+/// `modelshare stats`.
+pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
+    let device = s.device.clone().unwrap_or_default();
+    let by_state: Vec<(&str, u32)> = s
+        .versions_by_state
+        .iter()
+        .map(|c| (state_name(c.state), c.count))
+        .collect();
+    match out {
+        OutputFormat::Json => print_json(&json!({
+            "device": {
+                "backend": backend_name(device.backend),
+                "uuid": device.uuid,
+                "name": device.name,
+                "total_bytes": device.total_bytes,
+            },
+            "arena_bytes": s.arena_bytes,
+            "arenas": s.arenas,
+            "models": s.models,
+            "versions_by_state": by_state.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "sessions": s.sessions,
+            "leases": s.leases,
+            "device_used_bytes": s.device_used_bytes,
+        })),
+        OutputFormat::Table => {
+            let mut t = table(&["STAT", "VALUE"]);
+            t.add_row(vec![
+                Cell::new("device"),
+                Cell::new(format!(
+                    "{} ({}, {})",
+                    device.name,
+                    backend_name(device.backend),
+                    device.uuid
+                )),
+            ]);
+            t.add_row(vec![
+                Cell::new("device total"),
+                right(human_bytes(device.total_bytes)),
+            ]);
+            t.add_row(vec![
+                Cell::new("arena bytes"),
+                right(human_bytes(s.arena_bytes)),
+            ]);
+            t.add_row(vec![Cell::new("arenas"), right(s.arenas)]);
+            t.add_row(vec![Cell::new("models"), right(s.models)]);
+            for (state, n) in &by_state {
+                t.add_row(vec![Cell::new(format!("versions {state}")), right(n)]);
+            }
+            t.add_row(vec![Cell::new("sessions"), right(s.sessions)]);
+            t.add_row(vec![Cell::new("leases"), right(s.leases)]);
+            println!("{t}");
+        }
+    }
+}
+
+/// `modelshare ps`.
+pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({
+            "sessions": ss.iter().map(|s| json!({
+                "session_id": s.session_id,
+                "worker_name": s.worker_name,
+                "pid": s.pid,
+                "labels": s.labels,
+                "opened_unix_ms": s.opened_unix_ms,
+                "leases": s.leases.iter().map(|l| json!({
+                    "lease_id": l.lease_id, "model": l.model, "version": l.version,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>()
+        })),
+        OutputFormat::Table => {
+            let mut t = table(&["SESSION", "WORKER", "PID", "LEASES"]);
+            for s in ss {
+                let leases: Vec<String> = s
+                    .leases
+                    .iter()
+                    .map(|l| format!("{}@{}", l.model, l.version))
+                    .collect();
+                t.add_row(vec![
+                    Cell::new(&s.session_id),
+                    Cell::new(&s.worker_name),
+                    right(s.pid),
+                    Cell::new(leases.join(", ")),
+                ]);
+            }
+            println!("{t}");
+            if ss.is_empty() {
+                println!("no sessions");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sizes in tables must read as people expect.
+    #[test]
+    fn bytes_are_human_readable() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(12 << 30), "12.0 GiB");
+    }
+}

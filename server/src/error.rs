@@ -1,0 +1,80 @@
+//! The server's error type. Every failure a client can cause or see is one of these variants;
+//! [`crate::service::status`] maps each to a gRPC status code, in one exhaustive `match`.
+
+use modelshare_device::DeviceError;
+
+use crate::model::VersionState;
+use crate::weights::error::WeightsError;
+
+/// Errors of the server's domain core.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A request field is malformed.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The request field.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The weights could not be read or are malformed.
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    /// No model of that name.
+    #[error("model '{0}' not found")]
+    ModelNotFound(String),
+    /// The model exists but not that version.
+    #[error("version {version} of model '{model}' not found")]
+    VersionNotFound {
+        /// Model name.
+        model: String,
+        /// Requested version.
+        version: u32,
+    },
+    /// "latest" was asked for, and no version is ready.
+    #[error("model '{0}' has no ready version")]
+    NoReadyVersion(String),
+    /// The version is in a state that does not allow the call.
+    #[error("version {version} of model '{model}' is {state}")]
+    WrongState {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+        /// Its state.
+        state: VersionState,
+    },
+    /// Unknown session id (never opened, or already ended).
+    #[error("session '{0}' not found")]
+    SessionNotFound(String),
+    /// Unknown lease id, or a lease of another session.
+    #[error("lease '{0}' not found in this session")]
+    LeaseNotFound(String),
+    /// A configured limit would be exceeded.
+    #[error("{what}: limit {limit}, requested {requested}")]
+    LimitExceeded {
+        /// What is limited.
+        what: String,
+        /// The limit.
+        limit: u64,
+        /// What the request needs (or current use + request).
+        requested: u64,
+    },
+    /// The backend failed (allocation, copy, export).
+    #[error("device: {0}")]
+    Device(#[from] DeviceError),
+    /// The load was cancelled by an unload while it ran.
+    #[error("load of version {version} of '{model}' was cancelled by an unload")]
+    LoadCancelled {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+    },
+    /// The server is shutting down.
+    #[error("server is shutting down")]
+    ShuttingDown,
+    /// A bug or an unexpected condition (a panicked task, a closed channel).
+    #[error("internal error: {0}")]
+    Internal(String),
+}

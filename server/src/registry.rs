@@ -1,0 +1,849 @@
+//! Models, versions, sessions and leases under one lock.
+//!
+//! The registry is the only owner of arenas. It decides when an arena is freed: a version is
+//! freed when it has been unloaded *and* no lease on it remains; until then it is `draining`.
+//! The lock is a `std::sync::Mutex` held for short, non-blocking sections only (never across an
+//! `.await`, never around a device call); allocation happens outside it against a reservation,
+//! so quota checks stay atomic under concurrency.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use modelshare_device::{Arena, Backend, DeviceInfo};
+use tokio::sync::broadcast;
+
+use crate::error::ServerError;
+use crate::model::{Manifest, TensorMeta, VersionState};
+use crate::weights::layout::{ALIGNMENT, Layout};
+use crate::weights::source::ModelSource;
+
+/// How many ended (freed or failed) versions of a model stay on record.
+const ENDED_VERSIONS_KEPT: usize = 8;
+
+/// Limits the registry enforces.
+#[derive(Debug, Clone)]
+pub struct RegistryLimits {
+    /// Largest arena one version may have.
+    pub max_model_bytes: Option<u64>,
+    /// Most arena bytes held at once, over all versions.
+    pub max_total_bytes: Option<u64>,
+    /// Most open sessions.
+    pub max_sessions: usize,
+    /// Most leases one session may hold.
+    pub max_leases_per_session: usize,
+}
+
+impl Default for RegistryLimits {
+    fn default() -> Self {
+        Self {
+            max_model_bytes: None,
+            max_total_bytes: None,
+            max_sessions: 4096,
+            max_leases_per_session: 1024,
+        }
+    }
+}
+
+/// Something that happened to a model, pushed to worker sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelEvent {
+    /// A version became ready.
+    VersionReady {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+    },
+    /// A version started draining.
+    VersionDraining {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+    },
+}
+
+/// Progress of one load, shared between the copying thread and the progress stream.
+#[derive(Debug)]
+pub struct LoadProgress {
+    /// Bytes copied so far.
+    pub done: AtomicU64,
+    /// Payload bytes to copy.
+    pub total: u64,
+    /// Set by an unload of a loading version; the copy stops at its next chunk.
+    pub cancel: AtomicBool,
+}
+
+/// A load that has been admitted and has its arena.
+#[derive(Debug)]
+pub struct LoadJob {
+    /// Model name.
+    pub model: String,
+    /// Version number assigned.
+    pub version: u32,
+    /// The arena to fill.
+    pub arena: Arc<dyn Arena>,
+    /// Shared progress.
+    pub progress: Arc<LoadProgress>,
+    /// The manifest as planned (checksums still zero).
+    pub manifest: Manifest,
+}
+
+/// A version, as reported to clients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionSnapshot {
+    /// Version number.
+    pub version: u32,
+    /// State.
+    pub state: VersionState,
+    /// Arena size.
+    pub arena_bytes: u64,
+    /// Number of tensors.
+    pub tensor_count: u32,
+    /// Source path relative to the model root.
+    pub source: String,
+    /// Load start, Unix ms.
+    pub created_unix_ms: i64,
+    /// Load end, Unix ms (0 while loading).
+    pub finished_unix_ms: i64,
+    /// Failure reason.
+    pub error: Option<String>,
+    /// Leases held.
+    pub leases: u32,
+    /// Bytes copied.
+    pub bytes_loaded: u64,
+    /// Bytes to copy.
+    pub bytes_total: u64,
+}
+
+/// A model, as reported to clients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSnapshot {
+    /// Model name.
+    pub name: String,
+    /// Highest ready version (0 when none).
+    pub latest_ready: u32,
+    /// Versions on record, oldest first.
+    pub versions: Vec<VersionSnapshot>,
+}
+
+/// Registry-wide figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    /// The backend's device.
+    pub device: DeviceInfo,
+    /// Arena bytes held (reserved ones included).
+    pub arena_bytes: u64,
+    /// Arenas held.
+    pub arenas: u32,
+    /// Model names on record.
+    pub models: u32,
+    /// Versions per state (every state present, zero included).
+    pub versions_by_state: Vec<(VersionState, u32)>,
+    /// Open sessions.
+    pub sessions: u32,
+    /// Leases held.
+    pub leases: u32,
+    /// Device-reported use, where known.
+    pub device_used_bytes: Option<u64>,
+}
+
+/// What a worker said when it opened its session.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkerHello {
+    /// Worker name.
+    pub name: String,
+    /// Worker pid.
+    pub pid: u32,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A session, as reported to the admin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSnapshot {
+    /// Session id.
+    pub id: String,
+    /// The worker's hello.
+    pub hello: WorkerHello,
+    /// Opened at, Unix ms.
+    pub opened_unix_ms: i64,
+    /// Leases: (lease id, model, version), sorted by lease id.
+    pub leases: Vec<(String, String, u32)>,
+}
+
+/// A lease just taken.
+#[derive(Debug)]
+pub struct Attachment {
+    /// Lease id.
+    pub lease_id: String,
+    /// Manifest of the version.
+    pub manifest: Arc<Manifest>,
+    /// The arena, for exporting its handle.
+    pub arena: Arc<dyn Arena>,
+}
+
+#[derive(Debug)]
+struct VersionRecord {
+    state: VersionState,
+    source: String,
+    created_unix_ms: i64,
+    finished_unix_ms: i64,
+    error: Option<String>,
+    arena_bytes: u64,
+    manifest: Arc<Manifest>,
+    arena: Option<Arc<dyn Arena>>,
+    progress: Arc<LoadProgress>,
+    leases: u32,
+}
+
+#[derive(Debug, Default)]
+struct ModelRecord {
+    next_version: u32,
+    versions: BTreeMap<u32, VersionRecord>,
+}
+
+#[derive(Debug)]
+struct SessionRecord {
+    hello: WorkerHello,
+    opened_unix_ms: i64,
+    leases: Vec<String>,
+}
+
+#[derive(Debug)]
+struct LeaseRecord {
+    session: String,
+    model: String,
+    version: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    models: BTreeMap<String, ModelRecord>,
+    sessions: BTreeMap<String, SessionRecord>,
+    leases: HashMap<String, LeaseRecord>,
+    /// Bytes of arenas held or reserved.
+    arena_bytes: u64,
+    /// Arenas held or reserved.
+    arenas: u32,
+    shutting_down: bool,
+}
+
+/// The registry of models, versions, sessions and leases.
+#[derive(Debug)]
+pub struct Registry {
+    backend: Arc<dyn Backend>,
+    limits: RegistryLimits,
+    state: Mutex<State>,
+    events: broadcast::Sender<ModelEvent>,
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Registry {
+    /// A registry whose arenas come from `backend`.
+    pub fn new(backend: Arc<dyn Backend>, limits: RegistryLimits) -> Self {
+        let (events, _) = broadcast::channel(256);
+        Self {
+            backend,
+            limits,
+            state: Mutex::new(State::default()),
+            events,
+        }
+    }
+
+    /// The backend's device.
+    pub fn device(&self) -> DeviceInfo {
+        self.backend.info()
+    }
+
+    /// Model events, for worker sessions.
+    pub fn subscribe(&self) -> broadcast::Receiver<ModelEvent> {
+        self.events.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way later calls
+        // would trip over (every section updates and then returns), so recover from poisoning.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a load: checks limits, assigns a version number, allocates the arena.
+    pub fn begin_load(
+        &self,
+        model: &str,
+        source: &ModelSource,
+        layout: &Layout,
+    ) -> Result<LoadJob, ServerError> {
+        let bytes = layout.arena_bytes;
+        if let Some(limit) = self.limits.max_model_bytes
+            && bytes > limit
+        {
+            return Err(ServerError::LimitExceeded {
+                what: format!("arena bytes of model '{model}'"),
+                limit,
+                requested: bytes,
+            });
+        }
+        let manifest_base = Manifest {
+            model: model.to_owned(),
+            version: 0,
+            arena_bytes: bytes,
+            alignment: ALIGNMENT,
+            tensors: layout
+                .tensors
+                .iter()
+                .map(|t| TensorMeta {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    offset: t.arena_offset,
+                    byte_length: t.byte_length,
+                    xxh3: 0,
+                })
+                .collect(),
+            header_metadata: source.header_metadata.clone(),
+            files: source.metadata_files.clone(),
+        };
+        let progress = Arc::new(LoadProgress {
+            done: AtomicU64::new(0),
+            total: layout.payload_bytes,
+            cancel: AtomicBool::new(false),
+        });
+
+        // Reserve the bytes and the version number under the lock, allocate outside it.
+        let version = {
+            let mut st = self.lock();
+            if st.shutting_down {
+                return Err(ServerError::ShuttingDown);
+            }
+            if let Some(limit) = self.limits.max_total_bytes {
+                let requested = st.arena_bytes.saturating_add(bytes);
+                if requested > limit {
+                    return Err(ServerError::LimitExceeded {
+                        what: "arena bytes held by the server".into(),
+                        limit,
+                        requested,
+                    });
+                }
+            }
+            st.arena_bytes += bytes;
+            st.arenas += 1;
+            let rec = st.models.entry(model.to_owned()).or_default();
+            rec.next_version += 1;
+            let version = rec.next_version;
+            let mut manifest = manifest_base.clone();
+            manifest.version = version;
+            rec.versions.insert(
+                version,
+                VersionRecord {
+                    state: VersionState::Loading,
+                    source: source.source.clone(),
+                    created_unix_ms: now_unix_ms(),
+                    finished_unix_ms: 0,
+                    error: None,
+                    arena_bytes: bytes,
+                    manifest: Arc::new(manifest),
+                    arena: None,
+                    progress: progress.clone(),
+                    leases: 0,
+                },
+            );
+            version
+        };
+
+        let label = format!("{model}@{version}");
+        match self.backend.allocate(bytes, &label) {
+            Ok(arena) => {
+                let arena: Arc<dyn Arena> = Arc::from(arena);
+                let mut st = self.lock();
+                if let Some(v) = version_mut(&mut st, model, version) {
+                    v.arena = Some(arena.clone());
+                }
+                let mut manifest = manifest_base;
+                manifest.version = version;
+                Ok(LoadJob {
+                    model: model.to_owned(),
+                    version,
+                    arena,
+                    progress,
+                    manifest,
+                })
+            }
+            Err(e) => {
+                let err = ServerError::Device(e);
+                self.end_load(model, version, Err(err.to_string()));
+                Err(err)
+            }
+        }
+    }
+
+    /// Records the end of a load: `Ok` carries the final manifest (with checksums), `Err` the
+    /// reason it failed. A failed or cancelled load releases its arena here.
+    pub fn finish_load(&self, job: &LoadJob, result: Result<Manifest, String>) {
+        self.end_load(&job.model, job.version, result);
+    }
+
+    /// One version as it stands now.
+    pub fn version_snapshot(&self, model: &str, version: u32) -> Option<VersionSnapshot> {
+        let st = self.lock();
+        let v = st.models.get(model)?.versions.get(&version)?;
+        Some(snapshot_version(version, v))
+    }
+
+    fn end_load(&self, model: &str, version: u32, result: Result<Manifest, String>) {
+        let mut st = self.lock();
+        let Some(v) = version_mut(&mut st, model, version) else {
+            return;
+        };
+        v.finished_unix_ms = now_unix_ms();
+        let mut event = None;
+        match (v.state, result) {
+            (VersionState::Loading, Ok(manifest)) => {
+                v.manifest = Arc::new(manifest);
+                v.state = VersionState::Ready;
+                event = Some(ModelEvent::VersionReady {
+                    model: model.to_owned(),
+                    version,
+                });
+            }
+            (VersionState::Loading, Err(reason)) => {
+                v.error = Some(reason);
+                free_version(&mut st, model, version, VersionState::Failed);
+            }
+            // Unloaded while loading: free now unless leases hold it (then the last release does).
+            (VersionState::Draining, result) => {
+                match result {
+                    Ok(manifest) => v.manifest = Arc::new(manifest),
+                    Err(reason) => v.error = Some(reason),
+                }
+                if v.leases == 0 {
+                    free_version(&mut st, model, version, VersionState::Freed);
+                }
+            }
+            (VersionState::Ready | VersionState::Freed | VersionState::Failed, _) => {}
+        }
+        drop(st);
+        if let Some(e) = event {
+            let _ = self.events.send(e);
+        }
+    }
+
+    /// Unloads one version (or all, with `None`). Versions without leases are freed at once,
+    /// the others drain; a loading version is cancelled. Ended versions are dropped from the
+    /// record. Returns the affected versions in their new states.
+    pub fn unload(
+        &self,
+        model: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<VersionSnapshot>, ServerError> {
+        let mut st = self.lock();
+        let rec = st
+            .models
+            .get(model)
+            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        let targets: Vec<u32> = match version {
+            Some(v) if rec.versions.contains_key(&v) => vec![v],
+            Some(v) => {
+                return Err(ServerError::VersionNotFound {
+                    model: model.to_owned(),
+                    version: v,
+                });
+            }
+            None => rec.versions.keys().copied().collect(),
+        };
+        let mut out = Vec::new();
+        let mut events = Vec::new();
+        for v in targets {
+            let Some(rec) = version_mut(&mut st, model, v) else {
+                continue;
+            };
+            match rec.state {
+                VersionState::Loading => {
+                    rec.progress.cancel.store(true, Ordering::SeqCst);
+                    rec.state = VersionState::Draining;
+                }
+                VersionState::Ready if rec.leases == 0 => {
+                    free_version(&mut st, model, v, VersionState::Freed);
+                }
+                VersionState::Ready => {
+                    rec.state = VersionState::Draining;
+                    events.push(ModelEvent::VersionDraining {
+                        model: model.to_owned(),
+                        version: v,
+                    });
+                }
+                VersionState::Draining | VersionState::Freed | VersionState::Failed => {}
+            }
+            if let Some(rec) = st.models.get(model).and_then(|m| m.versions.get(&v)) {
+                out.push(snapshot_version(v, rec));
+            }
+        }
+        // Drop the records of ended versions that were asked for; drop the model when nothing
+        // of it remains.
+        if let Some(rec) = st.models.get_mut(model) {
+            rec.versions.retain(|v, r| {
+                let asked = version.is_none_or(|x| x == *v);
+                !(asked && matches!(r.state, VersionState::Freed | VersionState::Failed))
+            });
+            if rec.versions.is_empty() && version.is_none() {
+                st.models.remove(model);
+            }
+        }
+        drop(st);
+        for e in events {
+            let _ = self.events.send(e);
+        }
+        Ok(out)
+    }
+
+    /// Every model on record.
+    pub fn list(&self) -> Vec<ModelSnapshot> {
+        let st = self.lock();
+        st.models
+            .iter()
+            .map(|(name, rec)| snapshot_model(name, rec))
+            .collect()
+    }
+
+    /// One model, with the manifest of `version` (0: latest ready, else the newest).
+    pub fn describe(
+        &self,
+        model: &str,
+        version: u32,
+    ) -> Result<(ModelSnapshot, Option<Arc<Manifest>>), ServerError> {
+        let st = self.lock();
+        let rec = st
+            .models
+            .get(model)
+            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        let chosen = if version == 0 {
+            latest_ready(rec).or_else(|| rec.versions.keys().next_back().copied())
+        } else if rec.versions.contains_key(&version) {
+            Some(version)
+        } else {
+            return Err(ServerError::VersionNotFound {
+                model: model.to_owned(),
+                version,
+            });
+        };
+        let manifest = chosen
+            .and_then(|v| rec.versions.get(&v))
+            .filter(|r| r.state != VersionState::Failed)
+            .map(|r| r.manifest.clone());
+        Ok((snapshot_model(model, rec), manifest))
+    }
+
+    /// Registry-wide figures.
+    pub fn stats(&self) -> Stats {
+        let st = self.lock();
+        let mut by_state: BTreeMap<VersionState, u32> =
+            VersionState::ALL.iter().map(|s| (*s, 0)).collect();
+        for rec in st.models.values() {
+            for v in rec.versions.values() {
+                *by_state.entry(v.state).or_default() += 1;
+            }
+        }
+        Stats {
+            device: self.backend.info(),
+            arena_bytes: st.arena_bytes,
+            arenas: st.arenas,
+            models: u32::try_from(st.models.len()).unwrap_or(u32::MAX),
+            versions_by_state: by_state.into_iter().collect(),
+            sessions: u32::try_from(st.sessions.len()).unwrap_or(u32::MAX),
+            leases: u32::try_from(st.leases.len()).unwrap_or(u32::MAX),
+            device_used_bytes: self.backend.used_bytes(),
+        }
+    }
+
+    /// Opens a session; returns its id.
+    pub fn open_session(&self, hello: WorkerHello) -> Result<String, ServerError> {
+        let mut st = self.lock();
+        if st.shutting_down {
+            return Err(ServerError::ShuttingDown);
+        }
+        if st.sessions.len() >= self.limits.max_sessions {
+            return Err(ServerError::LimitExceeded {
+                what: "open sessions".into(),
+                limit: self.limits.max_sessions as u64,
+                requested: st.sessions.len() as u64 + 1,
+            });
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        st.sessions.insert(
+            id.clone(),
+            SessionRecord {
+                hello,
+                opened_unix_ms: now_unix_ms(),
+                leases: Vec::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Ends a session and releases every lease it held. Returns the number of leases released;
+    /// ending an unknown session is a no-op.
+    pub fn end_session(&self, session: &str) -> usize {
+        let mut st = self.lock();
+        let Some(rec) = st.sessions.remove(session) else {
+            return 0;
+        };
+        let n = rec.leases.len();
+        for lease in rec.leases {
+            drop_lease(&mut st, &lease);
+        }
+        n
+    }
+
+    /// Whether `session` holds a lease on `model`@`version`.
+    pub fn session_holds(&self, session: &str, model: &str, version: u32) -> bool {
+        let st = self.lock();
+        st.sessions.get(session).is_some_and(|s| {
+            s.leases.iter().any(|l| {
+                st.leases
+                    .get(l)
+                    .is_some_and(|r| r.model == model && r.version == version)
+            })
+        })
+    }
+
+    /// Takes a lease on `model`@`version` (0: latest ready) for `session`.
+    pub fn attach(
+        &self,
+        session: &str,
+        model: &str,
+        version: u32,
+    ) -> Result<Attachment, ServerError> {
+        let mut st = self.lock();
+        let held = st
+            .sessions
+            .get(session)
+            .ok_or_else(|| ServerError::SessionNotFound(session.to_owned()))?
+            .leases
+            .len();
+        if held >= self.limits.max_leases_per_session {
+            return Err(ServerError::LimitExceeded {
+                what: "leases held by one session".into(),
+                limit: self.limits.max_leases_per_session as u64,
+                requested: held as u64 + 1,
+            });
+        }
+        let rec = st
+            .models
+            .get(model)
+            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        let version = if version == 0 {
+            latest_ready(rec).ok_or_else(|| ServerError::NoReadyVersion(model.to_owned()))?
+        } else {
+            version
+        };
+        let v =
+            version_mut(&mut st, model, version).ok_or_else(|| ServerError::VersionNotFound {
+                model: model.to_owned(),
+                version,
+            })?;
+        let arena = match (v.state, &v.arena) {
+            (VersionState::Ready, Some(arena)) => arena.clone(),
+            (state, _) => {
+                return Err(ServerError::WrongState {
+                    model: model.to_owned(),
+                    version,
+                    state,
+                });
+            }
+        };
+        v.leases += 1;
+        let manifest = v.manifest.clone();
+        let lease_id = uuid::Uuid::new_v4().simple().to_string();
+        st.leases.insert(
+            lease_id.clone(),
+            LeaseRecord {
+                session: session.to_owned(),
+                model: model.to_owned(),
+                version,
+            },
+        );
+        if let Some(s) = st.sessions.get_mut(session) {
+            s.leases.push(lease_id.clone());
+        }
+        Ok(Attachment {
+            lease_id,
+            manifest,
+            arena,
+        })
+    }
+
+    /// Gives back a lease of `session`.
+    pub fn release(&self, session: &str, lease: &str) -> Result<(), ServerError> {
+        let mut st = self.lock();
+        let owned = st.leases.get(lease).is_some_and(|l| l.session == session);
+        if !owned {
+            return Err(ServerError::LeaseNotFound(lease.to_owned()));
+        }
+        if let Some(s) = st.sessions.get_mut(session) {
+            s.leases.retain(|l| l != lease);
+        }
+        drop_lease(&mut st, lease);
+        Ok(())
+    }
+
+    /// Whether `lease` is still held (tickets are only redeemed for live leases).
+    pub fn lease_alive(&self, lease: &str) -> bool {
+        self.lock().leases.contains_key(lease)
+    }
+
+    /// Open sessions, oldest first.
+    pub fn sessions(&self) -> Vec<SessionSnapshot> {
+        let st = self.lock();
+        let mut out: Vec<SessionSnapshot> = st
+            .sessions
+            .iter()
+            .map(|(id, s)| {
+                let mut leases: Vec<(String, String, u32)> = s
+                    .leases
+                    .iter()
+                    .filter_map(|l| {
+                        st.leases
+                            .get(l)
+                            .map(|r| (l.clone(), r.model.clone(), r.version))
+                    })
+                    .collect();
+                leases.sort();
+                SessionSnapshot {
+                    id: id.clone(),
+                    hello: s.hello.clone(),
+                    opened_unix_ms: s.opened_unix_ms,
+                    leases,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (a.opened_unix_ms, &a.id).cmp(&(b.opened_unix_ms, &b.id)));
+        out
+    }
+
+    /// Refuses new loads and sessions; cancels loads; ends every session and frees every arena.
+    /// Called once the gRPC server has stopped.
+    pub fn shutdown(&self) {
+        let mut st = self.lock();
+        st.shutting_down = true;
+        let sessions: Vec<String> = st.sessions.keys().cloned().collect();
+        for s in sessions {
+            if let Some(rec) = st.sessions.remove(&s) {
+                for lease in rec.leases {
+                    drop_lease(&mut st, &lease);
+                }
+            }
+        }
+        let targets: Vec<(String, u32)> = st
+            .models
+            .iter()
+            .flat_map(|(m, r)| r.versions.keys().map(move |v| (m.clone(), *v)))
+            .collect();
+        for (m, v) in targets {
+            if let Some(rec) = version_mut(&mut st, &m, v) {
+                match rec.state {
+                    VersionState::Loading => rec.progress.cancel.store(true, Ordering::SeqCst),
+                    VersionState::Ready | VersionState::Draining => {
+                        free_version(&mut st, &m, v, VersionState::Freed)
+                    }
+                    VersionState::Freed | VersionState::Failed => {}
+                }
+            }
+        }
+    }
+}
+
+fn version_mut<'a>(st: &'a mut State, model: &str, version: u32) -> Option<&'a mut VersionRecord> {
+    st.models.get_mut(model)?.versions.get_mut(&version)
+}
+
+fn latest_ready(rec: &ModelRecord) -> Option<u32> {
+    rec.versions
+        .iter()
+        .rev()
+        .find(|(_, v)| v.state == VersionState::Ready)
+        .map(|(n, _)| *n)
+}
+
+/// Removes a lease; frees its version if it was draining, its load has ended and this was the
+/// last lease.
+fn drop_lease(st: &mut State, lease: &str) {
+    let Some(l) = st.leases.remove(lease) else {
+        return;
+    };
+    let Some(v) = version_mut(st, &l.model, l.version) else {
+        return;
+    };
+    v.leases = v.leases.saturating_sub(1);
+    let load_ended = v.finished_unix_ms != 0;
+    if v.state == VersionState::Draining && v.leases == 0 && load_ended {
+        free_version(st, &l.model, l.version, VersionState::Freed);
+    }
+}
+
+/// Releases a version's arena and its accounting; the version ends in `end` (Freed or Failed).
+fn free_version(st: &mut State, model: &str, version: u32, end: VersionState) {
+    let Some(v) = version_mut(st, model, version) else {
+        return;
+    };
+    let had_reservation = v.state.holds_arena();
+    v.arena = None;
+    v.state = end;
+    let bytes = v.arena_bytes;
+    if had_reservation {
+        st.arena_bytes = st.arena_bytes.saturating_sub(bytes);
+        st.arenas = st.arenas.saturating_sub(1);
+    }
+    if let Some(rec) = st.models.get_mut(model) {
+        prune_ended(rec);
+    }
+}
+
+fn prune_ended(rec: &mut ModelRecord) {
+    let ended: Vec<u32> = rec
+        .versions
+        .iter()
+        .filter(|(_, v)| !v.state.holds_arena())
+        .map(|(n, _)| *n)
+        .collect();
+    if ended.len() > ENDED_VERSIONS_KEPT {
+        for n in &ended[..ended.len() - ENDED_VERSIONS_KEPT] {
+            rec.versions.remove(n);
+        }
+    }
+}
+
+fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapshot {
+    VersionSnapshot {
+        version,
+        state: v.state,
+        arena_bytes: v.arena_bytes,
+        tensor_count: u32::try_from(v.manifest.tensors.len()).unwrap_or(u32::MAX),
+        source: v.source.clone(),
+        created_unix_ms: v.created_unix_ms,
+        finished_unix_ms: v.finished_unix_ms,
+        error: v.error.clone(),
+        leases: v.leases,
+        bytes_loaded: v.progress.done.load(Ordering::Relaxed),
+        bytes_total: v.progress.total,
+    }
+}
+
+fn snapshot_model(name: &str, rec: &ModelRecord) -> ModelSnapshot {
+    ModelSnapshot {
+        name: name.to_owned(),
+        latest_ready: latest_ready(rec).unwrap_or(0),
+        versions: rec
+            .versions
+            .iter()
+            .map(|(n, v)| snapshot_version(*n, v))
+            .collect(),
+    }
+}

@@ -1,0 +1,297 @@
+//! Running the server: backend, listeners (TCP and/or Unix socket, plus the handle socket),
+//! health and reflection, start-up models, and graceful shutdown.
+//!
+//! Health is NOT_SERVING until every start-up model is loaded; on shutdown it flips back to
+//! NOT_SERVING, listeners stop accepting, in-flight requests get the grace period, sessions
+//! end, and only then is device memory released.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use modelshare_device::{Backend, HostBackend};
+use modelshare_proto::v1::admin_service_server::AdminServiceServer;
+use modelshare_proto::v1::worker_service_server::WorkerServiceServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+use tonic::transport::server::Router;
+use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tracing::{info, warn};
+
+use crate::app::App;
+use crate::config::{BackendChoice, Config};
+use crate::error::ServerError;
+use crate::handles;
+use crate::registry::Registry;
+use crate::service::admin::AdminApi;
+use crate::service::worker::WorkerApi;
+
+/// Largest gRPC message accepted or sent (manifests with metadata files can be large).
+const MAX_MESSAGE_BYTES: usize = 128 << 20;
+/// Requests served at once on one connection.
+const CONCURRENCY_PER_CONNECTION: usize = 256;
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The chosen backend is not available.
+    #[error("backend: {0}")]
+    Backend(String),
+    /// A socket could not be bound.
+    #[error("cannot listen on {what}: {source}")]
+    Bind {
+        /// The address or path.
+        what: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A start-up model failed to load.
+    #[error("start-up model '{name}' ({path}): {source}")]
+    StartupModel {
+        /// Model name.
+        name: String,
+        /// Its path.
+        path: String,
+        /// The cause.
+        source: ServerError,
+    },
+    /// The reflection service could not be built.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The gRPC transport failed.
+    #[error("grpc transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Picks the backend for `choice`.
+pub fn backend(choice: BackendChoice) -> Result<Arc<dyn Backend>, ServeError> {
+    match choice {
+        BackendChoice::Host => Ok(Arc::new(HostBackend::new())),
+        BackendChoice::Auto => {
+            info!("backend auto: the cuda backend is not built yet, using host memory");
+            Ok(Arc::new(HostBackend::new()))
+        }
+        BackendChoice::Cuda => Err(ServeError::Backend(
+            "the cuda backend is not built yet in this version of modelshare; use --backend host"
+                .into(),
+        )),
+    }
+}
+
+/// Binds a Unix socket at `path`, replacing a stale socket file left by a dead server but
+/// refusing to take over one that a live server still answers on.
+pub async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
+    let bind_err = |source| ServeError::Bind {
+        what: path.display().to_string(),
+        source,
+    };
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(bind_err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "another process is listening on this socket",
+            )));
+        }
+        std::fs::remove_file(path).map_err(bind_err)?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(bind_err)?;
+    }
+    UnixListener::bind(path).map_err(bind_err)
+}
+
+fn router(app: &App, health: HealthServer<impl Health>) -> Result<Router, ServeError> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(modelshare_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let admin = AdminServiceServer::new(AdminApi::new(app.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let worker = WorkerServiceServer::new(WorkerApi::new(app.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    Ok(Server::builder()
+        // Bound the work one connection can put on the server, instead of queueing without end.
+        .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)
+        // Detect dead peers on idle connections (a worker host that vanished).
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(admin)
+        .add_service(worker))
+}
+
+/// Where the server listens, once bound.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// TCP address (with the real port when 0 was asked).
+    pub tcp: Option<SocketAddr>,
+    /// gRPC Unix socket.
+    pub unix: Option<PathBuf>,
+    /// Handle socket.
+    pub handles: PathBuf,
+}
+
+/// Runs the server until `shutdown` resolves, then shuts down gracefully.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let config = Arc::new(config);
+    let backend = backend(config.backend)?;
+    let device = backend.info();
+    info!(backend = ?device.backend, device = %device.name, "backend ready");
+    let registry = Arc::new(Registry::new(backend, config.registry.clone()));
+    let app = App::new(registry.clone(), config.clone());
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+
+    let mut tasks = JoinSet::new();
+    let handle_listener = bind_unix(&config.handle_socket).await?;
+    {
+        let (tickets, registry, stop) =
+            (app.tickets.clone(), registry.clone(), app.shutdown.clone());
+        tasks.spawn(async move {
+            handles::serve(handle_listener, tickets, registry, stop).await;
+            Ok(())
+        });
+    }
+
+    let mut bound = Bound {
+        tcp: None,
+        unix: None,
+        handles: config.handle_socket.clone(),
+    };
+    if let Some(addr) = config.listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                what: addr.to_string(),
+                source,
+            })?;
+        let local = listener.local_addr().map_err(|source| ServeError::Bind {
+            what: addr.to_string(),
+            source,
+        })?;
+        bound.tcp = Some(local);
+        let incoming = TcpListenerStream::new(listener);
+        let stop = app.shutdown.clone();
+        let r = router(&app, health.clone())?;
+        tasks.spawn(async move {
+            r.serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await
+                .map_err(ServeError::from)
+        });
+    }
+    if let Some(path) = &config.unix_socket {
+        let listener = bind_unix(path).await?;
+        bound.unix = Some(path.clone());
+        let incoming = UnixListenerStream::new(listener);
+        let stop = app.shutdown.clone();
+        let r = router(&app, health.clone())?;
+        tasks.spawn(async move {
+            r.serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await
+                .map_err(ServeError::from)
+        });
+    }
+    info!(
+        tcp = ?bound.tcp,
+        unix = ?bound.unix,
+        handle_socket = %bound.handles.display(),
+        model_root = %config.model_root.display(),
+        "listening"
+    );
+
+    tokio::pin!(shutdown);
+    let started = tokio::select! {
+        r = load_startup_models(&app) => r.map(|()| true),
+        r = first_failure(&mut tasks) => r.map(|()| false),
+        () = &mut shutdown => Ok(false),
+    };
+    let result = match started {
+        Ok(true) => {
+            reporter
+                .set_service_status("", ServingStatus::Serving)
+                .await;
+            reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
+            reporter
+                .set_serving::<WorkerServiceServer<WorkerApi>>()
+                .await;
+            info!(models = config.models.len(), "ready");
+            tokio::select! {
+                () = &mut shutdown => { info!("shutdown requested"); Ok(()) }
+                r = first_failure(&mut tasks) => r,
+            }
+        }
+        Ok(false) => Ok(()),
+        Err(e) => Err(e),
+    };
+
+    // Graceful shutdown.
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    app.shutdown.cancel();
+    let grace = config.shutdown_grace;
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        warn!(
+            grace_secs = grace.as_secs(),
+            "requests still running after the grace period; closing them"
+        );
+        tasks.abort_all();
+    }
+    registry.shutdown();
+    for path in [
+        config.unix_socket.as_deref(),
+        Some(config.handle_socket.as_path()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let _ = std::fs::remove_file(path);
+    }
+    info!("stopped");
+    result
+}
+
+async fn load_startup_models(app: &App) -> Result<(), ServeError> {
+    for m in &app.config.models {
+        let fail = |source| ServeError::StartupModel {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            source,
+        };
+        let load = app.start_load(&m.name, &m.path).await.map_err(fail)?;
+        match load.done.await {
+            Ok(Ok(v)) => {
+                info!(model = %m.name, version = v.version, bytes = v.arena_bytes, tensors = v.tensor_count, "start-up model ready")
+            }
+            Ok(Err(e)) => return Err(fail(e)),
+            Err(_) => return Err(fail(ServerError::Internal("load task vanished".into()))),
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the first listener task to end; an end before shutdown is an error.
+async fn first_failure(tasks: &mut JoinSet<Result<(), ServeError>>) -> Result<(), ServeError> {
+    match tasks.join_next().await {
+        Some(Ok(Err(e))) => Err(e),
+        Some(Ok(Ok(()))) | None => Err(ServeError::Backend(
+            "a listener stopped unexpectedly".into(),
+        )),
+        Some(Err(join)) => Err(ServeError::Backend(format!(
+            "a listener task failed: {join}"
+        ))),
+    }
+}

@@ -1,0 +1,217 @@
+//! Conversions between the domain types and the generated protobuf types. Requests that fail
+//! to convert are `InvalidArgument`.
+
+use modelshare_device::{BackendKind, DeviceInfo};
+use modelshare_proto::v1 as pb;
+
+use crate::error::ServerError;
+use crate::model::{Manifest, VersionState};
+use crate::registry::{ModelSnapshot, SessionSnapshot, Stats, VersionSnapshot, WorkerHello};
+use crate::weights::dtype::DType;
+
+/// Longest worker name accepted in a hello.
+pub const MAX_WORKER_NAME: usize = 128;
+/// Most labels accepted in a hello.
+pub const MAX_LABELS: usize = 32;
+/// Longest label key or value.
+pub const MAX_LABEL_LEN: usize = 128;
+
+/// The protobuf dtype.
+pub fn dtype(d: DType) -> pb::DType {
+    match d {
+        DType::Bool => pb::DType::DtypeBool,
+        DType::U8 => pb::DType::DtypeU8,
+        DType::I8 => pb::DType::DtypeI8,
+        DType::I16 => pb::DType::DtypeI16,
+        DType::U16 => pb::DType::DtypeU16,
+        DType::F16 => pb::DType::DtypeF16,
+        DType::BF16 => pb::DType::DtypeBf16,
+        DType::I32 => pb::DType::DtypeI32,
+        DType::U32 => pb::DType::DtypeU32,
+        DType::F32 => pb::DType::DtypeF32,
+        DType::F64 => pb::DType::DtypeF64,
+        DType::I64 => pb::DType::DtypeI64,
+        DType::U64 => pb::DType::DtypeU64,
+        DType::F8E4M3 => pb::DType::DtypeF8E4m3,
+        DType::F8E5M2 => pb::DType::DtypeF8E5m2,
+        DType::F8E8M0 => pb::DType::DtypeF8E8m0,
+        DType::C64 => pb::DType::DtypeC64,
+    }
+}
+
+/// The protobuf version state.
+pub fn state(s: VersionState) -> pb::VersionState {
+    match s {
+        VersionState::Loading => pb::VersionState::Loading,
+        VersionState::Ready => pb::VersionState::Ready,
+        VersionState::Draining => pb::VersionState::Draining,
+        VersionState::Freed => pb::VersionState::Freed,
+        VersionState::Failed => pb::VersionState::Failed,
+    }
+}
+
+/// The protobuf device info.
+pub fn device(d: &DeviceInfo) -> pb::DeviceInfo {
+    let backend = match d.backend {
+        BackendKind::Host => pb::BackendKind::Host,
+        BackendKind::CudaIpc => pb::BackendKind::CudaIpc,
+        BackendKind::CudaVmm => pb::BackendKind::CudaVmm,
+    };
+    pb::DeviceInfo {
+        backend: backend.into(),
+        uuid: d.uuid.clone(),
+        name: d.name.clone(),
+        total_bytes: d.total_bytes,
+    }
+}
+
+/// The protobuf version info.
+pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
+    pb::VersionInfo {
+        version: v.version,
+        state: state(v.state).into(),
+        arena_bytes: v.arena_bytes,
+        tensor_count: v.tensor_count,
+        source: v.source.clone(),
+        created_unix_ms: v.created_unix_ms,
+        finished_unix_ms: v.finished_unix_ms,
+        error: v.error.clone().unwrap_or_default(),
+        leases: v.leases,
+        bytes_loaded: v.bytes_loaded,
+        bytes_total: v.bytes_total,
+    }
+}
+
+/// The protobuf model info.
+pub fn model(m: &ModelSnapshot) -> pb::ModelInfo {
+    pb::ModelInfo {
+        name: m.name.clone(),
+        latest_ready: m.latest_ready,
+        versions: m.versions.iter().map(version).collect(),
+    }
+}
+
+/// The protobuf manifest.
+pub fn manifest(m: &Manifest) -> pb::Manifest {
+    pb::Manifest {
+        model: m.model.clone(),
+        version: m.version,
+        arena_bytes: m.arena_bytes,
+        alignment: m.alignment,
+        tensors: m
+            .tensors
+            .iter()
+            .map(|t| pb::TensorInfo {
+                name: t.name.clone(),
+                dtype: dtype(t.dtype).into(),
+                shape: t.shape.clone(),
+                offset: t.offset,
+                byte_length: t.byte_length,
+                xxh3: t.xxh3,
+            })
+            .collect(),
+        header_metadata: m
+            .header_metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        files: m
+            .files
+            .iter()
+            .map(|(name, content)| pb::MetadataFile {
+                name: name.clone(),
+                content: content.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The protobuf stats.
+pub fn stats(s: &Stats) -> pb::GetStatsResponse {
+    pb::GetStatsResponse {
+        device: Some(device(&s.device)),
+        arena_bytes: s.arena_bytes,
+        arenas: s.arenas,
+        models: s.models,
+        versions_by_state: s
+            .versions_by_state
+            .iter()
+            .map(|(st, n)| pb::StateCount {
+                state: state(*st).into(),
+                count: *n,
+            })
+            .collect(),
+        sessions: s.sessions,
+        leases: s.leases,
+        device_used_bytes: s.device_used_bytes.unwrap_or(0),
+    }
+}
+
+/// The protobuf session info.
+pub fn session(s: &SessionSnapshot) -> pb::SessionInfo {
+    pb::SessionInfo {
+        session_id: s.id.clone(),
+        worker_name: s.hello.name.clone(),
+        pid: s.hello.pid,
+        labels: s
+            .hello
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        opened_unix_ms: s.opened_unix_ms,
+        leases: s
+            .leases
+            .iter()
+            .map(|(id, model, version)| pb::LeaseInfo {
+                lease_id: id.clone(),
+                model: model.clone(),
+                version: *version,
+            })
+            .collect(),
+    }
+}
+
+impl TryFrom<pb::Hello> for WorkerHello {
+    type Error = ServerError;
+
+    fn try_from(h: pb::Hello) -> Result<Self, Self::Error> {
+        let invalid = |field: &str, reason: String| ServerError::InvalidArgument {
+            field: field.into(),
+            reason,
+        };
+        if h.worker_name.len() > MAX_WORKER_NAME {
+            return Err(invalid(
+                "hello.worker_name",
+                format!(
+                    "{} bytes, over the limit of {MAX_WORKER_NAME}",
+                    h.worker_name.len()
+                ),
+            ));
+        }
+        if h.labels.len() > MAX_LABELS {
+            return Err(invalid(
+                "hello.labels",
+                format!("{} labels, over the limit of {MAX_LABELS}", h.labels.len()),
+            ));
+        }
+        if let Some((k, _)) = h
+            .labels
+            .iter()
+            .find(|(k, v)| k.len() > MAX_LABEL_LEN || v.len() > MAX_LABEL_LEN)
+        {
+            return Err(invalid(
+                "hello.labels",
+                format!(
+                    "label '{}' is over the limit of {MAX_LABEL_LEN} bytes",
+                    k.chars().take(32).collect::<String>()
+                ),
+            ));
+        }
+        Ok(WorkerHello {
+            name: h.worker_name,
+            pid: h.pid,
+            labels: h.labels.into_iter().collect(),
+        })
+    }
+}

@@ -1,0 +1,8 @@
+//! The gRPC services, thin over [`crate::app::App`] and [`crate::registry::Registry`]:
+//! convert the request ([`convert`]), call the core, map the result; errors become
+//! `tonic::Status` in [`status`] only.
+
+pub mod admin;
+pub mod convert;
+pub mod status;
+pub mod worker;

@@ -1,0 +1,35 @@
+//! The one place where domain errors become gRPC status codes.
+
+use tonic::{Code, Status};
+
+use crate::error::ServerError;
+use crate::weights::error::WeightsError;
+
+impl From<ServerError> for Status {
+    fn from(e: ServerError) -> Self {
+        let code = match &e {
+            ServerError::InvalidArgument { .. } => Code::InvalidArgument,
+            ServerError::Weights(w) => match w {
+                WeightsError::BadPath { .. }
+                | WeightsError::Malformed { .. }
+                | WeightsError::Limit { .. } => Code::InvalidArgument,
+                WeightsError::NotFound { .. } => Code::NotFound,
+                WeightsError::Io { .. } => Code::Internal,
+            },
+            ServerError::ModelNotFound(_)
+            | ServerError::VersionNotFound { .. }
+            | ServerError::SessionNotFound(_)
+            | ServerError::LeaseNotFound(_) => Code::NotFound,
+            ServerError::NoReadyVersion(_) | ServerError::WrongState { .. } => {
+                Code::FailedPrecondition
+            }
+            ServerError::LimitExceeded { .. } => Code::ResourceExhausted,
+            ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
+            ServerError::Device(_) => Code::Internal,
+            ServerError::LoadCancelled { .. } => Code::Aborted,
+            ServerError::ShuttingDown => Code::Unavailable,
+            ServerError::Internal(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}

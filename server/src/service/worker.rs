@@ -1,0 +1,199 @@
+//! `modelshare.v1.WorkerService`: sessions, attach and release.
+//!
+//! A session lives as long as its stream: it ends when the worker closes it, when the
+//! connection breaks (the worker exited or was killed: the kernel closes its socket), after
+//! `heartbeat_misses` heartbeat intervals without a message, or at shutdown. Ending a session
+//! releases every lease it held.
+
+use std::pin::Pin;
+
+use modelshare_device::ExportedHandle;
+use modelshare_proto::v1 as pb;
+use modelshare_proto::v1::worker_service_server::WorkerService;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use super::convert;
+use crate::app::App;
+use crate::error::ServerError;
+use crate::registry::{ModelEvent, WorkerHello};
+
+/// The worker service.
+#[derive(Debug, Clone)]
+pub struct WorkerApi {
+    app: App,
+}
+
+impl WorkerApi {
+    /// The service over `app`.
+    pub fn new(app: App) -> Self {
+        Self { app }
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+fn event(kind: pb::session_event::Kind) -> Result<pb::SessionEvent, Status> {
+    Ok(pb::SessionEvent { kind: Some(kind) })
+}
+
+/// Why a session ended (logged).
+#[derive(Debug, Clone, Copy)]
+enum EndReason {
+    Closed,
+    StreamError,
+    HeartbeatTimeout,
+    ProtocolViolation,
+    Shutdown,
+}
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    type SessionStream = EventStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = request.into_inner();
+        let deadline = self.app.config.heartbeat_interval * self.app.config.heartbeat_misses;
+        let first = tokio::time::timeout(deadline, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello within the heartbeat deadline"))??;
+        let hello = match first.and_then(|m| m.kind) {
+            Some(pb::session_request::Kind::Hello(h)) => WorkerHello::try_from(h)?,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of a session must be a hello",
+                ));
+            }
+        };
+        let registry = self.app.registry.clone();
+        let mut events = registry.subscribe();
+        let id = registry.open_session(hello.clone())?;
+        info!(session = %id, worker = %hello.name, pid = hello.pid, "session opened");
+
+        let (tx, rx) = mpsc::channel(64);
+        let welcome = pb::session_event::Kind::Welcome(pb::Welcome {
+            session_id: id.clone(),
+            heartbeat_interval_ms: u32::try_from(self.app.config.heartbeat_interval.as_millis())
+                .unwrap_or(u32::MAX),
+            device: Some(convert::device(&registry.device())),
+        });
+        let _ = tx.try_send(event(welcome));
+
+        let app = self.app.clone();
+        tokio::spawn(async move {
+            let reason = loop {
+                tokio::select! {
+                    msg = tokio::time::timeout(deadline, inbound.message()) => match msg {
+                        Err(_) => break EndReason::HeartbeatTimeout,
+                        Ok(Ok(None)) => break EndReason::Closed,
+                        Ok(Err(status)) => {
+                            debug!(session = %id, %status, "session stream error");
+                            break EndReason::StreamError;
+                        }
+                        Ok(Ok(Some(m))) => match m.kind {
+                            Some(pb::session_request::Kind::Heartbeat(_)) => {}
+                            Some(pb::session_request::Kind::Hello(_)) | None => {
+                                let _ = tx.send(Err(Status::invalid_argument(
+                                    "a session takes one hello, then heartbeats",
+                                ))).await;
+                                break EndReason::ProtocolViolation;
+                            }
+                        },
+                    },
+                    ev = events.recv() => match ev {
+                        Ok(ev) => {
+                            if let Some(kind) = relevant(&app, &id, ev)
+                                && tx.send(event(kind)).await.is_err()
+                            {
+                                break EndReason::Closed;
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            warn!(session = %id, missed = n, "session fell behind on model events");
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break EndReason::Shutdown,
+                    },
+                    () = tx.closed() => break EndReason::Closed,
+                    () = app.shutdown.cancelled() => break EndReason::Shutdown,
+                }
+            };
+            let released = app.registry.end_session(&id);
+            info!(session = %id, reason = ?reason, leases_released = released, "session ended");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn attach(
+        &self,
+        request: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::AttachResponse>, Status> {
+        let req = request.into_inner();
+        let registry = &self.app.registry;
+        let att = registry.attach(&req.session_id, &req.model, req.version)?;
+        let exported = att.arena.export();
+        let handle = match exported {
+            Ok(ExportedHandle::Fd(fd)) => {
+                let ticket = self.app.tickets.issue(&att.lease_id, fd);
+                pb::attach_response::Handle::Host(pb::HostArenaHandle {
+                    ticket,
+                    handle_socket: self.app.config.handle_socket.display().to_string(),
+                    ticket_ttl_ms: u32::try_from(self.app.tickets.ttl().as_millis())
+                        .unwrap_or(u32::MAX),
+                })
+            }
+            Err(e) => {
+                let _ = registry.release(&req.session_id, &att.lease_id);
+                return Err(ServerError::Device(e).into());
+            }
+            Ok(other) => {
+                let _ = registry.release(&req.session_id, &att.lease_id);
+                return Err(ServerError::Internal(format!(
+                    "the backend exported a handle this server cannot pass on: {other:?}"
+                ))
+                .into());
+            }
+        };
+        debug!(session = %req.session_id, model = %req.model, version = att.manifest.version, lease = %att.lease_id, "attach");
+        Ok(Response::new(pb::AttachResponse {
+            lease_id: att.lease_id,
+            manifest: Some(convert::manifest(&att.manifest)),
+            device: Some(convert::device(&registry.device())),
+            handle: Some(handle),
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let req = request.into_inner();
+        self.app.registry.release(&req.session_id, &req.lease_id)?;
+        self.app.tickets.revoke_lease(&req.lease_id);
+        Ok(Response::new(pb::ReleaseResponse {}))
+    }
+}
+
+/// The session event for `ev`, if this session should hear of it: every new ready version,
+/// and draining only of versions it holds.
+fn relevant(app: &App, session: &str, ev: ModelEvent) -> Option<pb::session_event::Kind> {
+    match ev {
+        ModelEvent::VersionReady { model, version } => {
+            Some(pb::session_event::Kind::VersionReady(pb::VersionReady {
+                model,
+                version,
+            }))
+        }
+        ModelEvent::VersionDraining { model, version } => app
+            .registry
+            .session_holds(session, &model, version)
+            .then_some(pb::session_event::Kind::VersionDraining(
+                pb::VersionDraining { model, version },
+            )),
+    }
+}

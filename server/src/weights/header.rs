@@ -1,0 +1,657 @@
+//! Parsing and validation of one safetensors file's header.
+//!
+//! A safetensors file is an 8-byte little-endian header length, a JSON header of that
+//! many bytes, then the data section. The header is untrusted: the length is checked
+//! against the file and the limits before anything is read, the JSON is parsed by
+//! visitors that reject duplicate and unknown keys as they meet them (serde_json's own
+//! `Map` would silently keep the last duplicate), and every tensor's range is checked
+//! against its shape, the data section and its neighbours.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::io::{ErrorKind, Read};
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::WeightLimits;
+use super::dtype::DType;
+use super::error::{WeightsError, json_error, quoted};
+
+/// Size of the header-length prefix that opens every safetensors file.
+pub const LENGTH_PREFIX_BYTES: u64 = 8;
+
+/// The key of the optional string→string metadata object in a header.
+const METADATA_KEY: &str = "__metadata__";
+
+/// One tensor declared by a header, after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorEntry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Start of the tensor's bytes, relative to the data section.
+    pub begin: u64,
+    /// End (exclusive) of the tensor's bytes, relative to the data section.
+    pub end: u64,
+}
+
+impl TensorEntry {
+    /// Number of bytes the tensor occupies.
+    pub fn byte_length(&self) -> u64 {
+        self.end.saturating_sub(self.begin)
+    }
+}
+
+/// The validated header of one safetensors file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    /// Length of the JSON header in bytes.
+    pub header_len: u64,
+    /// Absolute offset of the data section: 8 + `header_len`.
+    pub data_start: u64,
+    /// Length of the data section: the file's length minus `data_start`.
+    pub data_len: u64,
+    /// The tensors, sorted by `begin`.
+    pub tensors: Vec<TensorEntry>,
+    /// The header's `__metadata__` object (empty if absent).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Parses and validates the header of one safetensors file of `file_len` bytes.
+/// `display` is the file name used in errors.
+///
+/// Reads exactly the 8-byte prefix and the header from `reader` (which must be at the
+/// start of the file), never the data section.
+pub fn parse_header(
+    display: &str,
+    reader: &mut impl Read,
+    file_len: u64,
+    limits: &WeightLimits,
+) -> Result<Header, WeightsError> {
+    let Some(room) = file_len.checked_sub(LENGTH_PREFIX_BYTES) else {
+        return Err(WeightsError::malformed(
+            display,
+            0,
+            format!(
+                "file is {file_len} bytes, too short for the {LENGTH_PREFIX_BYTES}-byte header length"
+            ),
+        ));
+    };
+    let mut prefix = [0u8; 8];
+    read_exact(display, reader, &mut prefix, 0)?;
+    let header_len = u64::from_le_bytes(prefix);
+    if header_len > room {
+        return Err(WeightsError::malformed(
+            display,
+            LENGTH_PREFIX_BYTES,
+            format!("header length {header_len} runs past the end of the {file_len}-byte file"),
+        ));
+    }
+    if header_len > limits.max_header_bytes {
+        return Err(WeightsError::limit(
+            display,
+            "header length",
+            limits.max_header_bytes,
+            header_len,
+        ));
+    }
+    if header_len == 0 {
+        return Err(WeightsError::malformed(
+            display,
+            LENGTH_PREFIX_BYTES,
+            "header is empty; it must be a JSON object",
+        ));
+    }
+    let len = usize::try_from(header_len).map_err(|_| {
+        WeightsError::limit(display, "header length", usize::MAX as u64, header_len)
+    })?;
+    // Bounded: header_len is at most max_header_bytes and at most the file's length.
+    let mut text = vec![0u8; len];
+    read_exact(display, reader, &mut text, LENGTH_PREFIX_BYTES)?;
+    let data_start = header_len
+        .checked_add(LENGTH_PREFIX_BYTES)
+        .ok_or_else(|| WeightsError::malformed(display, 0, "header length overflows"))?;
+    let data_len = file_len
+        .checked_sub(data_start)
+        .ok_or_else(|| WeightsError::malformed(display, 0, "header runs past the file"))?;
+
+    if let Err(e) = std::str::from_utf8(&text) {
+        let at = u64::try_from(e.valid_up_to()).unwrap_or(u64::MAX);
+        return Err(WeightsError::malformed(
+            display,
+            LENGTH_PREFIX_BYTES.saturating_add(at),
+            "header is not valid UTF-8",
+        ));
+    }
+    if text.first() != Some(&b'{') {
+        return Err(WeightsError::malformed(
+            display,
+            LENGTH_PREFIX_BYTES,
+            "header does not begin with '{'; it must be a JSON object",
+        ));
+    }
+
+    let ctx = Ctx {
+        display,
+        limits,
+        limit_hit: Cell::new(None),
+    };
+    let mut de = serde_json::Deserializer::from_slice(&text);
+    let parsed = HeaderSeed { ctx: &ctx }
+        .deserialize(&mut de)
+        .and_then(|raw| de.end().map(|()| raw));
+    let (mut tensors, metadata) = match parsed {
+        Ok(raw) => raw,
+        Err(e) => {
+            return Err(ctx
+                .limit_hit
+                .take()
+                .unwrap_or_else(|| json_error(display, LENGTH_PREFIX_BYTES, &text, &e)));
+        }
+    };
+
+    // Stable: ties keep file order.
+    tensors.sort_by_key(|t| (t.begin, t.end));
+    check_ranges(display, &tensors, data_start, data_len)?;
+
+    Ok(Header {
+        header_len,
+        data_start,
+        data_len,
+        tensors,
+        metadata,
+    })
+}
+
+/// Reads exactly `buf.len()` bytes that sit at `offset` in the file.
+fn read_exact(
+    display: &str,
+    reader: &mut impl Read,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<(), WeightsError> {
+    reader.read_exact(buf).map_err(|e| {
+        if e.kind() == ErrorKind::UnexpectedEof {
+            WeightsError::malformed(
+                display,
+                offset,
+                "file ended before its stated length (was it truncated while being read?)",
+            )
+        } else {
+            WeightsError::io(display, e)
+        }
+    })
+}
+
+/// Checks that every range lies inside the data section and that no two non-empty
+/// ranges overlap. `tensors` must be sorted by `begin`.
+fn check_ranges(
+    display: &str,
+    tensors: &[TensorEntry],
+    data_start: u64,
+    data_len: u64,
+) -> Result<(), WeightsError> {
+    // The non-empty tensor that reaches furthest so far.
+    let mut furthest: Option<&TensorEntry> = None;
+    for t in tensors {
+        let at = data_start.saturating_add(t.begin);
+        if t.end > data_len {
+            return Err(WeightsError::malformed(
+                display,
+                at,
+                format!(
+                    "tensor {} data_offsets [{}, {}] run past the end of the file \
+                     (its data section holds {} bytes)",
+                    quoted(&t.name),
+                    t.begin,
+                    t.end,
+                    data_len
+                ),
+            ));
+        }
+        if t.begin == t.end {
+            continue;
+        }
+        if let Some(f) = furthest
+            && t.begin < f.end
+        {
+            return Err(WeightsError::malformed(
+                display,
+                at,
+                format!(
+                    "tensors {} [{}, {}] and {} [{}, {}] overlap",
+                    quoted(&f.name),
+                    f.begin,
+                    f.end,
+                    quoted(&t.name),
+                    t.begin,
+                    t.end
+                ),
+            ));
+        }
+        if furthest.is_none_or(|f| t.end > f.end) {
+            furthest = Some(t);
+        }
+    }
+    Ok(())
+}
+
+/// What the visitors need to know; `limit_hit` carries a [`WeightsError::Limit`] out of
+/// serde, which only lets them return a message.
+pub(super) struct Ctx<'a> {
+    pub(super) display: &'a str,
+    pub(super) limits: &'a WeightLimits,
+    pub(super) limit_hit: Cell<Option<WeightsError>>,
+}
+
+impl Ctx<'_> {
+    /// Records a limit error and returns the serde error that stops the parse.
+    pub(super) fn over_limit<E: de::Error>(&self, what: String, limit: usize, actual: usize) -> E {
+        let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        self.limit_hit.set(Some(WeightsError::limit(
+            self.display,
+            what.clone(),
+            as_u64(limit),
+            as_u64(actual),
+        )));
+        E::custom(format!("{what} is over the limit"))
+    }
+}
+
+type RawHeader = (Vec<TensorEntry>, BTreeMap<String, String>);
+
+/// The whole header object.
+struct HeaderSeed<'a> {
+    ctx: &'a Ctx<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for HeaderSeed<'_> {
+    type Value = RawHeader;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<RawHeader, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for HeaderSeed<'_> {
+    type Value = RawHeader;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object mapping tensor names to their entries")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+        let limits = self.ctx.limits;
+        let mut tensors = Vec::new();
+        let mut names = HashSet::new();
+        let mut metadata = None;
+        let mut count: usize = 0;
+        while let Some(name) = map.next_key::<String>()? {
+            if name == METADATA_KEY {
+                if metadata.is_some() {
+                    return Err(de::Error::custom("'__metadata__' appears twice"));
+                }
+                metadata = Some(map.next_value_seed(MetadataSeed)?);
+                continue;
+            }
+            if name.is_empty() {
+                return Err(de::Error::custom("a tensor has an empty name"));
+            }
+            if name.len() > limits.max_name_bytes {
+                return Err(self.ctx.over_limit(
+                    format!("length in bytes of tensor name {}", quoted(&name)),
+                    limits.max_name_bytes,
+                    name.len(),
+                ));
+            }
+            if names.contains(&name) {
+                return Err(de::Error::custom(format!(
+                    "tensor {} appears twice",
+                    quoted(&name)
+                )));
+            }
+            let entry = map.next_value_seed(TensorSeed {
+                ctx: self.ctx,
+                name,
+            })?;
+            count = count.saturating_add(1);
+            // Past the limit, keep parsing (to report the real count) but stop storing.
+            if count <= limits.max_tensors {
+                names.insert(entry.name.clone());
+                tensors.push(entry);
+            }
+        }
+        if count > limits.max_tensors {
+            return Err(self
+                .ctx
+                .over_limit("tensor count".to_owned(), limits.max_tensors, count));
+        }
+        Ok((tensors, metadata.unwrap_or_default()))
+    }
+}
+
+/// The `__metadata__` object: string keys to string values.
+struct MetadataSeed;
+
+impl<'de> DeserializeSeed<'de> for MetadataSeed {
+    type Value = BTreeMap<String, String>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetadataSeed {
+    type Value = BTreeMap<String, String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object of string values for '__metadata__'")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format!(
+                    "'__metadata__' has key {} twice",
+                    quoted(&key)
+                )));
+            }
+            let value = map.next_value_seed(StringSeed {
+                what: "'__metadata__' value of key",
+                name: &key,
+            })?;
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+}
+
+/// A string, with context for the error if it is anything else.
+pub(super) struct StringSeed<'a> {
+    pub(super) what: &'static str,
+    pub(super) name: &'a str,
+}
+
+impl<'de> DeserializeSeed<'de> for StringSeed<'_> {
+    type Value = String;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringSeed<'_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a string ({} {})", self.what, quoted(self.name))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+}
+
+/// One tensor's entry: exactly `dtype`, `shape` and `data_offsets`.
+struct TensorSeed<'a> {
+    ctx: &'a Ctx<'a>,
+    name: String,
+}
+
+impl<'de> DeserializeSeed<'de> for TensorSeed<'_> {
+    type Value = TensorEntry;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<TensorEntry, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TensorSeed<'_> {
+    type Value = TensorEntry;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "an object with dtype, shape and data_offsets for tensor {}",
+            quoted(&self.name)
+        )
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TensorEntry, A::Error> {
+        let name = self.name;
+        let q = quoted(&name);
+        let mut dtype = None;
+        let mut shape = None;
+        let mut offsets = None;
+        while let Some(key) = map.next_key::<String>()? {
+            let twice = || de::Error::custom(format!("tensor {q} has key {} twice", quoted(&key)));
+            match key.as_str() {
+                "dtype" => {
+                    if dtype.is_some() {
+                        return Err(twice());
+                    }
+                    let s = map.next_value_seed(StringSeed {
+                        what: "dtype of tensor",
+                        name: &name,
+                    })?;
+                    let d = DType::parse(&s).ok_or_else(|| {
+                        de::Error::custom(format!("tensor {q} has unknown dtype {}", quoted(&s)))
+                    })?;
+                    dtype = Some(d);
+                }
+                "shape" => {
+                    if shape.is_some() {
+                        return Err(twice());
+                    }
+                    shape = Some(map.next_value_seed(ShapeSeed {
+                        ctx: self.ctx,
+                        name: &name,
+                    })?);
+                }
+                "data_offsets" => {
+                    if offsets.is_some() {
+                        return Err(twice());
+                    }
+                    offsets = Some(map.next_value_seed(OffsetsSeed { name: &name })?);
+                }
+                _ => {
+                    return Err(de::Error::custom(format!(
+                        "tensor {q} has unknown key {} (allowed: dtype, shape, data_offsets)",
+                        quoted(&key)
+                    )));
+                }
+            }
+        }
+        let missing = |what: &str| de::Error::custom(format!("tensor {q} has no {what}"));
+        let dtype = dtype.ok_or_else(|| missing("dtype"))?;
+        let shape: Vec<u64> = shape.ok_or_else(|| missing("shape"))?;
+        let (begin, end) = offsets.ok_or_else(|| missing("data_offsets"))?;
+
+        let elements = if shape.contains(&0) {
+            0
+        } else {
+            shape
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| {
+                    de::Error::custom(format!(
+                        "tensor {q} has shape {shape:?}, whose element count overflows 64 bits"
+                    ))
+                })?
+        };
+        let needed = elements.checked_mul(dtype.size_bytes()).ok_or_else(|| {
+            de::Error::custom(format!(
+                "tensor {q} has shape {shape:?} of {dtype}, whose byte size overflows 64 bits"
+            ))
+        })?;
+        // begin <= end was checked by OffsetsSeed.
+        let held = end.saturating_sub(begin);
+        if held != needed {
+            return Err(de::Error::custom(format!(
+                "tensor {q} data_offsets [{begin}, {end}] hold {held} bytes \
+                 but shape {shape:?} of {dtype} needs {needed}"
+            )));
+        }
+        Ok(TensorEntry {
+            name,
+            dtype,
+            shape,
+            begin,
+            end,
+        })
+    }
+}
+
+/// A tensor's shape: at most `max_rank` non-negative integers.
+struct ShapeSeed<'a> {
+    ctx: &'a Ctx<'a>,
+    name: &'a str,
+}
+
+impl<'de> DeserializeSeed<'de> for ShapeSeed<'_> {
+    type Value = Vec<u64>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<u64>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ShapeSeed<'_> {
+    type Value = Vec<u64>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a list of non-negative integers (shape of tensor {})",
+            quoted(self.name)
+        )
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+        let max_rank = self.ctx.limits.max_rank;
+        let mut dims = Vec::new();
+        while let Some(d) = seq.next_element_seed(UintSeed {
+            what: "shape entry",
+            name: self.name,
+        })? {
+            if dims.len() >= max_rank {
+                // Count the rest without storing it, to report the real rank.
+                let mut rank = dims.len().saturating_add(1);
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    rank = rank.saturating_add(1);
+                }
+                return Err(self.ctx.over_limit(
+                    format!("rank of tensor {}", quoted(self.name)),
+                    max_rank,
+                    rank,
+                ));
+            }
+            dims.push(d);
+        }
+        Ok(dims)
+    }
+}
+
+/// A tensor's `data_offsets`: exactly two non-negative integers, begin <= end.
+struct OffsetsSeed<'a> {
+    name: &'a str,
+}
+
+impl<'de> DeserializeSeed<'de> for OffsetsSeed<'_> {
+    type Value = (u64, u64);
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(u64, u64), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OffsetsSeed<'_> {
+    type Value = (u64, u64);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a list of two non-negative integers (data_offsets of tensor {})",
+            quoted(self.name)
+        )
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(u64, u64), A::Error> {
+        let q = quoted(self.name);
+        let element = || UintSeed {
+            what: "data_offsets entry",
+            name: self.name,
+        };
+        let not_two = || {
+            de::Error::custom(format!(
+                "tensor {q} data_offsets must hold exactly two integers [begin, end]"
+            ))
+        };
+        let begin = seq.next_element_seed(element())?.ok_or_else(not_two)?;
+        let end = seq.next_element_seed(element())?.ok_or_else(not_two)?;
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            return Err(not_two());
+        }
+        if begin > end {
+            return Err(de::Error::custom(format!(
+                "tensor {q} data_offsets [{begin}, {end}] begin after they end"
+            )));
+        }
+        Ok((begin, end))
+    }
+}
+
+/// A non-negative integer that fits in a u64.
+struct UintSeed<'a> {
+    what: &'static str,
+    name: &'a str,
+}
+
+impl UintSeed<'_> {
+    fn bad<E: de::Error>(&self, v: impl fmt::Display) -> E {
+        E::custom(format!(
+            "tensor {} has {} {v}, which is not a non-negative 64-bit integer",
+            quoted(self.name),
+            self.what
+        ))
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for UintSeed<'_> {
+    type Value = u64;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_u64(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UintSeed<'_> {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a non-negative integer ({} of tensor {})",
+            self.what,
+            quoted(self.name)
+        )
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| self.bad(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
+        Err(self.bad(v))
+    }
+}

@@ -1,0 +1,64 @@
+//! Errors of the worker SDK.
+
+/// What can go wrong for a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The server address is not understood.
+    #[error("bad server address '{address}': {reason}")]
+    BadAddress {
+        /// The address given.
+        address: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The connection could not be made.
+    #[error("cannot connect to {address}: {source}")]
+    Connect {
+        /// The address.
+        address: String,
+        /// The cause.
+        source: tonic::transport::Error,
+    },
+    /// The server answered with an error.
+    #[error("{call}: {status}")]
+    Rpc {
+        /// The call.
+        call: &'static str,
+        /// The server's status.
+        status: tonic::Status,
+    },
+    /// The server broke the protocol (a missing field, an unknown handle kind).
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Mapping the arena failed.
+    #[error("arena of '{model}' version {version}: {source}")]
+    Device {
+        /// Model name.
+        model: String,
+        /// Version.
+        version: u32,
+        /// The cause.
+        source: modelshare_device::DeviceError,
+    },
+    /// The model has no tensor of that name.
+    #[error("model '{model}' has no tensor '{tensor}'")]
+    NoSuchTensor {
+        /// Model name.
+        model: String,
+        /// Tensor asked for.
+        tensor: String,
+    },
+    /// The session has ended.
+    #[error("the session has ended")]
+    SessionEnded,
+}
+
+impl WorkerError {
+    /// The gRPC status code, when the server answered with an error.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            WorkerError::Rpc { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Worker SDK of modelshare: attach to model weights resident in a modelshare server and read
+//! them as tensors, without copying them.
+//!
+//! # Layout
+//! - [`connect`]: a gRPC channel to the server, over TCP (`http://host:port`) or a Unix socket
+//!   (`unix:/path/to/socket`).
+//! - [`session`]: [`Session`], a worker's connection: hello, background heartbeats, model
+//!   events; ending it (drop, or the process dying) releases everything it held.
+//! - [`model`]: [`Model`], a lease on one version: its manifest, metadata and tensors.
+//! - [`tensor`]: [`Tensor`], a read-only view of one tensor's bytes inside the shared arena.
+//! - [`error`]: the error type, [`WorkerError`].
+//!
+//! # Example
+//! ```no_run
+//! # async fn run() -> Result<(), modelshare_worker::WorkerError> {
+//! let session = modelshare_worker::Session::open("unix:/run/modelshare/grpc.sock", "my-worker").await?;
+//! let model = session.attach("tiny-llama").await?;
+//! let wq = model.tensor("layers.0.attn.wq")?;
+//! println!("{} {:?} {} bytes", wq.name(), wq.shape(), wq.bytes().len());
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod connect;
+pub mod error;
+pub mod model;
+pub mod session;
+pub mod tensor;
+
+pub use error::WorkerError;
+pub use model::Model;
+pub use session::{Session, SessionEvent};
+pub use tensor::Tensor;
