@@ -1,0 +1,308 @@
+//! Test harness: starting the real server, writing models, talking to it.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use modelshare_proto::v1 as pb;
+use modelshare_proto::v1::admin_service_client::AdminServiceClient;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use tonic::transport::Channel;
+
+/// Path of the binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_modelshare");
+
+/// A running `modelshare serve` in its own temporary directory.
+pub struct Server {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    /// Model repository root (`<dir>/models`).
+    pub root: PathBuf,
+    /// gRPC Unix socket.
+    pub socket: PathBuf,
+    /// Handle socket.
+    pub handles: PathBuf,
+    /// `unix:<socket>`, for clients.
+    pub address: String,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// A server with no start-up models.
+    pub async fn start() -> Server {
+        Self::start_with(&[], |_| {}).await
+    }
+
+    /// A server with extra flags; `setup` may write models under the root before it starts.
+    pub async fn start_with(extra: &[&str], setup: impl FnOnce(&Path)) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("models");
+        std::fs::create_dir_all(&root).expect("mkdir models");
+        setup(&root);
+        let socket = dir.path().join("grpc.sock");
+        let handles = dir.path().join("handles.sock");
+        let mut s = Server {
+            child: None,
+            address: format!("unix:{}", socket.display()),
+            root,
+            socket,
+            handles,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        s.wait_ready().await;
+        s
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// Starts the process (again, after a stop).
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
+        let child = Command::new(BIN)
+            .arg("serve")
+            .arg("--backend")
+            .arg("host")
+            .arg("--unix-socket")
+            .arg(&self.socket)
+            .arg("--handle-socket")
+            .arg(&self.handles)
+            .arg("--model-root")
+            .arg(&self.root)
+            .args(&self.extra)
+            .env("RUST_LOG", "info,modelshare_server=debug")
+            .env_remove("MODELSHARE_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn modelshare serve");
+        self.child = Some(child);
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Waits until gRPC health says SERVING (20 s at most).
+    pub async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("server exited early with {status}; log:\n{}", self.log());
+            }
+            if let Ok(ch) = modelshare_worker::connect::channel(&self.address).await {
+                let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+                if let Ok(r) = health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                {
+                    if r.into_inner().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                    {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server not ready in 20 s; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// An admin client.
+    pub async fn admin(&self) -> AdminServiceClient<Channel> {
+        let ch = modelshare_worker::connect::channel(&self.address)
+            .await
+            .expect("connect");
+        AdminServiceClient::new(ch).max_decoding_message_size(256 << 20)
+    }
+
+    /// Sends `signal` and waits for the exit (10 s at most).
+    pub fn stop_with(&mut self, signal: &str) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "server did not exit within 10 s of SIG{signal}; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), never all zeros.
+pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        out.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// One tensor to write.
+#[derive(Debug, Clone)]
+pub struct T {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+/// A tensor of random contents.
+pub fn t(name: &str, dtype: Dtype, shape: &[usize], seed: u64) -> T {
+    let n: usize = shape.iter().product::<usize>() * dtype.size();
+    T {
+        name: name.to_owned(),
+        dtype,
+        shape: shape.to_vec(),
+        data: random_bytes(seed, n),
+    }
+}
+
+/// Writes `tensors` as a safetensors file with the official crate.
+pub fn write_safetensors(path: &Path, tensors: &[T]) {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                TensorView::new(t.dtype, t.shape.clone(), &t.data).expect("view"),
+            )
+        })
+        .collect();
+    let meta: Option<HashMap<String, String>> =
+        Some([("format".to_string(), "pt".to_string())].into());
+    safetensors::serialize_to_file(views, &meta, path).expect("serialize");
+}
+
+/// Writes a sharded model: `shards[i]` goes to `model-0000{i+1}-of-0000{n}.safetensors`, with
+/// the index beside them.
+pub fn write_sharded(dir: &Path, shards: &[Vec<T>]) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let n = shards.len();
+    let mut weight_map = serde_json::Map::new();
+    for (i, tensors) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
+        write_safetensors(&dir.join(&file), tensors);
+        for t in tensors {
+            weight_map.insert(t.name.clone(), serde_json::Value::String(file.clone()));
+        }
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("index");
+}
+
+/// Runs a load to its end; the finished version or the error status.
+pub async fn load(
+    admin: &mut AdminServiceClient<Channel>,
+    name: &str,
+    path: &str,
+) -> Result<pb::VersionInfo, tonic::Status> {
+    let mut stream = admin
+        .load_model(pb::LoadModelRequest {
+            name: name.into(),
+            path: path.into(),
+        })
+        .await?
+        .into_inner();
+    let mut started = false;
+    while let Some(msg) = stream.message().await? {
+        match msg.event {
+            Some(pb::load_model_progress::Event::Started(_)) => started = true,
+            Some(pb::load_model_progress::Event::Done(v)) => {
+                assert!(started, "Done before Started");
+                return Ok(v);
+            }
+            _ => {}
+        }
+    }
+    panic!("load stream ended without Done");
+}
+
+/// GetStats.
+pub async fn stats(admin: &mut AdminServiceClient<Channel>) -> pb::GetStatsResponse {
+    admin
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .expect("GetStats")
+        .into_inner()
+}
+
+/// Count of versions in `state` in a stats reply.
+pub fn count(stats: &pb::GetStatsResponse, state: pb::VersionState) -> u32 {
+    stats
+        .versions_by_state
+        .iter()
+        .find(|c| c.state == state as i32)
+        .map(|c| c.count)
+        .unwrap_or(0)
+}
+
+/// Polls `check` every 20 ms until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,393 @@
+//! Unload, leases, draining, shutdown and restart.
+
+use std::time::Duration;
+
+use modelshare_proto::v1 as pb;
+use safetensors::Dtype;
+
+use crate::common::{self, Server, t};
+
+fn write_small(root: &std::path::Path, dir: &str, seed: u64) {
+    common::write_safetensors(
+        &root.join(dir).join("model.safetensors"),
+        &[
+            t("w", Dtype::F32, &[64, 64], seed),
+            t("b", Dtype::F16, &[64], seed + 1),
+        ],
+    );
+}
+
+/// Unloading a model must free its arena: GetStats returns to zero and the model disappears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unload_frees_the_arena() {
+    let server = Server::start().await;
+    write_small(&server.root, "m", 1);
+    let mut admin = server.admin().await;
+    let v = common::load(&mut admin, "m", "m").await.expect("load");
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.arena_bytes), (1, v.arena_bytes));
+    assert!(v.arena_bytes >= 64 * 64 * 4 + 64 * 2);
+    let r = admin
+        .unload_model(pb::UnloadModelRequest {
+            name: "m".into(),
+            version: 0,
+        })
+        .await
+        .expect("unload")
+        .into_inner();
+    assert_eq!(r.versions.len(), 1);
+    assert_eq!(r.versions[0].state, pb::VersionState::Freed as i32);
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.arena_bytes, s.models), (0, 0, 0));
+    let list = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(list.models.is_empty());
+}
+
+/// An unload under a lease must drain: attaches refused, bytes kept until the last release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unload_while_attached_drains_until_release() {
+    let server = Server::start().await;
+    write_small(&server.root, "m", 1);
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load");
+    let session = modelshare_worker::Session::open(&server.address, "holder")
+        .await
+        .expect("session");
+    let model = session.attach("m").await.expect("attach");
+    let before = model.tensor("w").expect("w").bytes().to_vec();
+
+    let r = admin
+        .unload_model(pb::UnloadModelRequest {
+            name: "m".into(),
+            version: 0,
+        })
+        .await
+        .expect("unload")
+        .into_inner();
+    assert_eq!(r.versions[0].state, pb::VersionState::Draining as i32);
+    assert_eq!(
+        session.next_event().await,
+        modelshare_worker::SessionEvent::VersionDraining {
+            model: "m".into(),
+            version: 1
+        }
+    );
+    let s = common::stats(&mut admin).await;
+    assert_eq!(s.arenas, 1, "a draining version keeps its memory");
+    assert_eq!(common::count(&s, pb::VersionState::Draining), 1);
+    let other = modelshare_worker::Session::open(&server.address, "late")
+        .await
+        .expect("session");
+    let err = other
+        .attach_version("m", 1)
+        .await
+        .expect_err("attach to draining");
+    assert_eq!(err.code(), Some(tonic::Code::FailedPrecondition), "{err}");
+    let err = other
+        .attach("m")
+        .await
+        .expect_err("latest of a draining model");
+    assert_eq!(err.code(), Some(tonic::Code::FailedPrecondition), "{err}");
+    // The holder still reads the same bytes.
+    assert_eq!(model.tensor("w").expect("w").bytes(), before.as_slice());
+
+    model.release().await.expect("release");
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.arena_bytes, s.leases), (0, 0, 0));
+}
+
+/// Ending a session without releasing (the worker going away) must release its leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_session_releases_its_leases() {
+    let server = Server::start().await;
+    write_small(&server.root, "m", 1);
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load");
+    // A raw session: hello, then attach twice, then close the stream without releasing.
+    let ch = modelshare_worker::connect::channel(&server.address)
+        .await
+        .expect("channel");
+    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::SessionRequest {
+        kind: Some(pb::session_request::Kind::Hello(pb::Hello {
+            worker_name: "short".into(),
+            pid: 4242,
+            labels: [("role".to_string(), "test".to_string())].into(),
+        })),
+    })
+    .await
+    .expect("hello");
+    let mut events = worker
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("session")
+        .into_inner();
+    let welcome = match events
+        .message()
+        .await
+        .expect("welcome")
+        .and_then(|e| e.kind)
+    {
+        Some(pb::session_event::Kind::Welcome(w)) => w,
+        other => panic!("expected a welcome, got {other:?}"),
+    };
+    for _ in 0..2 {
+        worker
+            .attach(pb::AttachRequest {
+                session_id: welcome.session_id.clone(),
+                model: "m".into(),
+                version: 0,
+            })
+            .await
+            .expect("attach");
+    }
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.sessions, s.leases), (1, 2));
+    let ps = admin
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("ps")
+        .into_inner();
+    assert_eq!(ps.sessions.len(), 1);
+    assert_eq!(ps.sessions[0].worker_name, "short");
+    assert_eq!(ps.sessions[0].pid, 4242);
+    assert_eq!(
+        ps.sessions[0].labels.get("role").map(String::as_str),
+        Some("test")
+    );
+    assert_eq!(ps.sessions[0].leases.len(), 2);
+    drop(tx);
+    drop(events);
+    common::eventually(Duration::from_secs(3), "session and leases gone", || {
+        let mut admin = admin.clone();
+        async move {
+            let s = common::stats(&mut admin).await;
+            s.sessions == 0 && s.leases == 0
+        }
+    })
+    .await;
+    let s = common::stats(&mut admin).await;
+    assert_eq!(s.arenas, 1, "the model itself stays loaded");
+}
+
+/// A session that stops heartbeating must be ended by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_session_times_out() {
+    let server = Server::start_with(
+        &["--heartbeat-interval-ms", "50", "--heartbeat-misses", "2"],
+        |_| {},
+    )
+    .await;
+    let mut admin = server.admin().await;
+    let ch = modelshare_worker::connect::channel(&server.address)
+        .await
+        .expect("channel");
+    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::SessionRequest {
+        kind: Some(pb::session_request::Kind::Hello(pb::Hello::default())),
+    })
+    .await
+    .expect("hello");
+    let mut events = worker
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("session")
+        .into_inner();
+    events.message().await.expect("welcome");
+    assert_eq!(common::stats(&mut admin).await.sessions, 1);
+    // Keep the stream open but say nothing.
+    common::eventually(Duration::from_secs(3), "silent session ended", || {
+        let mut admin = admin.clone();
+        async move { common::stats(&mut admin).await.sessions == 0 }
+    })
+    .await;
+    drop(tx);
+}
+
+/// A lease can only be released by its own session, and only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_checks_the_owner() {
+    let server = Server::start().await;
+    write_small(&server.root, "m", 1);
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load");
+    let ch = modelshare_worker::connect::channel(&server.address)
+        .await
+        .expect("channel");
+    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
+    let owner = modelshare_worker::Session::open(&server.address, "owner")
+        .await
+        .expect("session");
+    let model = owner.attach("m").await.expect("attach");
+    let thief = modelshare_worker::Session::open(&server.address, "thief")
+        .await
+        .expect("session");
+    let err = worker
+        .release(pb::ReleaseRequest {
+            session_id: thief.id().into(),
+            lease_id: model.lease_id().into(),
+        })
+        .await
+        .expect_err("release by another session");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    let err = worker
+        .attach(pb::AttachRequest {
+            session_id: "no-such-session".into(),
+            model: "m".into(),
+            version: 0,
+        })
+        .await
+        .expect_err("attach without a session");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    let lease = model.lease_id().to_owned();
+    model.release().await.expect("release");
+    let err = worker
+        .release(pb::ReleaseRequest {
+            session_id: owner.id().into(),
+            lease_id: lease,
+        })
+        .await
+        .expect_err("double release");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+/// SIGTERM and SIGINT must shut the server down cleanly: exit 0, sockets removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_shut_down_cleanly() {
+    for signal in ["TERM", "INT"] {
+        let mut server =
+            Server::start_with(&["--model", "m=m"], |root| write_small(root, "m", 1)).await;
+        // A live session must not hold up the shutdown.
+        let session = modelshare_worker::Session::open(&server.address, "w")
+            .await
+            .expect("session");
+        let _model = session.attach("m").await.expect("attach");
+        let status = server.stop_with(signal);
+        assert!(
+            status.success(),
+            "SIG{signal}: exit {status}; log:\n{}",
+            server.log()
+        );
+        assert!(
+            !server.socket.exists(),
+            "gRPC socket left behind after SIG{signal}"
+        );
+        assert!(
+            !server.handles.exists(),
+            "handle socket left behind after SIG{signal}"
+        );
+        let log = server.log();
+        assert!(
+            log.contains("shutdown requested") && log.contains("stopped"),
+            "{log}"
+        );
+    }
+}
+
+/// Start-up models must come back after a restart, and a stale socket from a killed server
+/// must not stop the new one from binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_reloads_startup_models() {
+    let mut server = Server::start_with(&["--model", "m=m", "--model", "n=n"], |root| {
+        write_small(root, "m", 1);
+        write_small(root, "n", 2);
+    })
+    .await;
+    let mut admin = server.admin().await;
+    assert_eq!(common::stats(&mut admin).await.arenas, 2);
+    let status = server.stop_with("KILL");
+    assert!(!status.success());
+    assert!(
+        server.socket.exists(),
+        "a killed server leaves its socket file"
+    );
+    server.spawn();
+    server.wait_ready().await;
+    let mut admin = server.admin().await;
+    let list = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    let names: Vec<&str> = list.models.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["m", "n"]);
+    assert!(list.models.iter().all(|m| m.latest_ready == 1));
+}
+
+/// A second server must refuse a socket a live server is using, with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_refuses_a_live_socket() {
+    let server = Server::start().await;
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--backend", "host", "--unix-socket"])
+        .arg(&server.socket)
+        .arg("--handle-socket")
+        .arg(server.dir.path().join("other-handles.sock"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another process is listening"), "{err}");
+    // The first server is unharmed.
+    let mut admin = server.admin().await;
+    common::stats(&mut admin).await;
+}
+
+/// A start-up model that fails to load must stop the server with an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_startup_model_fails_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--backend", "host", "--model", "m=missing"])
+        .arg("--unix-socket")
+        .arg(dir.path().join("g.sock"))
+        .arg("--handle-socket")
+        .arg(dir.path().join("h.sock"))
+        .arg("--model-root")
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("start-up model 'm'") && err.contains("missing"),
+        "{err}"
+    );
+}
+
+/// The TOML config file must be honoured, and flags must override it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_is_honoured() {
+    let cfg_dir = tempfile::tempdir().expect("tempdir");
+    let cfg = cfg_dir.path().join("modelshare.toml");
+    std::fs::write(
+        &cfg,
+        "heartbeat_interval_ms = 250\n[[models]]\nname = \"from-file\"\npath = \"m\"\n[limits]\nmax_model_bytes = 1000000\n",
+    )
+    .expect("write config");
+    let server = Server::start_with(&["--config", cfg.to_str().expect("utf8")], |root| {
+        write_small(root, "m", 1)
+    })
+    .await;
+    let mut admin = server.admin().await;
+    let list = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(list.models[0].name, "from-file");
+    // An unknown key must stop the server instead of being ignored.
+    std::fs::write(&cfg, "heartbeat_intervall_ms = 5\n").expect("write config");
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--config", cfg.to_str().expect("utf8")])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
+}

@@ -1,0 +1,299 @@
+//! Loading real safetensors models and reading them back the way a worker does.
+
+use std::time::Duration;
+
+use modelshare_proto::v1 as pb;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::common::{self, Server, T, t};
+
+/// Every tensor of `files` (parsed by the official crate) must equal the bytes a worker sees
+/// through its read-only mapping, and match the manifest's checksum.
+async fn assert_worker_sees(server: &Server, model: &str, files: &[std::path::PathBuf]) {
+    let session = modelshare_worker::Session::open(&server.address, "verifier")
+        .await
+        .expect("session");
+    let attached = session.attach(model).await.expect("attach");
+    let mut seen = 0;
+    for f in files {
+        let bytes = std::fs::read(f).expect("read file");
+        let st = SafeTensors::deserialize(&bytes).expect("official parser");
+        for (name, view) in st.tensors() {
+            let tensor = attached.tensor(&name).expect("tensor in manifest");
+            assert_eq!(tensor.bytes(), view.data(), "bytes of '{name}' differ");
+            let shape: Vec<u64> = view.shape().iter().map(|d| *d as u64).collect();
+            assert_eq!(tensor.shape(), shape.as_slice(), "shape of '{name}'");
+            assert!(tensor.verify(), "checksum of '{name}' does not match");
+            assert_eq!(tensor.offset() % 256, 0, "offset of '{name}' not aligned");
+            seen += 1;
+        }
+    }
+    assert_eq!(
+        seen,
+        attached.manifest().tensors.len(),
+        "manifest has extra tensors"
+    );
+    attached.release().await.expect("release");
+}
+
+fn all_dtypes() -> Vec<T> {
+    vec![
+        t("embed.weight", Dtype::F32, &[97, 33], 1),
+        t("layers.0.wq", Dtype::F16, &[64, 65], 2),
+        t("layers.0.wk", Dtype::BF16, &[31, 64], 3),
+        t("position_ids", Dtype::I64, &[1, 77], 4),
+        t("tokens", Dtype::U8, &[1001], 5),
+        t("mask", Dtype::BOOL, &[3, 5], 6),
+        t("counts", Dtype::I32, &[7], 7),
+        t("double", Dtype::F64, &[2, 2], 8),
+        t("scalar", Dtype::F32, &[], 9),
+        t("empty", Dtype::F32, &[0, 4], 10),
+    ]
+}
+
+/// A single-file model of every common dtype must arrive byte-exact in the worker's mapping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_file_every_dtype_round_trips() {
+    let server = Server::start().await;
+    let dir = server.root.join("tiny");
+    common::write_safetensors(&dir.join("model.safetensors"), &all_dtypes());
+    std::fs::write(dir.join("config.json"), br#"{"hidden_size": 64}"#).expect("config");
+    std::fs::write(dir.join("tokenizer.json"), br#"{"vocab": {}}"#).expect("tokenizer");
+    let mut admin = server.admin().await;
+    let v = common::load(&mut admin, "tiny", "tiny")
+        .await
+        .expect("load");
+    assert_eq!(v.version, 1);
+    assert_eq!(v.state, pb::VersionState::Ready as i32);
+    assert_eq!(v.tensor_count, 10);
+
+    let d = admin
+        .describe_model(pb::DescribeModelRequest {
+            name: "tiny".into(),
+            version: 0,
+        })
+        .await
+        .expect("describe")
+        .into_inner();
+    let m = d.manifest.expect("manifest");
+    let wk = m
+        .tensors
+        .iter()
+        .find(|t| t.name == "layers.0.wk")
+        .expect("wk");
+    assert_eq!(wk.dtype, pb::DType::DtypeBf16 as i32);
+    assert_eq!(wk.shape, vec![31, 64]);
+    assert_eq!(wk.byte_length, 31 * 64 * 2);
+    assert_eq!(
+        m.header_metadata.get("format").map(String::as_str),
+        Some("pt")
+    );
+    let files: Vec<&str> = m.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(files, ["config.json", "tokenizer.json"]);
+
+    assert_worker_sees(&server, "tiny", &[dir.join("model.safetensors")]).await;
+    let session = modelshare_worker::Session::open(&server.address, "meta")
+        .await
+        .expect("session");
+    let model = session.attach("tiny").await.expect("attach");
+    assert_eq!(
+        model.metadata("config.json"),
+        Some(&br#"{"hidden_size": 64}"#[..])
+    );
+}
+
+/// A sharded model (index + 3 shards) must load as one arena holding every shard's tensors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_model_round_trips() {
+    let server = Server::start().await;
+    let dir = server.root.join("sharded");
+    let all = all_dtypes();
+    let shards = vec![all[..3].to_vec(), all[3..7].to_vec(), all[7..].to_vec()];
+    common::write_sharded(&dir, &shards);
+    let mut admin = server.admin().await;
+    let v = common::load(&mut admin, "sharded", "sharded")
+        .await
+        .expect("load");
+    assert_eq!(v.tensor_count, 10);
+    let stats = common::stats(&mut admin).await;
+    assert_eq!(
+        stats.arenas, 1,
+        "one arena per version, however many shards"
+    );
+    assert_eq!(stats.arena_bytes, v.arena_bytes);
+    let files: Vec<_> = (1..=3)
+        .map(|i| dir.join(format!("model-{i:05}-of-00003.safetensors")))
+        .collect();
+    assert_worker_sees(&server, "sharded", &files).await;
+}
+
+/// A single `.safetensors` file may be named directly instead of its directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_path_loads_too() {
+    let server = Server::start().await;
+    let file = server.root.join("loose/weights.safetensors");
+    common::write_safetensors(&file, &all_dtypes()[..3]);
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "loose", "loose/weights.safetensors")
+        .await
+        .expect("load");
+    assert_worker_sees(&server, "loose", &[file]).await;
+}
+
+/// Loads of different models must run at once, and both come out intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_loads_of_different_models() {
+    let server = Server::start().await;
+    for (i, name) in ["alpha", "beta", "gamma"].iter().enumerate() {
+        let tensors: Vec<T> = (0..8)
+            .map(|k| {
+                t(
+                    &format!("w{k}"),
+                    Dtype::F32,
+                    &[256, 1024],
+                    (i * 100 + k) as u64,
+                )
+            })
+            .collect();
+        common::write_safetensors(&server.root.join(name).join("model.safetensors"), &tensors);
+    }
+    let mut handles = Vec::new();
+    for name in ["alpha", "beta", "gamma"] {
+        let mut admin = server.admin().await;
+        handles.push(tokio::spawn(async move {
+            common::load(&mut admin, name, name).await
+        }));
+    }
+    for h in handles {
+        let v = h.await.expect("join").expect("load");
+        assert_eq!(v.state, pb::VersionState::Ready as i32);
+    }
+    let mut admin = server.admin().await;
+    let stats = common::stats(&mut admin).await;
+    assert_eq!(stats.arenas, 3);
+    assert_eq!(stats.models, 3);
+    for name in ["alpha", "beta", "gamma"] {
+        assert_worker_sees(
+            &server,
+            name,
+            &[server.root.join(name).join("model.safetensors")],
+        )
+        .await;
+    }
+}
+
+/// Loading a name again makes a new version that becomes the latest; the old one stays attachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_a_name_makes_a_new_latest_version() {
+    let server = Server::start().await;
+    common::write_safetensors(
+        &server.root.join("v1/model.safetensors"),
+        &[t("w", Dtype::F32, &[8], 1)],
+    );
+    common::write_safetensors(
+        &server.root.join("v2/model.safetensors"),
+        &[t("w", Dtype::F32, &[8], 2)],
+    );
+    let mut admin = server.admin().await;
+    assert_eq!(
+        common::load(&mut admin, "m", "v1")
+            .await
+            .expect("v1")
+            .version,
+        1
+    );
+    assert_eq!(
+        common::load(&mut admin, "m", "v2")
+            .await
+            .expect("v2")
+            .version,
+        2
+    );
+    let list = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(list.models.len(), 1);
+    assert_eq!(list.models[0].latest_ready, 2);
+    let session = modelshare_worker::Session::open(&server.address, "w")
+        .await
+        .expect("session");
+    let latest = session.attach("m").await.expect("latest");
+    assert_eq!(latest.version(), 2);
+    assert_eq!(
+        latest.tensor("w").expect("w").bytes(),
+        common::random_bytes(2, 32)
+    );
+    let old = session.attach_version("m", 1).await.expect("v1");
+    assert_eq!(
+        old.tensor("w").expect("w").bytes(),
+        common::random_bytes(1, 32)
+    );
+}
+
+/// The progress stream must report bytes monotonically and end with the ready version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_progress_is_streamed() {
+    let server = Server::start().await;
+    let tensors: Vec<T> = (0..16)
+        .map(|k| t(&format!("w{k}"), Dtype::F32, &[1024, 1024], k))
+        .collect();
+    common::write_safetensors(&server.root.join("big/model.safetensors"), &tensors);
+    let mut admin = server.admin().await;
+    let mut stream = admin
+        .load_model(pb::LoadModelRequest {
+            name: "big".into(),
+            path: "big".into(),
+        })
+        .await
+        .expect("load")
+        .into_inner();
+    let mut total = 0;
+    let mut last = 0;
+    let mut done = None;
+    while let Some(msg) = stream.message().await.expect("stream") {
+        match msg.event.expect("event") {
+            pb::load_model_progress::Event::Started(s) => total = s.bytes_total,
+            pb::load_model_progress::Event::Progress(p) => {
+                assert!(p.bytes_done >= last, "progress went backwards");
+                assert_eq!(p.bytes_total, total);
+                last = p.bytes_done;
+            }
+            pb::load_model_progress::Event::Done(v) => done = Some(v),
+        }
+    }
+    assert_eq!(total, 16 << 22);
+    let v = done.expect("done");
+    assert_eq!(v.bytes_loaded, total);
+}
+
+/// The worker's view must be a shared, read-only mapping of the server's memfd, not a copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_mapping_is_shared_and_read_only() {
+    let server = Server::start().await;
+    common::write_safetensors(
+        &server.root.join("shared/model.safetensors"),
+        &[t("w", Dtype::F32, &[512, 1024], 3)],
+    );
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "shared", "shared")
+        .await
+        .expect("load");
+    let session = modelshare_worker::Session::open(&server.address, "w")
+        .await
+        .expect("session");
+    let model = session.attach("shared").await.expect("attach");
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let line = maps
+        .lines()
+        .find(|l| l.contains("memfd:modelshare:shared@1"))
+        .unwrap_or_else(|| panic!("no memfd mapping of the model in /proc/self/maps:\n{maps}"));
+    let perms = line.split_whitespace().nth(1).expect("perms");
+    assert_eq!(
+        perms, "r--s",
+        "mapping must be read-only and shared: {line}"
+    );
+    drop(model);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}

@@ -1,0 +1,10 @@
+//! End-to-end tests: the real `modelshare` binary on sockets in a temporary directory, models
+//! written by the official `safetensors` crate, arenas read back through the worker SDK.
+//! One test binary (faster to build and link); modules by subject.
+
+mod common;
+
+mod cli;
+mod lifecycle;
+mod load;
+mod malformed;
