@@ -164,19 +164,29 @@ pub async fn run(
         }],
         ..ServeArgs::default()
     })?;
-    let handle_socket = config.handle_socket.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve::run(config, async move {
-        let _ = stop_rx.await;
-    }));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let server = tokio::spawn(serve::run_notify(
+        config,
+        async move {
+            let _ = stop_rx.await;
+        },
+        Some(ready_tx),
+    ));
+    let Ok(bound) = ready_rx.await else {
+        // The server stopped before it was ready: its error says why.
+        server.await??;
+        anyhow::bail!("the demo server stopped before it was ready");
+    };
     let address = format!("unix:{}", socket.display());
-    let summary = summarize(&address).await;
-    match summary {
+    match summarize(&address).await {
         Ok(text) => {
             println!("modelshare demo");
-            println!("  grpc (tcp):     http://{}", args.listen);
+            if let Some(tcp) = bound.tcp {
+                println!("  grpc (tcp):     http://{tcp}");
+            }
             println!("  grpc (unix):    {address}");
-            println!("  handle socket:  {}", handle_socket.display());
+            println!("  handle socket:  {}", bound.handles.display());
             println!("  model root:     {}", dir.display());
             print!("{text}");
             println!("  try:            modelshare --server {address} describe {DEMO_MODEL}");
@@ -195,40 +205,32 @@ pub async fn run(
     Ok(())
 }
 
-/// Waits for the server to answer, then describes what it loaded.
+/// Describes what the server loaded, through its admin API.
 async fn summarize(address: &str) -> anyhow::Result<String> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        if let Ok(channel) = modelshare_worker::connect::channel(address).await {
-            let mut admin = AdminServiceClient::new(channel);
-            if let Ok(r) = admin.list_models(pb::ListModelsRequest {}).await {
-                let models = r.into_inner().models;
-                if models.iter().any(|m| m.latest_ready != 0) {
-                    let stats = admin.get_stats(pb::GetStatsRequest {}).await?.into_inner();
-                    let mut text = String::new();
-                    for m in &models {
-                        for v in &m.versions {
-                            text.push_str(&format!(
-                                "  loaded:         {} v{} ({} tensors, {})\n",
-                                m.name,
-                                v.version,
-                                v.tensor_count,
-                                crate::cli::human_bytes(v.arena_bytes)
-                            ));
-                        }
-                    }
-                    text.push_str(&format!(
-                        "  memory held:    {} in {} arena(s)\n",
-                        crate::cli::human_bytes(stats.arena_bytes),
-                        stats.arenas
-                    ));
-                    return Ok(text);
-                }
-            }
+    let channel = modelshare_worker::connect::channel(address).await?;
+    let mut admin = AdminServiceClient::new(channel);
+    let models = admin
+        .list_models(pb::ListModelsRequest {})
+        .await?
+        .into_inner()
+        .models;
+    let stats = admin.get_stats(pb::GetStatsRequest {}).await?.into_inner();
+    let mut text = String::new();
+    for m in &models {
+        for v in &m.versions {
+            text.push_str(&format!(
+                "  loaded:         {} v{} ({} tensors, {})\n",
+                m.name,
+                v.version,
+                v.tensor_count,
+                crate::cli::human_bytes(v.arena_bytes)
+            ));
         }
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("the demo server did not become ready within 30 s");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    text.push_str(&format!(
+        "  memory held:    {} in {} arena(s)\n",
+        crate::cli::human_bytes(stats.arena_bytes),
+        stats.arenas
+    ));
+    Ok(text)
 }

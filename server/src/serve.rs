@@ -141,6 +141,15 @@ pub struct Bound {
 
 /// Runs the server until `shutdown` resolves, then shuts down gracefully.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    run_notify(config, shutdown, None).await
+}
+
+/// [`run`], sending where it listens on `ready` once every start-up model is loaded.
+pub async fn run_notify(
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
+) -> Result<(), ServeError> {
     let config = Arc::new(config);
     let backend = backend(config.backend)?;
     let device = backend.info();
@@ -226,6 +235,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .set_serving::<WorkerServiceServer<WorkerApi>>()
                 .await;
             info!(models = config.models.len(), "ready");
+            if let Some(tx) = ready {
+                let _ = tx.send(bound.clone());
+            }
             tokio::select! {
                 () = &mut shutdown => { info!("shutdown requested"); Ok(()) }
                 r = first_failure(&mut tasks) => r,

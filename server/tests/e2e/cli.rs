@@ -1,1 +1,265 @@
-//! (being written)
+//! The `modelshare` admin commands, run as the real binary against a real server: what they
+//! print (tables and JSON), and how they fail.
+
+use std::process::{Command, Output, Stdio};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use crate::common::{BIN, Server, T, t, write_safetensors};
+
+/// The two tensors of the model the CLI tests load.
+fn tensors() -> Vec<T> {
+    vec![
+        t("encoder.weight", Dtype::F32, &[8, 4], 11),
+        t("encoder.norm", Dtype::BF16, &[5], 12),
+    ]
+}
+
+/// A server with the test model at `tiny/model.safetensors`.
+async fn server() -> Server {
+    Server::start_with(&[], |root| {
+        write_safetensors(&root.join("tiny/model.safetensors"), &tensors());
+    })
+    .await
+}
+
+/// Runs `modelshare --server <address> <args>` to its end, off the async threads.
+async fn cli(address: &str, args: &[&str]) -> Output {
+    let address = address.to_owned();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .arg("--server")
+            .arg(&address)
+            .args(&args)
+            .env_remove("MODELSHARE_SERVER")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run modelshare")
+    })
+    .await
+    .expect("join")
+}
+
+/// Runs a command that must succeed; its stdout.
+async fn ok(address: &str, args: &[&str]) -> String {
+    let out = cli(address, args).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "modelshare {args:?} failed with {}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// Runs a command with `--output json`; its one JSON document.
+async fn json(address: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let stdout = ok(address, &all).await;
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("modelshare {args:?} --output json printed non-JSON ({e}): {stdout}"))
+}
+
+/// Runs a command that must fail; its stderr, checked for a panic.
+async fn fails(address: &str, args: &[&str]) -> String {
+    let out = cli(address, args).await;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "modelshare {args:?} succeeded; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "modelshare {args:?} panicked: {stderr}"
+    );
+    stderr
+}
+
+/// `load` would not say which version it made, or not wait for the load to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_prints_the_new_version() {
+    let server = server().await;
+    let out = ok(&server.address, &["load", "tiny", "tiny"]).await;
+    assert!(out.starts_with("loaded tiny v1"), "{out}");
+    assert!(out.contains("2 tensors"), "{out}");
+    assert!(out.contains("(ready)"), "{out}");
+    let out = ok(&server.address, &["load", "tiny", "tiny"]).await;
+    assert!(out.starts_with("loaded tiny v2"), "{out}");
+
+    let v = json(&server.address, &["load", "other", "tiny"]).await;
+    assert_eq!(v["model"], "other", "{v}");
+    assert_eq!(v["version"]["version"], 1, "{v}");
+    assert_eq!(v["version"]["state"], "ready", "{v}");
+}
+
+/// `ls` would not show a loaded model and its state, as a table or as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_shows_the_model_ready() {
+    let server = server().await;
+    let empty = ok(&server.address, &["ls"]).await;
+    assert!(empty.contains("no models loaded"), "{empty}");
+    let v = json(&server.address, &["ls"]).await;
+    assert_eq!(v["models"], serde_json::json!([]), "{v}");
+
+    ok(&server.address, &["load", "tiny", "tiny"]).await;
+    let table = ok(&server.address, &["ls"]).await;
+    let row = table
+        .lines()
+        .find(|l| l.contains("tiny") && l.contains("ready"))
+        .unwrap_or_else(|| panic!("no row with tiny and ready in:\n{table}"));
+    assert!(row.contains("1*"), "the latest ready version is not marked: {row}");
+
+    let v = json(&server.address, &["ls"]).await;
+    let models = v["models"].as_array().expect("models array");
+    assert_eq!(models.len(), 1, "{v}");
+    assert_eq!(models[0]["name"], "tiny", "{v}");
+    assert_eq!(models[0]["latest_ready"], 1, "{v}");
+    assert_eq!(models[0]["versions"][0]["state"], "ready", "{v}");
+    assert_eq!(models[0]["versions"][0]["tensor_count"], 2, "{v}");
+    assert_eq!(models[0]["versions"][0]["source"], "tiny", "{v}");
+}
+
+/// `describe` would not list the tensors with their names and dtypes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_lists_tensors_and_dtypes() {
+    let server = server().await;
+    ok(&server.address, &["load", "tiny", "tiny"]).await;
+    let out = ok(&server.address, &["describe", "tiny"]).await;
+    for needle in ["encoder.weight", "encoder.norm", "F32", "BF16", "[8, 4]", "[5]"] {
+        assert!(out.contains(needle), "describe lacks {needle:?}:\n{out}");
+    }
+    let out = ok(&server.address, &["describe", "tiny", "--version", "1"]).await;
+    assert!(out.contains("encoder.weight"), "{out}");
+}
+
+/// `describe --output json` would report wrong shapes, unaligned offsets or bad checksums.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_json_has_shape_offset_and_checksum() {
+    let server = server().await;
+    ok(&server.address, &["load", "tiny", "tiny"]).await;
+    let v = json(&server.address, &["describe", "tiny"]).await;
+    let manifest = &v["manifest"];
+    assert_eq!(manifest["model"], "tiny", "{v}");
+    assert_eq!(manifest["version"], 1, "{v}");
+    assert_eq!(manifest["alignment"], 256, "{v}");
+    let listed = manifest["tensors"].as_array().expect("tensors array");
+    let want = tensors();
+    assert_eq!(listed.len(), want.len(), "{v}");
+    for w in &want {
+        let got = listed
+            .iter()
+            .find(|x| x["name"] == w.name.as_str())
+            .unwrap_or_else(|| panic!("tensor {} missing: {v}", w.name));
+        let shape: Vec<u64> = serde_json::from_value(got["shape"].clone()).expect("shape");
+        let want_shape: Vec<u64> = w.shape.iter().map(|&d| d as u64).collect();
+        assert_eq!(shape, want_shape, "{got}");
+        let offset = got["offset"].as_u64().expect("offset");
+        assert_eq!(offset % 256, 0, "offset not aligned: {got}");
+        assert_eq!(got["byte_length"], w.data.len() as u64, "{got}");
+        let xxh3 = got["xxh3"].as_str().expect("xxh3 string");
+        assert_eq!(xxh3.len(), 16, "{got}");
+        assert!(xxh3.chars().all(|c| c.is_ascii_hexdigit()), "{got}");
+        let expected = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&w.data));
+        assert_eq!(xxh3, expected, "checksum of {}", w.name);
+    }
+    let dtypes: Vec<&str> = listed.iter().filter_map(|x| x["dtype"].as_str()).collect();
+    assert!(dtypes.contains(&"F32") && dtypes.contains(&"BF16"), "{dtypes:?}");
+}
+
+/// `stats` would not account for a loaded arena, or not release it on `unload`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_follow_load_and_unload() {
+    let server = server().await;
+    let v = json(&server.address, &["stats"]).await;
+    assert_eq!(v["arena_bytes"], 0, "{v}");
+    assert_eq!(v["device"]["backend"], "host", "{v}");
+
+    ok(&server.address, &["load", "tiny", "tiny"]).await;
+    let v = json(&server.address, &["stats"]).await;
+    assert!(v["arena_bytes"].as_u64().expect("arena_bytes") > 0, "{v}");
+    assert_eq!(v["arenas"], 1, "{v}");
+    assert_eq!(v["versions_by_state"]["ready"], 1, "{v}");
+
+    let table = ok(&server.address, &["stats"]).await;
+    assert!(table.contains("arena bytes"), "{table}");
+
+    let u = json(&server.address, &["unload", "tiny"]).await;
+    assert_eq!(u["versions"][0]["state"], "freed", "{u}");
+    let v = json(&server.address, &["stats"]).await;
+    assert_eq!(v["arena_bytes"], 0, "{v}");
+    assert_eq!(v["arenas"], 0, "{v}");
+}
+
+/// `unload --version` would unload the wrong version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unload_one_version_keeps_the_other() {
+    let server = server().await;
+    ok(&server.address, &["load", "tiny", "tiny"]).await;
+    ok(&server.address, &["load", "tiny", "tiny"]).await;
+    let u = json(&server.address, &["unload", "tiny", "--version", "1"]).await;
+    let versions = u["versions"].as_array().expect("versions");
+    assert_eq!(versions.len(), 1, "{u}");
+    assert_eq!(versions[0]["version"], 1, "{u}");
+    assert_eq!(versions[0]["state"], "freed", "{u}");
+    let v = json(&server.address, &["describe", "tiny"]).await;
+    assert_eq!(v["model"]["latest_ready"], 2, "{v}");
+}
+
+/// `ps` would fail or invent sessions when no worker is connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ps_shows_no_sessions() {
+    let server = server().await;
+    let v = json(&server.address, &["ps"]).await;
+    assert_eq!(v["sessions"], serde_json::json!([]), "{v}");
+    let table = ok(&server.address, &["ps"]).await;
+    assert!(table.contains("no sessions"), "{table}");
+}
+
+/// Failed commands would exit 0, or hide the server's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_exit_non_zero_with_the_reason() {
+    let server = server().await;
+
+    let err = fails(&server.address, &["describe", "nope"]).await;
+    assert!(err.contains("not found"), "{err}");
+    assert!(err.contains("'nope'"), "{err}");
+
+    let err = fails(&server.address, &["unload", "nope"]).await;
+    assert!(err.contains("not found"), "{err}");
+
+    let err = fails(&server.address, &["load", "bad", "../x"]).await;
+    assert!(err.contains("'..'"), "{err}");
+    assert!(err.contains("InvalidArgument"), "{err}");
+
+    let err = fails(&server.address, &["load", "Bad", "tiny"]).await;
+    assert!(err.contains("model name 'Bad'"), "{err}");
+
+    let err = fails(&server.address, &["load", "gone", "no/such"]).await;
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(err.contains("NotFound"), "{err}");
+
+    // Nothing was loaded by any of them.
+    let v = json(&server.address, &["ls"]).await;
+    assert_eq!(v["models"], serde_json::json!([]), "{v}");
+}
+
+/// A server that is not there would make the CLI panic or hang instead of saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_socket_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("nobody-listens.sock");
+    let address = format!("unix:{}", socket.display());
+    for args in [&["ls"][..], &["stats", "--output", "json"], &["load", "x", "y"]] {
+        let err = fails(&address, args).await;
+        assert!(err.contains("cannot connect"), "{args:?}: {err}");
+        assert!(
+            err.contains(&socket.display().to_string()),
+            "{args:?}: the message does not name the socket: {err}"
+        );
+    }
+}
