@@ -59,7 +59,15 @@ impl App {
     /// Validates `name` and the weights at `path` (every header, before anything is allocated),
     /// allocates the arena and starts the copy on a blocking thread. The copy goes on if the
     /// caller stops listening.
-    pub async fn start_load(&self, name: &str, path: &str) -> Result<RunningLoad, ServerError> {
+    ///
+    /// Unless `keep_previous`, older ready versions of the name are retired once this one is
+    /// ready.
+    pub async fn start_load(
+        &self,
+        name: &str,
+        path: &str,
+        keep_previous: bool,
+    ) -> Result<RunningLoad, ServerError> {
         validate_name(name)?;
         let permit = self.load_permit()?;
         let root = self.config.model_root.clone();
@@ -71,7 +79,7 @@ impl App {
         let (job, src, plan) = tokio::task::spawn_blocking(move || {
             let src = source::resolve(&root, &rel, &limits)?;
             let plan = layout::plan(&src)?;
-            let job = registry.begin_load(&model, &src, &plan)?;
+            let job = registry.begin_load(&model, &src, &plan, keep_previous)?;
             Ok::<_, ServerError>((job, src, plan))
         })
         .await

@@ -8,11 +8,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use modelshare_device::{Arena, Backend, DeviceInfo};
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
 use crate::model::{Manifest, TensorMeta, VersionState};
@@ -174,6 +175,42 @@ pub struct SessionSnapshot {
     pub leases: Vec<(String, String, u32)>,
 }
 
+/// How the registry tells a session task that the server ended its session (a forced unload).
+#[derive(Debug, Default)]
+pub struct Revocation {
+    token: CancellationToken,
+    reason: OnceLock<String>,
+}
+
+impl Revocation {
+    /// Resolves once the session has been revoked.
+    pub async fn revoked(&self) {
+        self.token.cancelled().await;
+    }
+
+    /// Why the session was revoked (set before the token is cancelled).
+    pub fn reason(&self) -> &str {
+        self.reason
+            .get()
+            .map(String::as_str)
+            .unwrap_or("session revoked")
+    }
+
+    fn revoke(&self, reason: String) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+}
+
+/// A session just opened.
+#[derive(Debug)]
+pub struct OpenedSession {
+    /// Session id.
+    pub id: String,
+    /// Fires when the server ends the session.
+    pub revocation: Arc<Revocation>,
+}
+
 /// A lease just taken.
 #[derive(Debug)]
 pub struct Attachment {
@@ -197,6 +234,7 @@ struct VersionRecord {
     arena: Option<Arc<dyn Arena>>,
     progress: Arc<LoadProgress>,
     leases: u32,
+    keep_previous: bool,
 }
 
 #[derive(Debug, Default)]
@@ -210,6 +248,7 @@ struct SessionRecord {
     hello: WorkerHello,
     opened_unix_ms: i64,
     leases: Vec<String>,
+    revocation: Arc<Revocation>,
 }
 
 #[derive(Debug)]
@@ -276,11 +315,13 @@ impl Registry {
     }
 
     /// Admits a load: checks limits, assigns a version number, allocates the arena.
+    /// With `keep_previous` false, older ready versions are retired once this one is ready.
     pub fn begin_load(
         &self,
         model: &str,
         source: &ModelSource,
         layout: &Layout,
+        keep_previous: bool,
     ) -> Result<LoadJob, ServerError> {
         let bytes = layout.arena_bytes;
         if let Some(limit) = self.limits.max_model_bytes
@@ -354,6 +395,7 @@ impl Registry {
                     arena: None,
                     progress: progress.clone(),
                     leases: 0,
+                    keep_previous,
                 },
             );
             version
@@ -404,15 +446,32 @@ impl Registry {
             return;
         };
         v.finished_unix_ms = now_unix_ms();
-        let mut event = None;
+        let mut events = Vec::new();
         match (v.state, result) {
             (VersionState::Loading, Ok(manifest)) => {
                 v.manifest = Arc::new(manifest);
                 v.state = VersionState::Ready;
-                event = Some(ModelEvent::VersionReady {
+                let keep_previous = v.keep_previous;
+                events.push(ModelEvent::VersionReady {
                     model: model.to_owned(),
                     version,
                 });
+                if !keep_previous {
+                    let older: Vec<u32> = st
+                        .models
+                        .get(model)
+                        .map(|m| {
+                            m.versions
+                                .iter()
+                                .filter(|(n, r)| **n < version && r.state == VersionState::Ready)
+                                .map(|(n, _)| *n)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    for old in older {
+                        retire(&mut st, model, old, &mut events);
+                    }
+                }
             }
             (VersionState::Loading, Err(reason)) => {
                 v.error = Some(reason);
@@ -431,7 +490,7 @@ impl Registry {
             (VersionState::Ready | VersionState::Freed | VersionState::Failed, _) => {}
         }
         drop(st);
-        if let Some(e) = event {
+        for e in events {
             let _ = self.events.send(e);
         }
     }
@@ -439,10 +498,14 @@ impl Registry {
     /// Unloads one version (or all, with `None`). Versions without leases are freed at once,
     /// the others drain; a loading version is cancelled. Ended versions are dropped from the
     /// record. Returns the affected versions in their new states.
+    ///
+    /// With `force`, the sessions still holding a lease on a targeted version are ended now
+    /// (their leases go with them), so the versions are freed at once.
     pub fn unload(
         &self,
         model: &str,
         version: Option<u32>,
+        force: bool,
     ) -> Result<Vec<VersionSnapshot>, ServerError> {
         let mut st = self.lock();
         let rec = st
@@ -470,17 +533,16 @@ impl Registry {
                     rec.progress.cancel.store(true, Ordering::SeqCst);
                     rec.state = VersionState::Draining;
                 }
-                VersionState::Ready if rec.leases == 0 => {
-                    free_version(&mut st, model, v, VersionState::Freed);
-                }
-                VersionState::Ready => {
-                    rec.state = VersionState::Draining;
-                    events.push(ModelEvent::VersionDraining {
-                        model: model.to_owned(),
-                        version: v,
-                    });
-                }
+                VersionState::Ready => retire(&mut st, model, v, &mut events),
                 VersionState::Draining | VersionState::Freed | VersionState::Failed => {}
+            }
+            if force {
+                revoke_holders(
+                    &mut st,
+                    model,
+                    v,
+                    &format!("version {v} of '{model}' was force-unloaded"),
+                );
             }
             if let Some(rec) = st.models.get(model).and_then(|m| m.versions.get(&v)) {
                 out.push(snapshot_version(v, rec));
@@ -502,6 +564,29 @@ impl Registry {
             let _ = self.events.send(e);
         }
         Ok(out)
+    }
+
+    /// Ends the sessions still holding `versions` of `model` if those versions are still
+    /// draining (the end of an unload's drain deadline). Returns the sessions ended.
+    pub fn force_drained(&self, model: &str, versions: &[u32]) -> usize {
+        let mut st = self.lock();
+        let mut ended = 0;
+        for v in versions {
+            let draining = st
+                .models
+                .get(model)
+                .and_then(|m| m.versions.get(v))
+                .is_some_and(|r| r.state == VersionState::Draining);
+            if draining {
+                ended += revoke_holders(
+                    &mut st,
+                    model,
+                    *v,
+                    &format!("version {v} of '{model}' was not released before its drain deadline"),
+                );
+            }
+        }
+        ended
     }
 
     /// Every model on record.
@@ -563,8 +648,8 @@ impl Registry {
         }
     }
 
-    /// Opens a session; returns its id.
-    pub fn open_session(&self, hello: WorkerHello) -> Result<String, ServerError> {
+    /// Opens a session.
+    pub fn open_session(&self, hello: WorkerHello) -> Result<OpenedSession, ServerError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(ServerError::ShuttingDown);
@@ -577,15 +662,17 @@ impl Registry {
             });
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
+        let revocation = Arc::new(Revocation::default());
         st.sessions.insert(
             id.clone(),
             SessionRecord {
                 hello,
                 opened_unix_ms: now_unix_ms(),
                 leases: Vec::new(),
+                revocation: revocation.clone(),
             },
         );
-        Ok(id)
+        Ok(OpenedSession { id, revocation })
     }
 
     /// Ends a session and releases every lease it held. Returns the number of leases released;
@@ -758,6 +845,45 @@ impl Registry {
             }
         }
     }
+}
+
+/// Takes a ready version out of service: freed at once without leases, else draining (and its
+/// holders are told).
+fn retire(st: &mut State, model: &str, version: u32, events: &mut Vec<ModelEvent>) {
+    let Some(rec) = version_mut(st, model, version) else {
+        return;
+    };
+    if rec.leases == 0 {
+        free_version(st, model, version, VersionState::Freed);
+    } else {
+        rec.state = VersionState::Draining;
+        events.push(ModelEvent::VersionDraining {
+            model: model.to_owned(),
+            version,
+        });
+    }
+}
+
+/// Ends every session holding a lease on `model`@`version`, releasing all their leases.
+/// Returns how many sessions were ended.
+fn revoke_holders(st: &mut State, model: &str, version: u32, reason: &str) -> usize {
+    let mut holders: Vec<String> = st
+        .leases
+        .values()
+        .filter(|l| l.model == model && l.version == version)
+        .map(|l| l.session.clone())
+        .collect();
+    holders.sort();
+    holders.dedup();
+    for s in &holders {
+        if let Some(rec) = st.sessions.remove(s) {
+            for lease in &rec.leases {
+                drop_lease(st, lease);
+            }
+            rec.revocation.revoke(reason.to_owned());
+        }
+    }
+    holders.len()
 }
 
 fn version_mut<'a>(st: &'a mut State, model: &str, version: u32) -> Option<&'a mut VersionRecord> {

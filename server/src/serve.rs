@@ -283,7 +283,10 @@ async fn load_startup_models(app: &App) -> Result<(), ServeError> {
             path: m.path.clone(),
             source,
         };
-        let load = app.start_load(&m.name, &m.path).await.map_err(fail)?;
+        let load = app
+            .start_load(&m.name, &m.path, false)
+            .await
+            .map_err(fail)?;
         match load.done.await {
             Ok(Ok(v)) => {
                 info!(model = %m.name, version = v.version, bytes = v.arena_bytes, tensors = v.tensor_count, "start-up model ready")

@@ -48,7 +48,17 @@ pub enum WorkerError {
         /// Tensor asked for.
         tensor: String,
     },
-    /// The session has ended.
+    /// A typed view was asked for with the wrong element type.
+    #[error("tensor '{tensor}' is {actual}, not {requested}")]
+    WrongDtype {
+        /// Tensor name.
+        tensor: String,
+        /// Its dtype.
+        actual: String,
+        /// The dtype of the type asked for.
+        requested: String,
+    },
+    /// The session has ended (or is reconnecting).
     #[error("the session has ended")]
     SessionEnded,
 }

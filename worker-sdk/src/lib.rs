@@ -5,9 +5,11 @@
 //! - [`connect`]: a gRPC channel to the server, over TCP (`http://host:port`) or a Unix socket
 //!   (`unix:/path/to/socket`).
 //! - [`session`]: [`Session`], a worker's connection: hello, background heartbeats, model
-//!   events; ending it (drop, or the process dying) releases everything it held.
+//!   events; it reconnects and re-attaches after a server restart; ending it (drop, or the
+//!   process dying) releases everything it held.
 //! - [`model`]: [`Model`], a lease on one version: its manifest, metadata and tensors.
-//! - [`tensor`]: [`Tensor`], a read-only view of one tensor's bytes inside the shared arena.
+//! - [`tensor`]: [`Tensor`], a read-only view of one tensor inside the shared arena, as bytes or
+//!   as a typed slice (`&[f32]`, `&[half::bf16]`, ...).
 //! - [`error`]: the error type, [`WorkerError`].
 //!
 //! # Example
@@ -16,7 +18,8 @@
 //! let session = modelshare_worker::Session::open("unix:/run/modelshare/grpc.sock", "my-worker").await?;
 //! let model = session.attach("tiny-llama").await?;
 //! let wq = model.tensor("layers.0.attn.wq")?;
-//! println!("{} {:?} {} bytes", wq.name(), wq.shape(), wq.bytes().len());
+//! let values: &[half::f16] = wq.as_slice()?;
+//! println!("{} {:?}: {} values, checksum ok: {}", wq.name(), wq.shape(), values.len(), wq.verify());
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
@@ -29,5 +32,5 @@ pub mod tensor;
 
 pub use error::WorkerError;
 pub use model::Model;
-pub use session::{Session, SessionEvent};
-pub use tensor::Tensor;
+pub use session::{Session, SessionEvent, SessionOptions};
+pub use tensor::{Element, Tensor};

@@ -1,178 +1,252 @@
 //! A lease on one model version and the mapping of its arena.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use modelshare_device::{HostMapping, handoff};
 use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
-use crate::session::Shared;
+use crate::session::{Link, Session, SessionInner};
 use crate::tensor::Tensor;
 
+/// What one successful attach gave: the lease, the manifest and the mapped arena.
+#[derive(Debug, Clone)]
+struct Attached {
+    lease_id: String,
+    manifest: Arc<pb::Manifest>,
+    mapping: Arc<HostMapping>,
+    index: Arc<HashMap<String, usize>>,
+}
+
+/// The shared part of a [`Model`], also known (weakly) to the session for re-attaching.
+#[derive(Debug)]
+pub(crate) struct ModelInner {
+    name: String,
+    requested_version: u32,
+    current: RwLock<Attached>,
+}
+
+impl ModelInner {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn current(&self) -> Attached {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Attaches again on the session's new link (after a reconnection); returns the version.
+    pub(crate) async fn reattach(&self, session: &SessionInner) -> Result<u32, WorkerError> {
+        let link = session.link()?;
+        let fresh = attach_once(&link, &self.name, self.requested_version).await?;
+        let version = fresh.manifest.version;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(version)
+    }
+}
+
 /// An attached model version. Its tensors stay readable while the `Model` (or a [`Tensor`]
-/// cloned from it) lives; dropping the `Model` releases the lease.
+/// taken from it) lives; dropping the `Model` releases the lease. The session stays open as
+/// long as a `Model` of it lives.
 #[derive(Debug)]
 pub struct Model {
-    session: Arc<Shared>,
-    lease_id: String,
-    manifest: pb::Manifest,
-    mapping: Arc<HostMapping>,
-    index: HashMap<String, usize>,
+    session: Session,
+    inner: Arc<ModelInner>,
     released: bool,
 }
 
 impl Model {
     pub(crate) async fn attach(
-        session: Arc<Shared>,
+        session: Session,
+        inner_session: Arc<SessionInner>,
         model: &str,
         version: u32,
     ) -> Result<Self, WorkerError> {
-        let reply = session
-            .client
-            .clone()
-            .attach(pb::AttachRequest {
-                session_id: session.id.clone(),
-                model: model.to_owned(),
-                version,
-            })
-            .await
-            .map_err(|status| WorkerError::Rpc {
-                call: "Attach",
-                status,
-            })?
-            .into_inner();
-        let lease_id = reply.lease_id.clone();
-        // From here on, give the lease back if anything fails.
-        let mut guard = ReleaseOnError {
-            session: Some(session.clone()),
-            lease_id: lease_id.clone(),
-        };
-        let manifest = reply
-            .manifest
-            .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
-        let device_err = |source| WorkerError::Device {
-            model: manifest.model.clone(),
-            version: manifest.version,
-            source,
-        };
-        let mapping = match reply.handle {
-            Some(pb::attach_response::Handle::Host(h)) => {
-                let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
-                    .await
-                    .map_err(device_err)?;
-                HostMapping::map(fd, manifest.arena_bytes).map_err(device_err)?
-            }
-            None => {
-                return Err(WorkerError::Protocol(
-                    "attach reply without an arena handle".into(),
-                ));
-            }
-        };
-        for t in &manifest.tensors {
-            let fits = t
-                .offset
-                .checked_add(t.byte_length)
-                .is_some_and(|end| end <= manifest.arena_bytes);
-            if !fits {
-                return Err(WorkerError::Protocol(format!(
-                    "tensor '{}' lies outside the {}-byte arena",
-                    t.name, manifest.arena_bytes
-                )));
-            }
-        }
-        let index = manifest
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        guard.session = None;
+        let link = inner_session.link()?;
+        let attached = attach_once(&link, model, version).await?;
+        let inner = Arc::new(ModelInner {
+            name: model.to_owned(),
+            requested_version: version,
+            current: RwLock::new(attached),
+        });
+        inner_session.hold(&inner);
         Ok(Self {
             session,
-            lease_id,
-            manifest,
-            mapping: Arc::new(mapping),
-            index,
+            inner,
             released: false,
         })
     }
 
     /// Model name.
     pub fn name(&self) -> &str {
-        &self.manifest.model
+        &self.inner.name
     }
 
-    /// Version attached.
+    /// Version attached now.
     pub fn version(&self) -> u32 {
-        self.manifest.version
+        self.inner.current().manifest.version
     }
 
-    /// Lease id.
-    pub fn lease_id(&self) -> &str {
-        &self.lease_id
+    /// Lease id now held.
+    pub fn lease_id(&self) -> String {
+        self.inner.current().lease_id
     }
 
-    /// The whole manifest.
-    pub fn manifest(&self) -> &pb::Manifest {
-        &self.manifest
+    /// The manifest of the version attached now.
+    pub fn manifest(&self) -> Arc<pb::Manifest> {
+        self.inner.current().manifest
     }
 
     /// Metadata file `name` (config.json, ...), if the model has one.
-    pub fn metadata(&self, name: &str) -> Option<&[u8]> {
-        self.manifest
+    pub fn metadata(&self, name: &str) -> Option<Vec<u8>> {
+        self.inner
+            .current()
+            .manifest
             .files
             .iter()
             .find(|f| f.name == name)
-            .map(|f| f.content.as_slice())
+            .map(|f| f.content.clone())
     }
 
     /// Every tensor, in arena order.
-    pub fn tensors(&self) -> impl Iterator<Item = Tensor> + '_ {
-        self.manifest
+    pub fn tensors(&self) -> Vec<Tensor> {
+        let cur = self.inner.current();
+        cur.manifest
             .tensors
             .iter()
-            .map(|t| Tensor::new(t.clone(), self.mapping.clone()))
+            .map(|t| Tensor::new(t.clone(), cur.mapping.clone()))
+            .collect()
     }
 
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Result<Tensor, WorkerError> {
-        self.index
+        let cur = self.inner.current();
+        cur.index
             .get(name)
-            .and_then(|i| self.manifest.tensors.get(*i))
-            .map(|t| Tensor::new(t.clone(), self.mapping.clone()))
+            .and_then(|i| cur.manifest.tensors.get(*i))
+            .map(|t| Tensor::new(t.clone(), cur.mapping.clone()))
             .ok_or_else(|| WorkerError::NoSuchTensor {
-                model: self.manifest.model.clone(),
+                model: self.inner.name.clone(),
                 tensor: name.to_owned(),
             })
     }
 
-    /// The whole arena, read-only.
-    pub fn arena_bytes(&self) -> &[u8] {
-        self.mapping.as_slice()
+    /// Every tensor whose bytes do not hash to the manifest's checksum (empty when all match).
+    pub fn verify(&self) -> Vec<String> {
+        self.tensors()
+            .into_iter()
+            .filter(|t| !t.verify())
+            .map(|t| t.name().to_owned())
+            .collect()
     }
 
     /// Gives the lease back now and waits for the server's answer.
     pub async fn release(mut self) -> Result<(), WorkerError> {
         self.released = true;
-        release(&self.session, &self.lease_id).await
+        let link = self.session.link()?;
+        release(&link, &self.inner.current().lease_id).await
     }
 }
 
 impl Drop for Model {
     fn drop(&mut self) {
-        if !self.released {
-            spawn_release(self.session.clone(), self.lease_id.clone());
+        if self.released {
+            return;
+        }
+        // A lease of a session that already ended is gone anyway; otherwise release in the
+        // background when a runtime is there (the session's end releases it at the latest).
+        if let (Ok(link), Ok(rt)) = (self.session.link(), tokio::runtime::Handle::try_current()) {
+            let lease = self.inner.current().lease_id;
+            rt.spawn(async move {
+                let _ = release(&link, &lease).await;
+            });
         }
     }
 }
 
-async fn release(session: &Shared, lease_id: &str) -> Result<(), WorkerError> {
-    session
+/// One Attach call, the handle redeemed and mapped; releases the lease if anything fails.
+async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached, WorkerError> {
+    let reply = link
         .client
         .clone()
+        .attach(pb::AttachRequest {
+            session_id: link.id.clone(),
+            model: model.to_owned(),
+            version,
+        })
+        .await
+        .map_err(|status| WorkerError::Rpc {
+            call: "Attach",
+            status,
+        })?
+        .into_inner();
+    let lease_id = reply.lease_id.clone();
+    match map_reply(reply).await {
+        Ok((manifest, mapping)) => {
+            let index = manifest
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.name.clone(), i))
+                .collect();
+            Ok(Attached {
+                lease_id,
+                manifest: Arc::new(manifest),
+                mapping: Arc::new(mapping),
+                index: Arc::new(index),
+            })
+        }
+        Err(e) => {
+            let _ = release(link, &lease_id).await;
+            Err(e)
+        }
+    }
+}
+
+async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, HostMapping), WorkerError> {
+    let manifest = reply
+        .manifest
+        .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
+    let device_err = |source| WorkerError::Device {
+        model: manifest.model.clone(),
+        version: manifest.version,
+        source,
+    };
+    let mapping = match reply.handle {
+        Some(pb::attach_response::Handle::Host(h)) => {
+            let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
+                .await
+                .map_err(device_err)?;
+            HostMapping::map(fd, manifest.arena_bytes).map_err(device_err)?
+        }
+        None => {
+            return Err(WorkerError::Protocol(
+                "attach reply without an arena handle".into(),
+            ));
+        }
+    };
+    if let Some(t) = manifest.tensors.iter().find(|t| {
+        !t.offset
+            .checked_add(t.byte_length)
+            .is_some_and(|end| end <= manifest.arena_bytes)
+    }) {
+        return Err(WorkerError::Protocol(format!(
+            "tensor '{}' lies outside the {}-byte arena",
+            t.name, manifest.arena_bytes
+        )));
+    }
+    Ok((manifest, mapping))
+}
+
+async fn release(link: &Link, lease_id: &str) -> Result<(), WorkerError> {
+    link.client
+        .clone()
         .release(pb::ReleaseRequest {
-            session_id: session.id.clone(),
+            session_id: link.id.clone(),
             lease_id: lease_id.to_owned(),
         })
         .await
@@ -181,26 +255,4 @@ async fn release(session: &Shared, lease_id: &str) -> Result<(), WorkerError> {
             status,
         })?;
     Ok(())
-}
-
-/// Releases in the background when a runtime is there; otherwise the session's end releases.
-fn spawn_release(session: Arc<Shared>, lease_id: String) {
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        rt.spawn(async move {
-            let _ = release(&session, &lease_id).await;
-        });
-    }
-}
-
-struct ReleaseOnError {
-    session: Option<Arc<Shared>>,
-    lease_id: String,
-}
-
-impl Drop for ReleaseOnError {
-    fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            spawn_release(s, std::mem::take(&mut self.lease_id));
-        }
-    }
 }

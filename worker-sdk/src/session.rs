@@ -1,20 +1,33 @@
-//! A worker's session with the server.
+//! A worker's session with the server, kept alive across server restarts.
+//!
+//! A supervisor task owns the session stream: it sends the hello and the heartbeats, reads the
+//! server's events, and when the stream breaks (the server restarted, the connection dropped, or
+//! the server revoked the session) it reconnects with exponential backoff, opens a new session
+//! and re-attaches every model the worker still holds. Each [`Model`] then points at its new
+//! lease and mapping; tensors taken before stay valid (they keep the old mapping alive).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::worker_service_client::WorkerServiceClient;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{broadcast, mpsc};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+use tracing::{debug, warn};
 
-use crate::model::Model;
+use crate::model::{Model, ModelInner};
 use crate::{WorkerError, connect};
 
-/// Something the server told this session.
+/// First delay before reconnecting; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+/// Longest delay between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Something that happened to the session or to a model it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
     /// A new version of a model is ready.
@@ -31,34 +44,32 @@ pub enum SessionEvent {
         /// Version.
         version: u32,
     },
-    /// The session stream ended (server gone or session ended by the server).
-    Ended,
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) id: String,
-    pub(crate) client: WorkerServiceClient<Channel>,
-    heartbeat: tokio::task::JoinHandle<()>,
-    reader: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Stopping the heartbeat drops the request stream: the server ends the session and
-        // releases every lease it still holds.
-        self.heartbeat.abort();
-        self.reader.abort();
-    }
-}
-
-/// A worker's connection to a modelshare server. Heartbeats run in the background; dropping
-/// the last clone (or the process exiting) ends the session and releases its leases.
-#[derive(Debug, Clone)]
-pub struct Session {
-    pub(crate) shared: Arc<Shared>,
-    events: Arc<Mutex<mpsc::Receiver<SessionEvent>>>,
-    device: Option<pb::DeviceInfo>,
+    /// The server ended the session (a forced unload); the SDK reconnects.
+    Revoked {
+        /// The server's reason.
+        reason: String,
+    },
+    /// The connection to the server was lost; the SDK is reconnecting.
+    Disconnected,
+    /// A new session is open after a disconnection.
+    Reconnected {
+        /// The new session id.
+        session_id: String,
+    },
+    /// A held model was attached again after a reconnection.
+    Reattached {
+        /// Model name.
+        model: String,
+        /// The version now attached.
+        version: u32,
+    },
+    /// A held model could not be attached again: it is gone from the server.
+    ModelGone {
+        /// Model name.
+        model: String,
+        /// Why the attach failed.
+        reason: String,
+    },
 }
 
 /// Options of a new session.
@@ -68,14 +79,73 @@ pub struct SessionOptions {
     pub worker_name: String,
     /// Labels shown by `modelshare ps`.
     pub labels: HashMap<String, String>,
+    /// Do not reconnect when the stream breaks (the session just ends).
+    pub no_reconnect: bool,
+}
+
+/// The current connection: session id and client.
+#[derive(Debug, Clone)]
+pub(crate) struct Link {
+    pub(crate) id: String,
+    pub(crate) client: WorkerServiceClient<Channel>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SessionInner {
+    address: String,
+    options: SessionOptions,
+    link: Mutex<Option<Link>>,
+    held: Mutex<Vec<Weak<ModelInner>>>,
+    events: broadcast::Sender<SessionEvent>,
+    closed: CancellationToken,
+}
+
+impl SessionInner {
+    /// The current link, or `SessionEnded` while reconnecting / after the end.
+    pub(crate) fn link(&self) -> Result<Link, WorkerError> {
+        self.link
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(WorkerError::SessionEnded)
+    }
+
+    pub(crate) fn hold(&self, model: &Arc<ModelInner>) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|w| w.strong_count() > 0);
+        held.push(Arc::downgrade(model));
+    }
+
+    fn emit(&self, ev: SessionEvent) {
+        let _ = self.events.send(ev);
+    }
+}
+
+/// Ends the supervisor when the last [`Session`] clone goes.
+#[derive(Debug)]
+struct CloseOnDrop(Arc<SessionInner>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.closed.cancel();
+    }
+}
+
+/// A worker's connection to a modelshare server. Heartbeats run in the background and the
+/// session survives server restarts (see the module docs); dropping the last clone ends it and
+/// releases its leases on the server.
+#[derive(Debug, Clone)]
+pub struct Session {
+    inner: Arc<SessionInner>,
+    _close: Arc<CloseOnDrop>,
+    device: Option<pb::DeviceInfo>,
 }
 
 impl Session {
     /// Connects to `address` (see [`connect::channel`]) and opens a session named `worker_name`.
     pub async fn open(address: &str, worker_name: &str) -> Result<Self, WorkerError> {
-        let channel = connect::channel(address).await?;
-        Self::open_on(
-            channel,
+        Self::open_with(
+            address,
             SessionOptions {
                 worker_name: worker_name.to_owned(),
                 ..SessionOptions::default()
@@ -84,94 +154,31 @@ impl Session {
         .await
     }
 
-    /// Opens a session on an existing channel.
-    pub async fn open_on(channel: Channel, options: SessionOptions) -> Result<Self, WorkerError> {
-        let mut client = WorkerServiceClient::new(channel);
-        let (tx, rx) = mpsc::channel::<pb::SessionRequest>(4);
-        let hello = pb::SessionRequest {
-            kind: Some(pb::session_request::Kind::Hello(pb::Hello {
-                worker_name: options.worker_name,
-                pid: std::process::id(),
-                labels: options.labels,
-            })),
-        };
-        tx.send(hello)
-            .await
-            .map_err(|_| WorkerError::SessionEnded)?;
-        let mut inbound = client
-            .session(ReceiverStream::new(rx))
-            .await
-            .map_err(|status| WorkerError::Rpc {
-                call: "Session",
-                status,
-            })?
-            .into_inner();
-        let welcome = match inbound.next().await {
-            Some(Ok(pb::SessionEvent {
-                kind: Some(pb::session_event::Kind::Welcome(w)),
-            })) => w,
-            Some(Err(status)) => {
-                return Err(WorkerError::Rpc {
-                    call: "Session",
-                    status,
-                });
-            }
-            _ => {
-                return Err(WorkerError::Protocol(
-                    "the server's first session message was not a welcome".into(),
-                ));
-            }
-        };
-        let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(10)));
-        let heartbeat = tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.tick().await;
-            loop {
-                ticker.tick().await;
-                let beat = pb::SessionRequest {
-                    kind: Some(pb::session_request::Kind::Heartbeat(pb::Heartbeat {})),
-                };
-                if tx.send(beat).await.is_err() {
-                    return;
-                }
-            }
+    /// Opens a session with `options`.
+    pub async fn open_with(address: &str, options: SessionOptions) -> Result<Self, WorkerError> {
+        let (events, _) = broadcast::channel(256);
+        let inner = Arc::new(SessionInner {
+            address: address.to_owned(),
+            options,
+            link: Mutex::new(None),
+            held: Mutex::new(Vec::new()),
+            events,
+            closed: CancellationToken::new(),
         });
-        let (ev_tx, ev_rx) = mpsc::channel(64);
-        let reader = tokio::spawn(async move {
-            while let Some(msg) = inbound.next().await {
-                let ev = match msg.ok().and_then(|m| m.kind) {
-                    Some(pb::session_event::Kind::VersionReady(v)) => SessionEvent::VersionReady {
-                        model: v.model,
-                        version: v.version,
-                    },
-                    Some(pb::session_event::Kind::VersionDraining(v)) => {
-                        SessionEvent::VersionDraining {
-                            model: v.model,
-                            version: v.version,
-                        }
-                    }
-                    Some(pb::session_event::Kind::Welcome(_)) | None => continue,
-                };
-                // A full queue drops events rather than stalling the stream.
-                let _ = ev_tx.try_send(ev);
-            }
-            let _ = ev_tx.try_send(SessionEvent::Ended);
-        });
+        let (link, welcome, stream) = handshake(&inner).await?;
+        *inner.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(link);
+        let device = welcome.device.clone();
+        tokio::spawn(supervise(inner.clone(), welcome, stream));
         Ok(Self {
-            shared: Arc::new(Shared {
-                id: welcome.session_id,
-                client,
-                heartbeat,
-                reader,
-            }),
-            events: Arc::new(Mutex::new(ev_rx)),
-            device: welcome.device,
+            _close: Arc::new(CloseOnDrop(inner.clone())),
+            inner,
+            device,
         })
     }
 
-    /// The session id the server assigned.
-    pub fn id(&self) -> &str {
-        &self.shared.id
+    /// The current session id (it changes after a reconnection).
+    pub fn id(&self) -> String {
+        self.inner.link().map(|l| l.id).unwrap_or_default()
     }
 
     /// The device the server's arenas live on.
@@ -184,18 +191,184 @@ impl Session {
         self.attach_version(model, 0).await
     }
 
-    /// Attaches to `version` of `model` (0: latest ready).
+    /// Attaches to `version` of `model` (0: latest ready). After a reconnection the SDK asks
+    /// again for the same thing: the same version, or the latest.
     pub async fn attach_version(&self, model: &str, version: u32) -> Result<Model, WorkerError> {
-        Model::attach(self.shared.clone(), model, version).await
+        Model::attach(self.clone(), self.inner.clone(), model, version).await
     }
 
-    /// The next event from the server; `SessionEvent::Ended` once the stream is over.
-    pub async fn next_event(&self) -> SessionEvent {
-        self.events
-            .lock()
-            .await
-            .recv()
-            .await
-            .unwrap_or(SessionEvent::Ended)
+    pub(crate) fn link(&self) -> Result<Link, WorkerError> {
+        self.inner.link()
+    }
+
+    /// A receiver of this session's events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
+        self.inner.events.subscribe()
+    }
+}
+
+/// Connects, says hello, and waits for the welcome.
+async fn handshake(
+    inner: &SessionInner,
+) -> Result<(Link, pb::Welcome, HeartbeatStream), WorkerError> {
+    let channel = connect::channel(&inner.address).await?;
+    let mut client = WorkerServiceClient::new(channel).max_decoding_message_size(256 << 20);
+    let (tx, rx) = mpsc::channel::<pb::SessionRequest>(4);
+    let hello = pb::SessionRequest {
+        kind: Some(pb::session_request::Kind::Hello(pb::Hello {
+            worker_name: inner.options.worker_name.clone(),
+            pid: std::process::id(),
+            labels: inner.options.labels.clone(),
+        })),
+    };
+    tx.send(hello)
+        .await
+        .map_err(|_| WorkerError::SessionEnded)?;
+    let mut inbound = client
+        .session(ReceiverStream::new(rx))
+        .await
+        .map_err(|status| WorkerError::Rpc {
+            call: "Session",
+            status,
+        })?
+        .into_inner();
+    let welcome = match inbound.next().await {
+        Some(Ok(pb::SessionEvent {
+            kind: Some(pb::session_event::Kind::Welcome(w)),
+        })) => w,
+        Some(Err(status)) => {
+            return Err(WorkerError::Rpc {
+                call: "Session",
+                status,
+            });
+        }
+        _ => {
+            return Err(WorkerError::Protocol(
+                "the server's first session message was not a welcome".into(),
+            ));
+        }
+    };
+    let link = Link {
+        id: welcome.session_id.clone(),
+        client,
+    };
+    Ok((link, welcome, HeartbeatStream { tx, inbound }))
+}
+
+/// The two halves of a live session stream.
+struct HeartbeatStream {
+    tx: mpsc::Sender<pb::SessionRequest>,
+    inbound: tonic::Streaming<pb::SessionEvent>,
+}
+
+/// Runs the live stream until it ends; then reconnects and re-attaches, until closed.
+async fn supervise(
+    inner: Arc<SessionInner>,
+    mut welcome: pb::Welcome,
+    mut stream: HeartbeatStream,
+) {
+    loop {
+        let revoked = tokio::select! {
+            r = run_stream(&inner, &welcome, &mut stream) => r,
+            () = inner.closed.cancelled() => return,
+        };
+        *inner.link.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        match revoked {
+            Some(reason) => inner.emit(SessionEvent::Revoked { reason }),
+            None => inner.emit(SessionEvent::Disconnected),
+        }
+        if inner.options.no_reconnect {
+            return;
+        }
+        let mut backoff = MIN_BACKOFF;
+        let (link, w, s) = loop {
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = inner.closed.cancelled() => return,
+            }
+            match handshake(&inner).await {
+                Ok(ok) => break ok,
+                Err(e) => {
+                    debug!(error = %e, "reconnect failed; retrying");
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        };
+        (welcome, stream) = (w, s);
+        *inner.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(link.clone());
+        inner.emit(SessionEvent::Reconnected {
+            session_id: link.id.clone(),
+        });
+        reattach_all(&inner).await;
+    }
+}
+
+/// Heartbeats and event forwarding for one stream. Returns the revocation reason if the
+/// server revoked the session, `None` if the stream just ended.
+async fn run_stream(
+    inner: &SessionInner,
+    welcome: &pb::Welcome,
+    stream: &mut HeartbeatStream,
+) -> Option<String> {
+    let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(10)));
+    let mut ticker = tokio::time::interval(interval);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let beat = pb::SessionRequest {
+                    kind: Some(pb::session_request::Kind::Heartbeat(pb::Heartbeat {})),
+                };
+                if stream.tx.send(beat).await.is_err() {
+                    return None;
+                }
+            }
+            msg = stream.inbound.next() => {
+                let kind = match msg {
+                    Some(Ok(m)) => m.kind,
+                    Some(Err(status)) => {
+                        debug!(%status, "session stream ended with an error");
+                        return None;
+                    }
+                    None => return None,
+                };
+                match kind {
+                    Some(pb::session_event::Kind::VersionReady(v)) => inner.emit(SessionEvent::VersionReady {
+                        model: v.model,
+                        version: v.version,
+                    }),
+                    Some(pb::session_event::Kind::VersionDraining(v)) => inner.emit(SessionEvent::VersionDraining {
+                        model: v.model,
+                        version: v.version,
+                    }),
+                    Some(pb::session_event::Kind::SessionRevoked(r)) => return Some(r.reason),
+                    Some(pb::session_event::Kind::Welcome(_)) | None => {}
+                }
+            }
+        }
+    }
+}
+
+/// Attaches every still-held model again on the new link.
+async fn reattach_all(inner: &Arc<SessionInner>) {
+    let held: Vec<Arc<ModelInner>> = {
+        let mut held = inner.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|w| w.strong_count() > 0);
+        held.iter().filter_map(Weak::upgrade).collect()
+    };
+    for model in held {
+        match model.reattach(inner).await {
+            Ok(version) => inner.emit(SessionEvent::Reattached {
+                model: model.name().to_owned(),
+                version,
+            }),
+            Err(e) => {
+                warn!(model = %model.name(), error = %e, "a held model could not be attached again");
+                inner.emit(SessionEvent::ModelGone {
+                    model: model.name().to_owned(),
+                    reason: e.to_string(),
+                });
+            }
+        }
     }
 }

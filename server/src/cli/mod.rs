@@ -37,6 +37,9 @@ pub enum ClientCommand {
         name: String,
         /// Path under the server's model root.
         path: String,
+        /// Keep older versions attachable (default: retire them once this one is ready).
+        #[arg(long)]
+        keep_previous: bool,
     },
     /// Unload a model (every version, or one).
     Unload {
@@ -45,6 +48,12 @@ pub enum ClientCommand {
         /// Only this version.
         #[arg(long)]
         version: Option<u32>,
+        /// End the sessions still holding it now instead of draining.
+        #[arg(long)]
+        force: bool,
+        /// Drain for at most this many milliseconds, then force.
+        #[arg(long, value_name = "MS")]
+        drain_timeout_ms: Option<u32>,
     },
     /// List models and their versions.
     Ls,
@@ -91,12 +100,30 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
     let mut admin = AdminServiceClient::new(channel).max_decoding_message_size(128 << 20);
     let out = args.output;
     match command {
-        ClientCommand::Load { name, path } => load(&mut admin, &name, &path, out).await?,
-        ClientCommand::Unload { name, version } => {
+        ClientCommand::Load {
+            name,
+            path,
+            keep_previous,
+        } => {
+            let req = pb::LoadModelRequest {
+                name,
+                path,
+                keep_previous,
+            };
+            load(&mut admin, req, out).await?
+        }
+        ClientCommand::Unload {
+            name,
+            version,
+            force,
+            drain_timeout_ms,
+        } => {
             let r = admin
                 .unload_model(pb::UnloadModelRequest {
                     name,
                     version: version.unwrap_or(0),
+                    force,
+                    drain_timeout_ms: drain_timeout_ms.unwrap_or(0),
                 })
                 .await
                 .map_err(rpc("UnloadModel"))?
@@ -144,15 +171,12 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
 
 async fn load(
     admin: &mut AdminServiceClient<Channel>,
-    name: &str,
-    path: &str,
+    req: pb::LoadModelRequest,
     out: OutputFormat,
 ) -> Result<(), CliError> {
+    let name = req.name.clone();
     let mut stream = admin
-        .load_model(pb::LoadModelRequest {
-            name: name.to_owned(),
-            path: path.to_owned(),
-        })
+        .load_model(req)
         .await
         .map_err(rpc("LoadModel"))?
         .into_inner();
@@ -178,7 +202,7 @@ async fn load(
             }
             Some(pb::load_model_progress::Event::Done(v)) => {
                 bar.finish_and_clear();
-                output::loaded(name, &v, out);
+                output::loaded(&name, &v, out);
                 return Ok(());
             }
             None => {}

@@ -44,7 +44,10 @@ impl AdminService for AdminApi {
         request: Request<pb::LoadModelRequest>,
     ) -> Result<Response<Self::LoadModelStream>, Status> {
         let req = request.into_inner();
-        let mut load = self.app.start_load(&req.name, &req.path).await?;
+        let mut load = self
+            .app
+            .start_load(&req.name, &req.path, req.keep_previous)
+            .await?;
         let (tx, rx) = mpsc::channel(8);
         let started = pb::load_model_progress::Event::Started(pb::LoadStarted {
             version: load.version,
@@ -93,8 +96,30 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::UnloadModelResponse>, Status> {
         let req = request.into_inner();
         let version = (req.version != 0).then_some(req.version);
-        let versions = self.app.registry.unload(&req.name, version)?;
-        tracing::info!(model = %req.name, version = req.version, "unload");
+        let registry = self.app.registry.clone();
+        let versions = registry.unload(&req.name, version, req.force)?;
+        tracing::info!(model = %req.name, version = req.version, force = req.force, "unload");
+        let draining: Vec<u32> = versions
+            .iter()
+            .filter(|v| v.state == crate::model::VersionState::Draining)
+            .map(|v| v.version)
+            .collect();
+        if req.drain_timeout_ms > 0 && !draining.is_empty() {
+            let deadline = Duration::from_millis(u64::from(req.drain_timeout_ms));
+            let name = req.name.clone();
+            let stop = self.app.shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(deadline) => {
+                        let ended = registry.force_drained(&name, &draining);
+                        if ended > 0 {
+                            tracing::warn!(model = %name, sessions = ended, "drain deadline passed; ended the sessions still holding the model");
+                        }
+                    }
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
         Ok(Response::new(pb::UnloadModelResponse {
             versions: versions.iter().map(convert::version).collect(),
         }))

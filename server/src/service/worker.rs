@@ -48,6 +48,7 @@ enum EndReason {
     HeartbeatTimeout,
     ProtocolViolation,
     Shutdown,
+    Revoked,
 }
 
 #[tonic::async_trait]
@@ -73,7 +74,8 @@ impl WorkerService for WorkerApi {
         };
         let registry = self.app.registry.clone();
         let mut events = registry.subscribe();
-        let id = registry.open_session(hello.clone())?;
+        let opened = registry.open_session(hello.clone())?;
+        let (id, revocation) = (opened.id, opened.revocation);
         info!(session = %id, worker = %hello.name, pid = hello.pid, "session opened");
 
         let (tx, rx) = mpsc::channel(64);
@@ -121,6 +123,13 @@ impl WorkerService for WorkerApi {
                     },
                     () = tx.closed() => break EndReason::Closed,
                     () = app.shutdown.cancelled() => break EndReason::Shutdown,
+                    () = revocation.revoked() => {
+                        let revoked = pb::session_event::Kind::SessionRevoked(pb::SessionRevoked {
+                            reason: revocation.reason().to_owned(),
+                        });
+                        let _ = tx.send(event(revoked)).await;
+                        break EndReason::Revoked;
+                    }
                 }
             };
             let released = app.registry.end_session(&id);

@@ -60,8 +60,9 @@ async fn json(address: &str, args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.extend(["--output", "json"]);
     let stdout = ok(address, &all).await;
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("modelshare {args:?} --output json printed non-JSON ({e}): {stdout}"))
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!("modelshare {args:?} --output json printed non-JSON ({e}): {stdout}")
+    })
 }
 
 /// Runs a command that must fail; its stderr, checked for a panic.
@@ -112,7 +113,10 @@ async fn ls_shows_the_model_ready() {
         .lines()
         .find(|l| l.contains("tiny") && l.contains("ready"))
         .unwrap_or_else(|| panic!("no row with tiny and ready in:\n{table}"));
-    assert!(row.contains("1*"), "the latest ready version is not marked: {row}");
+    assert!(
+        row.contains("1*"),
+        "the latest ready version is not marked: {row}"
+    );
 
     let v = json(&server.address, &["ls"]).await;
     let models = v["models"].as_array().expect("models array");
@@ -130,7 +134,14 @@ async fn describe_lists_tensors_and_dtypes() {
     let server = server().await;
     ok(&server.address, &["load", "tiny", "tiny"]).await;
     let out = ok(&server.address, &["describe", "tiny"]).await;
-    for needle in ["encoder.weight", "encoder.norm", "F32", "BF16", "[8, 4]", "[5]"] {
+    for needle in [
+        "encoder.weight",
+        "encoder.norm",
+        "F32",
+        "BF16",
+        "[8, 4]",
+        "[5]",
+    ] {
         assert!(out.contains(needle), "describe lacks {needle:?}:\n{out}");
     }
     let out = ok(&server.address, &["describe", "tiny", "--version", "1"]).await;
@@ -168,7 +179,10 @@ async fn describe_json_has_shape_offset_and_checksum() {
         assert_eq!(xxh3, expected, "checksum of {}", w.name);
     }
     let dtypes: Vec<&str> = listed.iter().filter_map(|x| x["dtype"].as_str()).collect();
-    assert!(dtypes.contains(&"F32") && dtypes.contains(&"BF16"), "{dtypes:?}");
+    assert!(
+        dtypes.contains(&"F32") && dtypes.contains(&"BF16"),
+        "{dtypes:?}"
+    );
 }
 
 /// `stats` would not account for a loaded arena, or not release it on `unload`.
@@ -254,7 +268,11 @@ async fn missing_socket_is_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("nobody-listens.sock");
     let address = format!("unix:{}", socket.display());
-    for args in [&["ls"][..], &["stats", "--output", "json"], &["load", "x", "y"]] {
+    for args in [
+        &["ls"][..],
+        &["stats", "--output", "json"],
+        &["load", "x", "y"],
+    ] {
         let err = fails(&address, args).await;
         assert!(err.contains("cannot connect"), "{args:?}: {err}");
         assert!(

@@ -258,6 +258,7 @@ pub async fn load(
         .load_model(pb::LoadModelRequest {
             name: name.into(),
             path: path.into(),
+            ..Default::default()
         })
         .await?
         .into_inner();

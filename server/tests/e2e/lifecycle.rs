@@ -31,6 +31,7 @@ async fn unload_frees_the_arena() {
         .unload_model(pb::UnloadModelRequest {
             name: "m".into(),
             version: 0,
+            ..Default::default()
         })
         .await
         .expect("unload")
@@ -59,18 +60,20 @@ async fn unload_while_attached_drains_until_release() {
         .expect("session");
     let model = session.attach("m").await.expect("attach");
     let before = model.tensor("w").expect("w").bytes().to_vec();
+    let mut events = session.subscribe();
 
     let r = admin
         .unload_model(pb::UnloadModelRequest {
             name: "m".into(),
             version: 0,
+            ..Default::default()
         })
         .await
         .expect("unload")
         .into_inner();
     assert_eq!(r.versions[0].state, pb::VersionState::Draining as i32);
     assert_eq!(
-        session.next_event().await,
+        events.recv().await.expect("event"),
         modelshare_worker::SessionEvent::VersionDraining {
             model: "m".into(),
             version: 1

@@ -97,7 +97,7 @@ async fn single_file_every_dtype_round_trips() {
         .expect("session");
     let model = session.attach("tiny").await.expect("attach");
     assert_eq!(
-        model.metadata("config.json"),
+        model.metadata("config.json").as_deref(),
         Some(&br#"{"hidden_size": 64}"#[..])
     );
 }
@@ -182,9 +182,103 @@ async fn concurrent_loads_of_different_models() {
     }
 }
 
-/// Loading a name again makes a new version that becomes the latest; the old one stays attachable.
+/// Loading a name again makes a new latest version; a worker on v1 keeps working while v2
+/// loads, and v1 is freed when its last lease goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reloading_a_name_makes_a_new_latest_version() {
+async fn a_new_version_retires_the_old_one_after_its_last_lease() {
+    let server = Server::start().await;
+    common::write_safetensors(
+        &server.root.join("v1/model.safetensors"),
+        &[t("w", Dtype::F32, &[8], 1)],
+    );
+    let big: Vec<T> = (0..8)
+        .map(|k| {
+            t(
+                &format!("w{}", if k == 0 { String::new() } else { k.to_string() }),
+                Dtype::F32,
+                &[if k == 0 { 8 } else { 1 << 20 }],
+                2 + k,
+            )
+        })
+        .collect();
+    common::write_safetensors(&server.root.join("v2/model.safetensors"), &big);
+    let mut admin = server.admin().await;
+    assert_eq!(
+        common::load(&mut admin, "m", "v1")
+            .await
+            .expect("v1")
+            .version,
+        1
+    );
+    let session = modelshare_worker::Session::open(&server.address, "w")
+        .await
+        .expect("session");
+    let mut events = session.subscribe();
+    let v1 = session.attach("m").await.expect("attach v1");
+    let w1 = v1.tensor("w").expect("w");
+
+    // v2 loads while the worker reads v1.
+    let mut loader = admin.clone();
+    let load = tokio::spawn(async move { common::load(&mut loader, "m", "v2").await });
+    for _ in 0..50 {
+        assert_eq!(w1.bytes(), common::random_bytes(1, 32));
+    }
+    assert_eq!(load.await.expect("join").expect("v2").version, 2);
+    assert_eq!(
+        events.recv().await.expect("event"),
+        modelshare_worker::SessionEvent::VersionReady {
+            model: "m".into(),
+            version: 2
+        }
+    );
+    assert_eq!(
+        events.recv().await.expect("event"),
+        modelshare_worker::SessionEvent::VersionDraining {
+            model: "m".into(),
+            version: 1
+        }
+    );
+    let d = admin
+        .describe_model(pb::DescribeModelRequest {
+            name: "m".into(),
+            version: 0,
+        })
+        .await
+        .expect("describe")
+        .into_inner();
+    let states: Vec<(u32, i32)> = d
+        .model
+        .expect("model")
+        .versions
+        .iter()
+        .map(|v| (v.version, v.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (1, pb::VersionState::Draining as i32),
+            (2, pb::VersionState::Ready as i32)
+        ]
+    );
+    // The worker on v1 still reads v1; a new attach gets v2.
+    assert_eq!(w1.bytes(), common::random_bytes(1, 32));
+    let latest = session.attach("m").await.expect("latest");
+    assert_eq!(latest.version(), 2);
+    assert_eq!(
+        latest.tensor("w").expect("w").bytes(),
+        common::random_bytes(2, 32)
+    );
+    // The last lease on v1 goes: v1 is freed.
+    drop(w1);
+    v1.release().await.expect("release");
+    let s = common::stats(&mut admin).await;
+    assert_eq!(s.arenas, 1, "only v2 is held");
+    assert_eq!(s.arena_bytes, latest.manifest().arena_bytes);
+}
+
+/// With keep_previous, an older version stays ready and attachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_previous_keeps_the_old_version() {
     let server = Server::start().await;
     common::write_safetensors(
         &server.root.join("v1/model.safetensors"),
@@ -195,41 +289,37 @@ async fn reloading_a_name_makes_a_new_latest_version() {
         &[t("w", Dtype::F32, &[8], 2)],
     );
     let mut admin = server.admin().await;
-    assert_eq!(
-        common::load(&mut admin, "m", "v1")
-            .await
-            .expect("v1")
-            .version,
-        1
-    );
-    assert_eq!(
-        common::load(&mut admin, "m", "v2")
-            .await
-            .expect("v2")
-            .version,
-        2
-    );
-    let list = admin
-        .list_models(pb::ListModelsRequest {})
+    common::load(&mut admin, "m", "v1").await.expect("v1");
+    let mut stream = admin
+        .load_model(pb::LoadModelRequest {
+            name: "m".into(),
+            path: "v2".into(),
+            keep_previous: true,
+        })
         .await
-        .expect("list")
+        .expect("load")
         .into_inner();
-    assert_eq!(list.models.len(), 1);
-    assert_eq!(list.models[0].latest_ready, 2);
+    while stream.message().await.expect("stream").is_some() {}
     let session = modelshare_worker::Session::open(&server.address, "w")
         .await
         .expect("session");
-    let latest = session.attach("m").await.expect("latest");
-    assert_eq!(latest.version(), 2);
-    assert_eq!(
-        latest.tensor("w").expect("w").bytes(),
-        common::random_bytes(2, 32)
-    );
+    assert_eq!(session.attach("m").await.expect("latest").version(), 2);
     let old = session.attach_version("m", 1).await.expect("v1");
-    assert_eq!(
-        old.tensor("w").expect("w").bytes(),
-        common::random_bytes(1, 32)
+    let w: &[f32] = &old
+        .tensor("w")
+        .expect("w")
+        .as_slice::<f32>()
+        .expect("f32")
+        .to_vec();
+    assert_eq!(bytemuck_bytes(w), common::random_bytes(1, 32));
+    assert!(
+        old.tensor("w").expect("w").as_slice::<half::f16>().is_err(),
+        "wrong dtype accepted"
     );
+}
+
+fn bytemuck_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// The progress stream must report bytes monotonically and end with the ready version.
@@ -245,6 +335,7 @@ async fn load_progress_is_streamed() {
         .load_model(pb::LoadModelRequest {
             name: "big".into(),
             path: "big".into(),
+            ..Default::default()
         })
         .await
         .expect("load")

@@ -8,3 +8,4 @@ mod cli;
 mod lifecycle;
 mod load;
 mod malformed;
+mod transport;

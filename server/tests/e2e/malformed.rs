@@ -31,18 +31,21 @@ fn put(server: &Server, rel: &str, bytes: &[u8]) {
 fn write_good(dir: &Path) {
     write_safetensors(
         &dir.join("model.safetensors"),
-        &[
-            t("w", Dtype::F32, &[4, 4], 1),
-            t("b", Dtype::BF16, &[4], 2),
-        ],
+        &[t("w", Dtype::F32, &[4, 4], 1), t("b", Dtype::BF16, &[4], 2)],
     );
 }
 
 /// The figures a refused load must leave untouched.
 fn assert_at_baseline(before: &pb::GetStatsResponse, after: &pb::GetStatsResponse, what: &str) {
-    assert_eq!(after.arena_bytes, before.arena_bytes, "{what}: arena_bytes moved");
+    assert_eq!(
+        after.arena_bytes, before.arena_bytes,
+        "{what}: arena_bytes moved"
+    );
     assert_eq!(after.arenas, before.arenas, "{what}: arenas moved");
-    assert_eq!(after.models, before.models, "{what}: a model record was left behind");
+    assert_eq!(
+        after.models, before.models,
+        "{what}: a model record was left behind"
+    );
     assert_eq!(
         count(after, pb::VersionState::Loading),
         0,
@@ -71,6 +74,7 @@ async fn assert_still_serves(server: &Server) {
         .unload_model(pb::UnloadModelRequest {
             name: "good".into(),
             version: 0,
+            ..Default::default()
         })
         .await
         .expect("unload good");
@@ -157,7 +161,14 @@ async fn overlapping_ranges_are_refused() {
         "ov.safetensors: byte {}: tensors 'a' [0, 8] and 'b' [4, 12] overlap",
         8 + h.len() + 4
     );
-    assert_refused(&server, "ov", "ov.safetensors", Code::InvalidArgument, &[&want]).await;
+    assert_refused(
+        &server,
+        "ov",
+        "ov.safetensors",
+        Code::InvalidArgument,
+        &[&want],
+    )
+    .await;
 }
 
 /// A range past the end of the data section would read beyond the file.
@@ -171,7 +182,14 @@ async fn range_past_the_data_is_refused() {
          (its data section holds 8 bytes)",
         8 + h.len()
     );
-    assert_refused(&server, "short", "short.safetensors", Code::InvalidArgument, &[&want]).await;
+    assert_refused(
+        &server,
+        "short",
+        "short.safetensors",
+        Code::InvalidArgument,
+        &[&want],
+    )
+    .await;
 }
 
 /// A range whose length disagrees with shape × dtype would give workers a wrong tensor.
@@ -204,7 +222,10 @@ async fn unknown_dtype_is_refused() {
         "dt",
         "dt.safetensors",
         Code::InvalidArgument,
-        &["dt.safetensors: byte ", "tensor 'w' has unknown dtype 'F33'"],
+        &[
+            "dt.safetensors: byte ",
+            "tensor 'w' has unknown dtype 'F33'",
+        ],
     )
     .await;
 }
@@ -236,7 +257,10 @@ async fn reversed_offsets_are_refused() {
         "rev",
         "rev.safetensors",
         Code::InvalidArgument,
-        &["rev.safetensors: byte ", "data_offsets [8, 0] begin after they end"],
+        &[
+            "rev.safetensors: byte ",
+            "data_offsets [8, 0] begin after they end",
+        ],
     )
     .await;
 }
@@ -406,7 +430,10 @@ async fn absolute_path_is_refused() {
         "abs",
         abs,
         Code::InvalidArgument,
-        &[abs, "path is absolute; it must be relative to the model root"],
+        &[
+            abs,
+            "path is absolute; it must be relative to the model root",
+        ],
     )
     .await;
 }
@@ -443,6 +470,145 @@ async fn declared_header_size_in_a_tiny_file_is_refused() {
         "tiny.safetensors",
         Code::InvalidArgument,
         &["tiny.safetensors: byte 8: header length 200000000 runs past the end of the 8-byte file"],
+    )
+    .await;
+}
+
+/// A symlinked shard or metadata file leading outside the root would be read from anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlinked_shard_or_metadata_file_escaping_the_root_is_refused() {
+    let server = Server::start().await;
+    let outside = server.dir.path().join("outside");
+    write_good(&outside);
+    std::fs::write(outside.join("secret.json"), "{}").expect("secret");
+
+    let dir = server.root.join("shlink");
+    write_sharded(&dir, &[vec![t("w", Dtype::F32, &[4, 4], 1)]]);
+    let shard = dir.join("model-00001-of-00001.safetensors");
+    std::fs::remove_file(&shard).expect("rm shard");
+    std::os::unix::fs::symlink(outside.join("model.safetensors"), &shard).expect("symlink");
+    assert_refused(
+        &server,
+        "shlink",
+        "shlink",
+        Code::InvalidArgument,
+        &["'shlink/model-00001-of-00001.safetensors': leaves the model root"],
+    )
+    .await;
+
+    write_good(&server.root.join("meta"));
+    std::os::unix::fs::symlink(
+        outside.join("secret.json"),
+        server.root.join("meta/config.json"),
+    )
+    .expect("symlink");
+    assert_refused(
+        &server,
+        "meta",
+        "meta",
+        Code::InvalidArgument,
+        &["'meta/config.json': leaves the model root"],
+    )
+    .await;
+}
+
+/// An index whose shard name climbs out of the model directory would be followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_shard_with_dotdot_is_refused() {
+    let server = Server::start().await;
+    write_good(&server.root.join("good"));
+    put(
+        &server,
+        "up/model.safetensors.index.json",
+        br#"{"weight_map":{"w":"../good/model.safetensors"}}"#,
+    );
+    assert_refused(
+        &server,
+        "up",
+        "up",
+        Code::InvalidArgument,
+        &[
+            "up/model.safetensors.index.json: byte ",
+            "shard '../good/model.safetensors', whose name is not acceptable: path has a '..' component",
+        ],
+    )
+    .await;
+}
+
+/// An index that is not JSON would be accepted or crash the parser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_not_json_is_refused() {
+    let server = Server::start().await;
+    put(&server, "bi/model.safetensors.index.json", b"{nope");
+    assert_refused(
+        &server,
+        "bi",
+        "bi",
+        Code::InvalidArgument,
+        &["bi/model.safetensors.index.json: byte 1: not valid JSON"],
+    )
+    .await;
+}
+
+/// A header that is not UTF-8 would reach JSON parsing and the logs as garbage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_not_utf8_is_refused() {
+    let server = Server::start().await;
+    let mut bytes = raw(r#"{"w":1}"#, &[]);
+    bytes[9] = 0xff;
+    put(&server, "u8.safetensors", &bytes);
+    assert_refused(
+        &server,
+        "u8",
+        "u8.safetensors",
+        Code::InvalidArgument,
+        &["u8.safetensors: byte 9: header is not valid UTF-8"],
+    )
+    .await;
+}
+
+/// A FIFO named like a weight file would block the loader forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_is_refused() {
+    let server = Server::start().await;
+    let ok = std::process::Command::new("mkfifo")
+        .arg(server.root.join("pipe.safetensors"))
+        .status()
+        .expect("mkfifo");
+    assert!(ok.success());
+    assert_refused(
+        &server,
+        "pipe",
+        "pipe.safetensors",
+        Code::InvalidArgument,
+        &["'pipe.safetensors': is neither a regular file nor a directory"],
+    )
+    .await;
+}
+
+/// Empty paths and the root itself would be resolved to the root directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_or_root_path_is_refused() {
+    let server = Server::start().await;
+    // The root holding a model.safetensors must not make "." a valid model path.
+    write_good(&server.root);
+    assert_refused(&server, "r", "", Code::InvalidArgument, &["path is empty"]).await;
+    for p in [".", "./"] {
+        assert_refused(
+            &server,
+            "r",
+            p,
+            Code::InvalidArgument,
+            &["path names the model root itself"],
+        )
+        .await;
+    }
+    assert_refused(
+        &server,
+        "r",
+        "a\0b",
+        Code::InvalidArgument,
+        &["path contains a NUL byte"],
     )
     .await;
 }
@@ -528,6 +694,7 @@ async fn unknown_model_or_version_is_not_found() {
         .unload_model(pb::UnloadModelRequest {
             name: "nope".into(),
             version: 0,
+            ..Default::default()
         })
         .await
         .expect_err("unload of an unknown model");
@@ -535,13 +702,16 @@ async fn unknown_model_or_version_is_not_found() {
     assert!(err.message().contains("model 'nope' not found"), "{err:?}");
 
     write_good(&server.root.join("known"));
-    let v = load(&mut admin, "known", "known").await.expect("load known");
+    let v = load(&mut admin, "known", "known")
+        .await
+        .expect("load known");
     let before = stats(&mut admin).await;
 
     let err = admin
         .unload_model(pb::UnloadModelRequest {
             name: "known".into(),
             version: v.version + 6,
+            ..Default::default()
         })
         .await
         .expect_err("unload of an unknown version");
@@ -592,6 +762,31 @@ async fn model_over_max_model_bytes_is_resource_exhausted() {
         "big",
         Code::ResourceExhausted,
         &["arena bytes of model 'big'", "limit 1024", "4096"],
+    )
+    .await;
+}
+
+/// Loads past --max-total-bytes would be allocated anyway (or leak their reservation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_over_max_total_bytes_is_resource_exhausted() {
+    let server = Server::start_with(&["--max-total-bytes", "1024"], |root| {
+        // Two 800-byte tensors at offsets 0 and 1024: a 2048-byte arena.
+        write_safetensors(
+            &root.join("wide/model.safetensors"),
+            &[t("a", Dtype::F32, &[200], 1), t("b", Dtype::F32, &[200], 2)],
+        );
+    })
+    .await;
+    assert_refused(
+        &server,
+        "wide",
+        "wide",
+        Code::ResourceExhausted,
+        &[
+            "arena bytes held by the server",
+            "limit 1024",
+            "requested 2048",
+        ],
     )
     .await;
 }
