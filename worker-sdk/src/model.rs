@@ -230,9 +230,9 @@ async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, HostMappi
         }
     };
     if let Some(t) = manifest.tensors.iter().find(|t| {
-        !t.offset
+        t.offset
             .checked_add(t.byte_length)
-            .is_some_and(|end| end <= manifest.arena_bytes)
+            .is_none_or(|end| end > manifest.arena_bytes)
     }) {
         return Err(WorkerError::Protocol(format!(
             "tensor '{}' lies outside the {}-byte arena",
