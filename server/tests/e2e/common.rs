@@ -113,17 +113,15 @@ impl Server {
             }
             if let Ok(ch) = modelshare_worker::connect::channel(&self.address).await {
                 let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
-                if let Ok(r) = health
+                let reply = health
                     .check(tonic_health::pb::HealthCheckRequest {
                         service: String::new(),
                     })
-                    .await
-                {
-                    if r.into_inner().status
-                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-                    {
-                        return;
-                    }
+                    .await;
+                let serving =
+                    tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+                if reply.is_ok_and(|r| r.into_inner().status == serving) {
+                    return;
                 }
             }
             assert!(

@@ -233,8 +233,8 @@ async fn release_checks_the_owner() {
         .expect("session");
     let err = worker
         .release(pb::ReleaseRequest {
-            session_id: thief.id().into(),
-            lease_id: model.lease_id().into(),
+            session_id: thief.id(),
+            lease_id: model.lease_id(),
         })
         .await
         .expect_err("release by another session");
@@ -252,7 +252,7 @@ async fn release_checks_the_owner() {
     model.release().await.expect("release");
     let err = worker
         .release(pb::ReleaseRequest {
-            session_id: owner.id().into(),
+            session_id: owner.id(),
             lease_id: lease,
         })
         .await
