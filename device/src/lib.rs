@@ -12,6 +12,7 @@
 //!   ticket on the server's Unix handle socket; the server [`read_ticket`](handoff::read_ticket)s
 //!   and answers with [`send_fd`](handoff::send_fd) (`SCM_RIGHTS`) or
 //!   [`send_refusal`](handoff::send_refusal).
+//! - [`peer`]: [`PeerWatch`], a pidfd on a worker process, to notice its exit at once.
 //! - [`error`]: [`DeviceError`], the crate's one error type.
 //! - `sys` (private): the only `unsafe` code, the read-only mapping of a sealed file.
 //!
@@ -27,12 +28,14 @@ pub mod backend;
 pub mod error;
 pub mod handoff;
 pub mod host;
+pub mod peer;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
 mod sys;
 
 pub use backend::{Arena, Backend, BackendKind, DeviceInfo, ExportedHandle};
 pub use error::{DeviceError, Result};
 pub use host::{HostArena, HostBackend, HostMapping};
+pub use peer::PeerWatch;
 
 #[cfg(test)]
 mod test_util {

@@ -135,3 +135,15 @@ impl Drop for SealedMapping {
         }
     }
 }
+
+/// Registers an owned descriptor with the tokio reactor for readability.
+pub(crate) fn register_readable(
+    fd: std::os::fd::OwnedFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: the `AsyncFd` takes ownership of `fd`: nothing else can close or replace the
+    // descriptor while it is registered, and it is deregistered before it is closed (on drop).
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            .map_err(|e| e.into_parts().1)
+    }
+}

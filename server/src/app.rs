@@ -79,6 +79,12 @@ impl App {
         let (job, src, plan) = tokio::task::spawn_blocking(move || {
             let src = source::resolve(&root, &rel, &limits)?;
             let plan = layout::plan(&src)?;
+            if plan.tensors.is_empty() {
+                return Err(ServerError::InvalidArgument {
+                    field: "path".into(),
+                    reason: format!("'{rel}' holds no tensors: nothing to share"),
+                });
+            }
             let job = registry.begin_load(&model, &src, &plan, keep_previous)?;
             Ok::<_, ServerError>((job, src, plan))
         })

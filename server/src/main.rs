@@ -49,7 +49,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Demo(args) => demo::run(args, shutdown_signal()).await,
-            Command::Client(c) => cli::run(cli.client, c).await,
+            Command::Client(c) => cli::run(cli.client, c, shutdown_signal()).await,
         }
     });
     match result {

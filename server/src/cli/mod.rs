@@ -1,6 +1,7 @@
 //! The admin client commands: clients of `AdminService`, printing tables or JSON.
 
 mod output;
+mod probe;
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use modelshare_proto::v1::admin_service_client::AdminServiceClient;
 use tonic::transport::Channel;
 
 pub use output::{OutputFormat, human_bytes};
+pub use probe::ProbeArgs;
 
 /// Options common to every client command.
 #[derive(Debug, Clone, clap::Args)]
@@ -69,6 +71,8 @@ pub enum ClientCommand {
     Stats,
     /// List worker sessions and their leases.
     Ps,
+    /// Attach to a model like a worker, verify every tensor's checksum, report the mapping.
+    Probe(ProbeArgs),
 }
 
 /// Why a client command failed.
@@ -94,11 +98,19 @@ fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> CliError {
     move |status| CliError::Rpc { call, status }
 }
 
-/// Runs one client command.
-pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()> {
-    let channel = modelshare_worker::connect::channel(&args.server).await?;
-    let mut admin = AdminServiceClient::new(channel).max_decoding_message_size(128 << 20);
+async fn admin_client(server: &str) -> Result<AdminServiceClient<Channel>, CliError> {
+    let channel = modelshare_worker::connect::channel(server).await?;
+    Ok(AdminServiceClient::new(channel).max_decoding_message_size(128 << 20))
+}
+
+/// Runs one client command; `shutdown` ends a holding probe.
+pub async fn run(
+    args: ClientArgs,
+    command: ClientCommand,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let out = args.output;
+    let admin = || admin_client(&args.server);
     match command {
         ClientCommand::Load {
             name,
@@ -110,7 +122,7 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
                 path,
                 keep_previous,
             };
-            load(&mut admin, req, out).await?
+            load(&mut admin().await?, req, out).await?
         }
         ClientCommand::Unload {
             name,
@@ -118,7 +130,8 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
             force,
             drain_timeout_ms,
         } => {
-            let r = admin
+            let r = admin()
+                .await?
                 .unload_model(pb::UnloadModelRequest {
                     name,
                     version: version.unwrap_or(0),
@@ -131,7 +144,8 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
             output::versions(&r.versions, out);
         }
         ClientCommand::Ls => {
-            let r = admin
+            let r = admin()
+                .await?
                 .list_models(pb::ListModelsRequest {})
                 .await
                 .map_err(rpc("ListModels"))?
@@ -139,7 +153,8 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
             output::models(&r.models, out);
         }
         ClientCommand::Describe { name, version } => {
-            let r = admin
+            let r = admin()
+                .await?
                 .describe_model(pb::DescribeModelRequest {
                     name,
                     version: version.unwrap_or(0),
@@ -150,7 +165,8 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
             output::describe(&r, out);
         }
         ClientCommand::Stats => {
-            let r = admin
+            let r = admin()
+                .await?
                 .get_stats(pb::GetStatsRequest {})
                 .await
                 .map_err(rpc("GetStats"))?
@@ -158,13 +174,15 @@ pub async fn run(args: ClientArgs, command: ClientCommand) -> anyhow::Result<()>
             output::stats(&r, out);
         }
         ClientCommand::Ps => {
-            let r = admin
+            let r = admin()
+                .await?
                 .list_sessions(pb::ListSessionsRequest {})
                 .await
                 .map_err(rpc("ListSessions"))?
                 .into_inner();
             output::sessions(&r.sessions, out);
         }
+        ClientCommand::Probe(probe) => probe::run(&args.server, probe, out, shutdown).await?,
     }
     Ok(())
 }

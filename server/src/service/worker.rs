@@ -7,7 +7,7 @@
 
 use std::pin::Pin;
 
-use modelshare_device::ExportedHandle;
+use modelshare_device::{ExportedHandle, PeerWatch};
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::worker_service_server::WorkerService;
 use tokio::sync::{broadcast, mpsc};
@@ -49,6 +49,7 @@ enum EndReason {
     ProtocolViolation,
     Shutdown,
     Revoked,
+    PeerExited,
 }
 
 #[tonic::async_trait]
@@ -59,6 +60,14 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        // On the Unix socket the kernel tells who the peer is; watch that process.
+        let peer_pid = request
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .and_then(|cred| cred.pid())
+            .and_then(|pid| u32::try_from(pid).ok());
+        let peer = PeerWatch::open(peer_pid);
         let mut inbound = request.into_inner();
         let deadline = self.app.config.heartbeat_interval * self.app.config.heartbeat_misses;
         let first = tokio::time::timeout(deadline, inbound.message())
@@ -76,7 +85,14 @@ impl WorkerService for WorkerApi {
         let mut events = registry.subscribe();
         let opened = registry.open_session(hello.clone())?;
         let (id, revocation) = (opened.id, opened.revocation);
-        info!(session = %id, worker = %hello.name, pid = hello.pid, "session opened");
+        info!(
+            session = %id,
+            worker = %hello.name,
+            pid = hello.pid,
+            peer_pid = ?peer.pid(),
+            pidfd = peer.is_watching(),
+            "session opened"
+        );
 
         let (tx, rx) = mpsc::channel(64);
         let welcome = pb::session_event::Kind::Welcome(pb::Welcome {
@@ -123,6 +139,7 @@ impl WorkerService for WorkerApi {
                     },
                     () = tx.closed() => break EndReason::Closed,
                     () = app.shutdown.cancelled() => break EndReason::Shutdown,
+                    () = peer.exited() => break EndReason::PeerExited,
                     () = revocation.revoked() => {
                         let revoked = pb::session_event::Kind::SessionRevoked(pb::SessionRevoked {
                             reason: revocation.reason().to_owned(),

@@ -9,3 +9,4 @@ mod lifecycle;
 mod load;
 mod malformed;
 mod transport;
+mod workers;
