@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::admin_service_client::AdminServiceClient;
 
+use crate::cli::say;
 use crate::config::{BackendChoice, Config, ServeArgs, StartupModel};
 use crate::{serve, telemetry};
 
@@ -24,6 +25,9 @@ pub struct DemoArgs {
     /// TCP address for gRPC.
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// Worker processes to start against the model.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
     /// Stop right after printing the summary (for scripted checks).
     #[arg(long)]
     pub exit_after_ready: bool,
@@ -97,7 +101,7 @@ fn f16_bytes(seed: u64, n: usize) -> Vec<u8> {
 
 /// Writes the demo model into `dir/tiny-demo/` and returns that directory.
 pub fn write_demo_model(dir: &Path) -> io::Result<PathBuf> {
-    let (vocab, dim, layers) = (512u64, 128u64, 2u64);
+    let (vocab, dim, layers) = (4096u64, 512u64, 4u64);
     let model_dir = dir.join(DEMO_MODEL);
     std::fs::create_dir_all(&model_dir)?;
     let mut tensors: Vec<RawTensor> = vec![(
@@ -181,15 +185,14 @@ pub async fn run(
     let address = format!("unix:{}", socket.display());
     match summarize(&address).await {
         Ok(text) => {
-            println!("modelshare demo");
+            say!("modelshare demo");
             if let Some(tcp) = bound.tcp {
-                println!("  grpc (tcp):     http://{tcp}");
+                say!("  grpc (tcp):     http://{tcp}");
             }
-            println!("  grpc (unix):    {address}");
-            println!("  handle socket:  {}", bound.handles.display());
-            println!("  model root:     {}", dir.display());
-            print!("{text}");
-            println!("  try:            modelshare --server {address} describe {DEMO_MODEL}");
+            say!("  grpc (unix):    {address}");
+            say!("  handle socket:  {}", bound.handles.display());
+            say!("  model root:     {}", dir.display());
+            say!("{}", text.trim_end());
         }
         Err(e) => {
             let _ = stop_tx.send(());
@@ -197,8 +200,33 @@ pub async fn run(
             return Err(e);
         }
     }
+    let workers = match start_workers(&address, args.workers).await {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = stop_tx.send(());
+            server.await??;
+            return Err(e);
+        }
+    };
+    say!("  try:            modelshare --server {address} ps");
     if !args.exit_after_ready {
+        say!("  (Ctrl-C stops the workers and the server)");
         shutdown.await;
+    }
+    for mut w in workers {
+        if let Some(pid) = w.id() {
+            // Ask the worker to release and leave; kill it if it does not within a second.
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        if tokio::time::timeout(std::time::Duration::from_secs(1), w.wait())
+            .await
+            .is_err()
+        {
+            let _ = w.kill().await;
+        }
     }
     let _ = stop_tx.send(());
     server.await??;
@@ -233,4 +261,90 @@ async fn summarize(address: &str) -> anyhow::Result<String> {
         stats.arenas
     ));
     Ok(text)
+}
+
+/// `Rss` and `Pss` in bytes of the mapping whose header line contains `needle`, in `pid`.
+fn mapping_memory(pid: u32, needle: &str) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut lines = smaps.lines().skip_while(|l| !l.contains(needle)).skip(1);
+    let mut field = |name: &str| -> Option<u64> {
+        let line = lines.find(|l| l.starts_with(name))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    let rss = field("Rss:")?;
+    let pss = field("Pss:")?;
+    Some((rss, pss))
+}
+
+/// Starts `n` worker processes (`modelshare probe --hold`), prints what each saw, and shows
+/// that the model's memory is held once.
+async fn start_workers(address: &str, n: usize) -> anyhow::Result<Vec<tokio::process::Child>> {
+    use tokio::io::AsyncBufReadExt;
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    let mut reports = Vec::new();
+    for i in 0..n {
+        let mut child = tokio::process::Command::new(&exe)
+            .args([
+                "--server", address, "--output", "json", "probe", DEMO_MODEL, "--hold",
+            ])
+            .args(["--name", &format!("demo-worker-{i}")])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("worker {i} has no stdout"))?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .await?;
+        let report: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("worker {i} did not report ({e}): {line:?}"))?;
+        reports.push(report);
+        children.push(child);
+    }
+    let needle = format!("memfd:modelshare:{DEMO_MODEL}@");
+    say!("  workers:");
+    for r in &reports {
+        let pid = r["pid"].as_u64().unwrap_or(0) as u32;
+        let (rss, pss) = mapping_memory(pid, &needle).unwrap_or((0, 0));
+        say!(
+            "    pid {:>7}: {} v{} {} tensors, {} read, checksums {}, attach {:.2} ms, memfd inode {}, rss {} pss {}",
+            pid,
+            r["model"].as_str().unwrap_or("?"),
+            r["version"],
+            r["tensors"],
+            crate::cli::human_bytes(r["bytes"].as_u64().unwrap_or(0)),
+            if r["verified"] == true {
+                "ok"
+            } else {
+                "MISMATCHED"
+            },
+            r["attach_ms"].as_f64().unwrap_or(0.0),
+            r["mapping"]["inode"],
+            crate::cli::human_bytes(rss),
+            crate::cli::human_bytes(pss),
+        );
+    }
+    let channel = modelshare_worker::connect::channel(address).await?;
+    let stats = AdminServiceClient::new(channel)
+        .get_stats(pb::GetStatsRequest {})
+        .await?
+        .into_inner();
+    let inodes: std::collections::BTreeSet<String> = reports
+        .iter()
+        .map(|r| r["mapping"]["inode"].to_string())
+        .collect();
+    say!(
+        "  held once:      {} workers, {} leases, {} arena(s) of {} on the server, {} distinct memfd(s) mapped",
+        stats.sessions,
+        stats.leases,
+        stats.arenas,
+        crate::cli::human_bytes(stats.arena_bytes),
+        inodes.len()
+    );
+    Ok(children)
 }

@@ -1,6 +1,6 @@
 //! The admin client commands: clients of `AdminService`, printing tables or JSON.
 
-mod output;
+pub(crate) mod output;
 mod probe;
 
 use std::time::Duration;
@@ -10,6 +10,7 @@ use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::admin_service_client::AdminServiceClient;
 use tonic::transport::Channel;
 
+pub(crate) use output::say;
 pub use output::{OutputFormat, human_bytes};
 pub use probe::ProbeArgs;
 

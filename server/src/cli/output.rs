@@ -5,6 +5,30 @@ use comfy_table::{Cell, CellAlignment, Table};
 use modelshare_proto::v1 as pb;
 use serde_json::{Value, json};
 
+/// Writes one line to stdout. When the reader has gone (`modelshare ls | head`), exits quietly
+/// instead of panicking as `println!` would.
+pub fn write_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` through [`write_line`].
+macro_rules! say {
+    ($($arg:tt)*) => { $crate::cli::output::write_line(format_args!($($arg)*)) };
+}
+pub(crate) use say;
+
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -68,7 +92,7 @@ fn right(s: impl ToString) -> Cell {
 }
 
 fn print_json(v: &Value) {
-    println!("{v}");
+    say!("{v}");
 }
 
 /// JSON of a version.
@@ -100,7 +124,7 @@ fn model_json(m: &pb::ModelInfo) -> Value {
 pub fn loaded(name: &str, v: &pb::VersionInfo, out: OutputFormat) {
     match out {
         OutputFormat::Json => print_json(&json!({"model": name, "version": version_json(v)})),
-        OutputFormat::Table => println!(
+        OutputFormat::Table => say!(
             "loaded {name} v{}: {} tensors, {} ({})",
             v.version,
             v.tensor_count,
@@ -126,7 +150,7 @@ pub fn versions(vs: &[pb::VersionInfo], out: OutputFormat) {
                     right(v.leases),
                 ]);
             }
-            println!("{t}");
+            say!("{t}");
         }
     }
 }
@@ -155,9 +179,9 @@ pub fn models(ms: &[pb::ModelInfo], out: OutputFormat) {
                     ]);
                 }
             }
-            println!("{t}");
+            say!("{t}");
             if ms.is_empty() {
-                println!("no models loaded");
+                say!("no models loaded");
             }
         }
     }
@@ -200,7 +224,7 @@ pub fn describe(r: &pb::DescribeModelResponse, out: OutputFormat) {
                 models(std::slice::from_ref(m), OutputFormat::Table);
             }
             if let Some(m) = &r.manifest {
-                println!(
+                say!(
                     "version {}: {} tensors in a {} arena, aligned to {} bytes",
                     m.version,
                     m.tensors.len(),
@@ -218,10 +242,10 @@ pub fn describe(r: &pb::DescribeModelResponse, out: OutputFormat) {
                         Cell::new(format!("{:016x}", x.xxh3)),
                     ]);
                 }
-                println!("{t}");
+                say!("{t}");
                 if !m.files.is_empty() {
                     let names: Vec<&str> = m.files.iter().map(|f| f.name.as_str()).collect();
-                    println!("metadata files: {}", names.join(", "));
+                    say!("metadata files: {}", names.join(", "));
                 }
             }
         }
@@ -278,7 +302,7 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
             }
             t.add_row(vec![Cell::new("sessions"), right(s.sessions)]);
             t.add_row(vec![Cell::new("leases"), right(s.leases)]);
-            println!("{t}");
+            say!("{t}");
         }
     }
 }
@@ -313,9 +337,9 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
                     Cell::new(leases.join(", ")),
                 ]);
             }
-            println!("{t}");
+            say!("{t}");
             if ss.is_empty() {
-                println!("no sessions");
+                say!("no sessions");
             }
         }
     }

@@ -3,12 +3,12 @@
 //! prints session events until SIGTERM/SIGINT (operators use it to check a deployment; the
 //! demo and the tests use it as a real worker process).
 
-use std::io::Write;
 use std::time::Instant;
 
 use serde_json::json;
 
 use super::OutputFormat;
+use super::output::say;
 
 /// Flags of `modelshare probe`.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,9 +80,9 @@ pub async fn run(
         "verify_ms": verify_ms,
     });
     match out {
-        OutputFormat::Json => println!("{report}"),
+        OutputFormat::Json => say!("{report}"),
         OutputFormat::Table => {
-            println!(
+            say!(
                 "pid {}: {} v{}: {} tensors, {} verified {} (attach {attach_ms:.2} ms, verify {verify_ms:.2} ms)",
                 std::process::id(),
                 model.name(),
@@ -96,11 +96,10 @@ pub async fn run(
                 },
             );
             if let Some((perms, inode, path)) = &mapping {
-                println!("  mapping: {path} inode {inode} {perms}");
+                say!("  mapping: {path} inode {inode} {perms}");
             }
         }
     }
-    std::io::stdout().flush()?;
     if !mismatched.is_empty() {
         anyhow::bail!("{} tensors do not match their checksums", mismatched.len());
     }
@@ -111,9 +110,8 @@ pub async fn run(
                 () = &mut shutdown => break,
                 ev = events.recv() => {
                     let Ok(ev) = ev else { continue };
-                    println!("{}", json!({"event": format!("{ev:?}")}));
-                    std::io::stdout().flush()?;
-                }
+                    say!("{}", json!({"event": format!("{ev:?}")}));
+                                }
             }
         }
         model.release().await?;

@@ -281,3 +281,37 @@ async fn missing_socket_is_a_clear_error() {
         );
     }
 }
+
+/// The README's main-job command must start a server, run workers that verify the model, and
+/// show that the model's memory is held once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_workers_on_one_arena() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(crate::common::BIN)
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "3",
+            "--exit-after-ready",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("run demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("loaded:         tiny-demo v1"), "{stdout}");
+    assert_eq!(stdout.matches("checksums ok").count(), 3, "{stdout}");
+    assert!(
+        stdout.contains("3 workers, 3 leases, 1 arena(s)")
+            && stdout.contains("1 distinct memfd(s) mapped"),
+        "{stdout}"
+    );
+    assert!(!dir.path().join("grpc.sock").exists(), "socket left behind");
+}
