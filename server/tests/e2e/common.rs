@@ -305,3 +305,49 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A session opened with the raw generated client (no SDK): heartbeats are up to the test.
+pub struct RawSession {
+    /// The worker client on the same channel.
+    pub worker: modelshare_proto::v1::worker_service_client::WorkerServiceClient<Channel>,
+    /// Sends requests on the stream; dropping it closes the stream.
+    pub tx: tokio::sync::mpsc::Sender<pb::SessionRequest>,
+    /// The server's events.
+    pub events: tonic::Streaming<pb::SessionEvent>,
+    /// The welcome.
+    pub welcome: pb::Welcome,
+}
+
+/// Opens a session with `hello` and waits for the welcome.
+pub async fn raw_session(address: &str, hello: pb::Hello) -> RawSession {
+    let ch = modelshare_worker::connect::channel(address)
+        .await
+        .expect("channel");
+    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::SessionRequest {
+        kind: Some(pb::session_request::Kind::Hello(hello)),
+    })
+    .await
+    .expect("hello");
+    let mut events = worker
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("session")
+        .into_inner();
+    let welcome = match events
+        .message()
+        .await
+        .expect("welcome")
+        .and_then(|e| e.kind)
+    {
+        Some(pb::session_event::Kind::Welcome(w)) => w,
+        other => panic!("expected a welcome, got {other:?}"),
+    };
+    RawSession {
+        worker,
+        tx,
+        events,
+        welcome,
+    }
+}

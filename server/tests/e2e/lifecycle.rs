@@ -111,34 +111,20 @@ async fn a_closed_session_releases_its_leases() {
     let mut admin = server.admin().await;
     common::load(&mut admin, "m", "m").await.expect("load");
     // A raw session: hello, then attach twice, then close the stream without releasing.
-    let ch = modelshare_worker::connect::channel(&server.address)
-        .await
-        .expect("channel");
-    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(pb::SessionRequest {
-        kind: Some(pb::session_request::Kind::Hello(pb::Hello {
+    let common::RawSession {
+        mut worker,
+        tx,
+        events,
+        welcome,
+    } = common::raw_session(
+        &server.address,
+        pb::Hello {
             worker_name: "short".into(),
             pid: 4242,
             labels: [("role".to_string(), "test".to_string())].into(),
-        })),
-    })
-    .await
-    .expect("hello");
-    let mut events = worker
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("session")
-        .into_inner();
-    let welcome = match events
-        .message()
-        .await
-        .expect("welcome")
-        .and_then(|e| e.kind)
-    {
-        Some(pb::session_event::Kind::Welcome(w)) => w,
-        other => panic!("expected a welcome, got {other:?}"),
-    };
+        },
+    )
+    .await;
     for _ in 0..2 {
         worker
             .attach(pb::AttachRequest {
@@ -187,22 +173,7 @@ async fn a_silent_session_times_out() {
     )
     .await;
     let mut admin = server.admin().await;
-    let ch = modelshare_worker::connect::channel(&server.address)
-        .await
-        .expect("channel");
-    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(pb::SessionRequest {
-        kind: Some(pb::session_request::Kind::Hello(pb::Hello::default())),
-    })
-    .await
-    .expect("hello");
-    let mut events = worker
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("session")
-        .into_inner();
-    events.message().await.expect("welcome");
+    let raw = common::raw_session(&server.address, pb::Hello::default()).await;
     assert_eq!(common::stats(&mut admin).await.sessions, 1);
     // Keep the stream open but say nothing.
     common::eventually(Duration::from_secs(3), "silent session ended", || {
@@ -210,7 +181,7 @@ async fn a_silent_session_times_out() {
         async move { common::stats(&mut admin).await.sessions == 0 }
     })
     .await;
-    drop(tx);
+    drop(raw);
 }
 
 /// A lease can only be released by its own session, and only once.
