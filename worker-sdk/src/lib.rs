@@ -2,6 +2,7 @@
 //! them as tensors, without copying them.
 //!
 //! # Layout
+//! - [`client`]: [`Client`], a connection to the server that opens sessions.
 //! - [`connect`]: a gRPC channel to the server, over TCP (`http://host:port`) or a Unix socket
 //!   (`unix:/path/to/socket`).
 //! - [`session`]: [`Session`], a worker's connection: hello, background heartbeats, model
@@ -24,12 +25,14 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod connect;
 pub mod error;
 pub mod model;
 pub mod session;
 pub mod tensor;
 
+pub use client::Client;
 pub use error::WorkerError;
 pub use model::Model;
 pub use session::{Session, SessionEvent, SessionOptions};
