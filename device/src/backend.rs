@@ -2,7 +2,7 @@
 //! exported as an [`ExportedHandle`] for a worker process. The host backend implements it now,
 //! the CUDA backends (legacy IPC, VMM) later, without change to callers.
 
-use crate::error::Result;
+use crate::error::{DeviceError, Result};
 
 /// Which kind of memory a backend hands out, and so which handle a worker gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +64,68 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
 
     /// Reads back `buf.len()` bytes at `offset` (server-side checks and tests).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// A writer for loading: it may stage bytes and queue copies asynchronously (the CUDA
+    /// backend uses pinned buffers and a copy stream). One writer per loading thread; each is
+    /// finished before [`Arena::seal`]. The default writes through [`Arena::write_at`].
+    fn writer(&self) -> Result<Box<dyn ArenaWriter + '_>> {
+        Ok(Box::new(DirectWriter {
+            arena: self,
+            buf: Vec::new(),
+        }))
+    }
+
+    /// Whether a worker may attach before the arena is sealed: true where the backend orders a
+    /// worker's first use after the load on the device itself (a ready event).
+    fn attach_while_loading(&self) -> bool {
+        false
+    }
+
+    /// The load failed or was cancelled: release anything waiting for the arena to be ready.
+    /// Idempotent; the contents are undefined afterwards.
+    fn abandon(&self) {}
+}
+
+/// Streams bytes into an arena during a load.
+pub trait ArenaWriter {
+    /// A buffer of at most `max` bytes (possibly fewer; never empty when `max > 0`). Fill a
+    /// prefix of it, then [`ArenaWriter::submit`] that prefix.
+    fn buffer(&mut self, max: usize) -> Result<&mut [u8]>;
+
+    /// Queues the first `len` bytes of the last buffer for the arena at `offset`.
+    fn submit(&mut self, offset: u64, len: usize) -> Result<()>;
+
+    /// Waits until everything submitted is in the arena.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// The default writer: a plain buffer written through [`Arena::write_at`].
+struct DirectWriter<'a, A: Arena + ?Sized> {
+    arena: &'a A,
+    buf: Vec<u8>,
+}
+
+impl<A: Arena + ?Sized> ArenaWriter for DirectWriter<'_, A> {
+    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
+        if self.buf.len() < max {
+            self.buf.resize(max, 0);
+        }
+        Ok(&mut self.buf[..max])
+    }
+
+    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
+        let bytes = self.buf.get(..len).ok_or(DeviceError::OutOfRange {
+            op: "submit",
+            offset,
+            len: len as u64,
+            arena_len: self.buf.len() as u64,
+        })?;
+        self.arena.write_at(offset, bytes)
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A handle to an arena, to give to a worker process.
@@ -73,6 +135,16 @@ pub enum ExportedHandle {
     /// Host: a new descriptor (a `dup`) of the sealed memfd, to pass with `SCM_RIGHTS`
     /// (see [`crate::handoff`]) and map with [`crate::HostMapping::map`].
     Fd(std::os::fd::OwnedFd),
+    /// CUDA legacy IPC: the memory handle of the arena's allocation and the handle of its
+    /// ready event, for the device named by UUID.
+    CudaIpc {
+        /// `CUipcMemHandle` bytes.
+        mem: [u8; 64],
+        /// `CUipcEventHandle` bytes of the ready event.
+        event: [u8; 64],
+        /// The device, `GPU-<uuid>`.
+        device_uuid: String,
+    },
 }
 
 /// Checks that `len` bytes at `offset` lie within an arena of `arena_len` bytes.

@@ -59,6 +59,31 @@ pub enum DeviceError {
         /// What was wrong with it.
         reason: String,
     },
+    /// A CUDA driver call failed.
+    #[error("{op}: {source}")]
+    Cuda {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// A shared library the backend needs could not be loaded.
+    #[error("cannot load {library}: {hint}")]
+    LibraryMissing {
+        /// The library looked for.
+        library: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// No device matches the selector (ordinal or UUID), or it cannot be used.
+    #[error("no usable CUDA device '{device}': {reason}")]
+    NoSuchDevice {
+        /// The selector.
+        device: String,
+        /// Why.
+        reason: String,
+    },
     /// The backend cannot do this.
     #[error("{what} is not supported by this backend")]
     Unsupported {
@@ -80,7 +105,10 @@ impl DeviceError {
             | DeviceError::BadHandle { .. }
             | DeviceError::HandoffRefused { .. }
             | DeviceError::Protocol { .. }
-            | DeviceError::Unsupported { .. } => false,
+            | DeviceError::Unsupported { .. }
+            | DeviceError::Cuda { .. }
+            | DeviceError::LibraryMissing { .. }
+            | DeviceError::NoSuchDevice { .. } => false,
         }
     }
 

@@ -357,7 +357,9 @@ mod tests {
             let (mut stream, _) = listener.accept().await.unwrap();
             let ticket = read_ticket(&mut stream).await.unwrap();
             assert_eq!(ticket, "t-0123456789abcdef");
-            let ExportedHandle::Fd(fd) = arena.export().unwrap();
+            let ExportedHandle::Fd(fd) = arena.export().unwrap() else {
+                panic!("a host arena exports an fd")
+            };
             send_fd(&stream, fd.as_fd()).await.unwrap();
         });
         let fd = redeem(&path, "t-0123456789abcdef").await.unwrap();
@@ -475,7 +477,9 @@ mod tests {
             }
             let (mut stream, _) = listener.accept().await.unwrap();
             assert_eq!(read_ticket(&mut stream).await.unwrap(), "good");
-            let ExportedHandle::Fd(fd) = arena.export().unwrap();
+            let ExportedHandle::Fd(fd) = arena.export().unwrap() else {
+                panic!("a host arena exports an fd")
+            };
             send_fd(&stream, fd.as_fd()).await.unwrap();
         });
         for bytes in garbage {
@@ -521,7 +525,9 @@ mod tests {
 
     fn some_fd() -> OwnedFd {
         let arena = sealed_arena(b"x");
-        let ExportedHandle::Fd(fd) = arena.export().unwrap();
+        let ExportedHandle::Fd(fd) = arena.export().unwrap() else {
+            panic!("a host arena exports an fd")
+        };
         fd
     }
 

@@ -281,6 +281,7 @@ mod tests {
     fn exported_fd(arena: &dyn Arena) -> OwnedFd {
         match arena.export().unwrap() {
             ExportedHandle::Fd(fd) => fd,
+            other => panic!("a host arena exported {other:?}"),
         }
     }
 

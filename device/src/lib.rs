@@ -12,6 +12,9 @@
 //!   ticket on the server's Unix handle socket; the server [`read_ticket`](handoff::read_ticket)s
 //!   and answers with [`send_fd`](handoff::send_fd) (`SCM_RIGHTS`) or
 //!   [`send_refusal`](handoff::send_refusal).
+//! - [`cuda`]: the CUDA backend (legacy IPC): [`cuda::CudaBackend`] on the server,
+//!   [`cuda::CudaMapping`] in a worker, and the gated ready event that orders a worker's first
+//!   kernels after the load.
 //! - [`peer`]: [`PeerWatch`], a pidfd on a worker process, to notice its exit at once.
 //! - [`error`]: [`DeviceError`], the crate's one error type.
 //! - `sys` (private): the only `unsafe` code, the read-only mapping of a sealed file.
@@ -25,6 +28,7 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod cuda;
 pub mod error;
 pub mod handoff;
 pub mod host;
@@ -32,7 +36,7 @@ pub mod peer;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
 mod sys;
 
-pub use backend::{Arena, Backend, BackendKind, DeviceInfo, ExportedHandle};
+pub use backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo, ExportedHandle};
 pub use error::{DeviceError, Result};
 pub use host::{HostArena, HostBackend, HostMapping};
 pub use peer::PeerWatch;

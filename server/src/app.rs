@@ -100,10 +100,11 @@ impl App {
             done,
         };
         let registry = self.registry.clone();
+        let threads = self.config.load_threads;
         tokio::task::spawn_blocking(move || {
             let _permit: OwnedSemaphorePermit = permit;
             let started = std::time::Instant::now();
-            let reply = match loader::copy_into(&job, &src, &plan) {
+            let reply = match loader::copy_into(&job, &src, &plan, threads) {
                 Ok(manifest) => {
                     registry.finish_load(&job, Ok(manifest));
                     let secs = started.elapsed().as_secs_f64();

@@ -97,6 +97,12 @@ pub struct ServeArgs {
     /// Loads allowed to run at once.
     #[arg(long, env = "MODELSHARE_MAX_CONCURRENT_LOADS")]
     pub max_concurrent_loads: Option<usize>,
+    /// CUDA device: an ordinal (0, 1, ...) or a UUID (GPU-...).
+    #[arg(long, env = "MODELSHARE_DEVICE")]
+    pub device: Option<String>,
+    /// Threads one load reads and copies with (default: the cores, at most 8).
+    #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
+    pub load_threads: Option<usize>,
     /// Largest arena one model version may have, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_MODEL_BYTES")]
     pub max_model_bytes: Option<u64>,
@@ -128,6 +134,8 @@ struct FileConfig {
     handle_socket: Option<PathBuf>,
     model_root: Option<PathBuf>,
     backend: Option<BackendChoice>,
+    device: Option<String>,
+    load_threads: Option<usize>,
     log_format: Option<LogFormat>,
     shutdown_grace_secs: Option<u64>,
     heartbeat_interval_ms: Option<u32>,
@@ -176,6 +184,10 @@ pub struct Config {
     pub model_root: PathBuf,
     /// Backend choice.
     pub backend: BackendChoice,
+    /// CUDA device selector (ordinal or UUID).
+    pub device: String,
+    /// Threads per load.
+    pub load_threads: usize,
     /// Start-up models.
     pub models: Vec<StartupModel>,
     /// Log format.
@@ -259,6 +271,16 @@ impl Config {
             handle_socket,
             model_root,
             backend: args.backend.or(file.backend).unwrap_or_default(),
+            device: args.device.or(file.device).unwrap_or_else(|| "0".into()),
+            load_threads: match args.load_threads.or(file.load_threads) {
+                Some(0) => {
+                    return Err(ConfigError::Invalid(
+                        "load_threads must be at least 1".into(),
+                    ));
+                }
+                Some(n) => n,
+                None => crate::loader::default_threads(),
+            },
             models,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             shutdown_grace: Duration::from_secs(

@@ -1,85 +1,175 @@
 //! Copies validated weights into a version's arena.
 //!
-//! Runs on a blocking thread: reads each tensor's byte range from its (already open, already
-//! validated) shard file in chunks, writes them at the tensor's arena offset, and computes the
-//! tensor's XXH3-64 on the way. Progress goes to the shared [`LoadProgress`]; an unload sets its
-//! `cancel` flag, checked between chunks. The arena is sealed (made immutable) at the end.
+//! Runs on blocking threads: tensors are handed out largest first to `threads` workers; each
+//! has its own [`modelshare_device::ArenaWriter`] (on CUDA: pinned staging buffers and a copy
+//! stream, so file reads overlap device copies) and reads its tensors' byte ranges from the
+//! (already open, already validated) shard files in chunks, hashing them (XXH3-64) on the way.
+//! Progress goes to the shared [`LoadProgress`]; an unload sets its `cancel` flag, checked
+//! between chunks; the first error stops the other threads. The arena is sealed at the end.
 
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use modelshare_device::ArenaWriter;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::ServerError;
 use crate::model::Manifest;
-use crate::registry::{LoadJob, LoadProgress};
+use crate::registry::LoadJob;
 use crate::weights::error::WeightsError;
-use crate::weights::layout::Layout;
+use crate::weights::layout::{Layout, PlannedTensor};
 use crate::weights::source::ModelSource;
 
-/// Bytes read and written per step.
-const CHUNK_BYTES: usize = 8 << 20;
+/// Bytes read and written per step (one staging buffer on CUDA).
+pub const CHUNK_BYTES: usize = 16 << 20;
 
-/// Fills `job`'s arena from `source` as `layout` plans it, seals it, and returns the manifest
-/// with every tensor's checksum.
+/// Threads a load uses by default: the machine's cores, at most 8.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8)
+}
+
+/// Fills `job`'s arena from `source` as `layout` plans it, with up to `threads` threads, seals
+/// it, and returns the manifest with every tensor's checksum.
 pub fn copy_into(
     job: &LoadJob,
     source: &ModelSource,
     layout: &Layout,
+    threads: usize,
 ) -> Result<Manifest, ServerError> {
-    let mut manifest = job.manifest.clone();
-    let largest = layout
-        .tensors
-        .iter()
-        .map(|t| t.byte_length)
-        .max()
-        .unwrap_or(0);
-    let mut buf = vec![
-        0u8;
-        usize::try_from(largest)
-            .unwrap_or(CHUNK_BYTES)
-            .min(CHUNK_BYTES)
-    ];
-    for (planned, meta) in layout.tensors.iter().zip(manifest.tensors.iter_mut()) {
-        let shard = source.shards.get(planned.shard).ok_or_else(|| {
-            ServerError::Internal(format!(
-                "tensor '{}' names shard {} of {}",
-                planned.name,
-                planned.shard,
-                source.shards.len()
-            ))
-        })?;
-        let mut hasher = Xxh3::new();
-        let mut done = 0u64;
-        while done < planned.byte_length {
-            check_cancel(job, &job.progress)?;
-            let step = (planned.byte_length - done).min(buf.len() as u64);
-            // `step` <= buf.len(), so it fits in usize.
-            let chunk = &mut buf[..step as usize];
-            let at = planned.file_offset + done;
-            shard.file.read_exact_at(chunk, at).map_err(|e| {
-                ServerError::Weights(WeightsError::Io {
-                    file: shard.display.clone(),
-                    source: std::io::Error::new(
-                        e.kind(),
-                        format!("reading tensor '{}' at byte {at}: {e}", planned.name),
-                    ),
+    let mut order: Vec<usize> = (0..layout.tensors.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(layout.tensors[*i].byte_length));
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let threads = threads.clamp(1, order.len().max(1));
+
+    let results: Vec<Result<Vec<(usize, u64)>, ServerError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let r = copy_some(job, source, layout, &order, &next, &failed);
+                    if r.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    r
                 })
-            })?;
-            hasher.update(chunk);
-            job.arena.write_at(planned.arena_offset + done, chunk)?;
-            done += step;
-            job.progress.done.fetch_add(step, Ordering::Relaxed);
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(ServerError::Internal("a load thread panicked".into())))
+            })
+            .collect()
+    });
+
+    let mut manifest = job.manifest.clone();
+    let mut first_error = None;
+    for r in results {
+        match r {
+            Ok(sums) => {
+                for (i, sum) in sums {
+                    if let Some(t) = manifest.tensors.get_mut(i) {
+                        t.xxh3 = sum;
+                    }
+                }
+            }
+            // A cancellation seen by one thread makes the others stop too; report the cause.
+            Err(e)
+                if first_error.is_none()
+                    || matches!(first_error, Some(ServerError::LoadCancelled { .. })) =>
+            {
+                first_error = Some(e);
+            }
+            Err(_) => {}
         }
-        meta.xxh3 = hasher.digest();
     }
-    check_cancel(job, &job.progress)?;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    check_cancel(job)?;
     job.arena.seal()?;
     Ok(manifest)
 }
 
-fn check_cancel(job: &LoadJob, progress: &LoadProgress) -> Result<(), ServerError> {
-    if progress.cancel.load(Ordering::SeqCst) {
+/// One thread's share: takes tensors until none are left.
+fn copy_some(
+    job: &LoadJob,
+    source: &ModelSource,
+    layout: &Layout,
+    order: &[usize],
+    next: &AtomicUsize,
+    failed: &AtomicBool,
+) -> Result<Vec<(usize, u64)>, ServerError> {
+    let mut writer = job.arena.writer()?;
+    let mut sums = Vec::new();
+    loop {
+        if failed.load(Ordering::SeqCst) {
+            return Err(ServerError::Internal("another load thread failed".into()));
+        }
+        let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
+            break;
+        };
+        let planned = &layout.tensors[i];
+        sums.push((
+            i,
+            copy_tensor(job, source, planned, writer.as_mut(), failed)?,
+        ));
+    }
+    writer.finish()?;
+    Ok(sums)
+}
+
+fn copy_tensor(
+    job: &LoadJob,
+    source: &ModelSource,
+    planned: &PlannedTensor,
+    writer: &mut dyn ArenaWriter,
+    failed: &AtomicBool,
+) -> Result<u64, ServerError> {
+    let shard = source.shards.get(planned.shard).ok_or_else(|| {
+        ServerError::Internal(format!(
+            "tensor '{}' names shard {} of {}",
+            planned.name,
+            planned.shard,
+            source.shards.len()
+        ))
+    })?;
+    let mut hasher = Xxh3::new();
+    let mut done = 0u64;
+    while done < planned.byte_length {
+        check_cancel(job)?;
+        if failed.load(Ordering::SeqCst) {
+            return Err(ServerError::Internal("another load thread failed".into()));
+        }
+        let want = usize::try_from(planned.byte_length - done)
+            .unwrap_or(CHUNK_BYTES)
+            .min(CHUNK_BYTES);
+        let chunk = writer.buffer(want)?;
+        let step = chunk.len();
+        let at = planned.file_offset + done;
+        shard.file.read_exact_at(chunk, at).map_err(|e| {
+            ServerError::Weights(WeightsError::Io {
+                file: shard.display.clone(),
+                source: std::io::Error::new(
+                    e.kind(),
+                    format!("reading tensor '{}' at byte {at}: {e}", planned.name),
+                ),
+            })
+        })?;
+        hasher.update(chunk);
+        writer.submit(planned.arena_offset + done, step)?;
+        done += step as u64;
+        job.progress.done.fetch_add(step as u64, Ordering::Relaxed);
+    }
+    Ok(hasher.digest())
+}
+
+fn check_cancel(job: &LoadJob) -> Result<(), ServerError> {
+    if job.progress.cancel.load(Ordering::SeqCst) {
         return Err(ServerError::LoadCancelled {
             model: job.model.clone(),
             version: job.version,

@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Generate a small model and serve it, to try modelshare with no model at hand.
     Demo(demo::DemoArgs),
     /// Admin client commands against a running server.
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
     let result: anyhow::Result<()> = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
-                let config = Config::from_args(args)?;
+                let config = Config::from_args(*args)?;
                 telemetry::init(config.log_format);
                 serve::run(config, shutdown_signal()).await?;
                 Ok(())

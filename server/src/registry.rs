@@ -220,6 +220,8 @@ pub struct Attachment {
     pub manifest: Arc<Manifest>,
     /// The arena, for exporting its handle.
     pub arena: Arc<dyn Arena>,
+    /// Whether the version was still loading (attached ahead of its ready event).
+    pub loading: bool,
 }
 
 #[derive(Debug)]
@@ -474,18 +476,38 @@ impl Registry {
                 }
             }
             (VersionState::Loading, Err(reason)) => {
-                v.error = Some(reason);
+                if let Some(arena) = &v.arena {
+                    arena.abandon();
+                }
+                v.error = Some(reason.clone());
+                // Workers that attached during the load hold garbage: end their sessions.
+                revoke_holders(
+                    &mut st,
+                    model,
+                    version,
+                    &format!("the load of version {version} of '{model}' failed: {reason}"),
+                );
                 free_version(&mut st, model, version, VersionState::Failed);
             }
             // Unloaded while loading: free now unless leases hold it (then the last release does).
-            (VersionState::Draining, result) => {
-                match result {
-                    Ok(manifest) => v.manifest = Arc::new(manifest),
-                    Err(reason) => v.error = Some(reason),
-                }
+            (VersionState::Draining, Ok(manifest)) => {
+                v.manifest = Arc::new(manifest);
                 if v.leases == 0 {
                     free_version(&mut st, model, version, VersionState::Freed);
                 }
+            }
+            (VersionState::Draining, Err(reason)) => {
+                if let Some(arena) = &v.arena {
+                    arena.abandon();
+                }
+                v.error = Some(reason.clone());
+                revoke_holders(
+                    &mut st,
+                    model,
+                    version,
+                    &format!("the load of version {version} of '{model}' ended early: {reason}"),
+                );
+                free_version(&mut st, model, version, VersionState::Freed);
             }
             (VersionState::Ready | VersionState::Freed | VersionState::Failed, _) => {}
         }
@@ -738,6 +760,7 @@ impl Registry {
             })?;
         let arena = match (v.state, &v.arena) {
             (VersionState::Ready, Some(arena)) => arena.clone(),
+            (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
             (state, _) => {
                 return Err(ServerError::WrongState {
                     model: model.to_owned(),
@@ -760,10 +783,16 @@ impl Registry {
         if let Some(s) = st.sessions.get_mut(session) {
             s.leases.push(lease_id.clone());
         }
+        let loading = st
+            .models
+            .get(model)
+            .and_then(|m| m.versions.get(&version))
+            .is_some_and(|v| v.state == VersionState::Loading);
         Ok(Attachment {
             lease_id,
             manifest,
             arena,
+            loading,
         })
     }
 

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use modelshare_device::cuda::CudaBackend;
 use modelshare_device::{Backend, HostBackend};
 use modelshare_proto::v1::admin_service_server::AdminServiceServer;
 use modelshare_proto::v1::worker_service_server::WorkerServiceServer;
@@ -68,18 +69,28 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Picks the backend for `choice`.
-pub fn backend(choice: BackendChoice) -> Result<Arc<dyn Backend>, ServeError> {
+/// Picks the backend for `choice`; `device` selects the CUDA device (ordinal or UUID).
+/// `auto` takes CUDA when a driver and a device are found at run time, else host memory.
+pub fn backend(choice: BackendChoice, device: &str) -> Result<Arc<dyn Backend>, ServeError> {
+    let cuda = || {
+        CudaBackend::open(device)
+            .map(|b| Arc::new(b) as Arc<dyn Backend>)
+            .map_err(|e| ServeError::Backend(format!("cuda: {e}")))
+    };
     match choice {
         BackendChoice::Host => Ok(Arc::new(HostBackend::new())),
-        BackendChoice::Auto => {
-            info!("backend auto: the cuda backend is not built yet, using host memory");
-            Ok(Arc::new(HostBackend::new()))
-        }
-        BackendChoice::Cuda => Err(ServeError::Backend(
-            "the cuda backend is not built yet in this version of modelshare; use --backend host"
-                .into(),
-        )),
+        BackendChoice::Cuda => cuda(),
+        BackendChoice::Auto => match modelshare_device::cuda::devices() {
+            Ok(devices) if !devices.is_empty() => cuda(),
+            Ok(_) => {
+                info!("backend auto: the CUDA driver sees no device; using host memory");
+                Ok(Arc::new(HostBackend::new()))
+            }
+            Err(e) => {
+                info!(reason = %e, "backend auto: no CUDA; using host memory");
+                Ok(Arc::new(HostBackend::new()))
+            }
+        },
     }
 }
 
@@ -151,7 +162,7 @@ pub async fn run_notify(
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
-    let backend = backend(config.backend)?;
+    let backend = backend(config.backend, &config.device)?;
     let device = backend.info();
     info!(backend = ?device.backend, device = %device.name, "backend ready");
     let registry = Arc::new(Registry::new(backend, config.registry.clone()));

@@ -34,6 +34,6 @@ pub mod tensor;
 
 pub use client::Client;
 pub use error::WorkerError;
-pub use model::Model;
+pub use model::{ArenaView, Model};
 pub use session::{Session, SessionEvent, SessionOptions};
 pub use tensor::{Element, Tensor};

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use modelshare_device::cuda::{CudaMapping, import::handle_from};
 use modelshare_device::{HostMapping, handoff};
 use modelshare_proto::v1 as pb;
 
@@ -10,13 +11,23 @@ use crate::WorkerError;
 use crate::session::{Link, Session, SessionInner};
 use crate::tensor::Tensor;
 
+/// Where an attached arena is mapped in this process.
+#[derive(Debug, Clone)]
+pub enum ArenaView {
+    /// Shared host memory, mapped read-only.
+    Host(Arc<HostMapping>),
+    /// Device memory of another process, opened through CUDA IPC.
+    Cuda(CudaMapping),
+}
+
 /// What one successful attach gave: the lease, the manifest and the mapped arena.
 #[derive(Debug, Clone)]
 struct Attached {
     lease_id: String,
     manifest: Arc<pb::Manifest>,
-    mapping: Arc<HostMapping>,
+    view: ArenaView,
     index: Arc<HashMap<String, usize>>,
+    loading: bool,
 }
 
 /// The shared part of a [`Model`], also known (weakly) to the session for re-attaching.
@@ -118,7 +129,7 @@ impl Model {
         cur.manifest
             .tensors
             .iter()
-            .map(|t| Tensor::new(t.clone(), cur.mapping.clone()))
+            .map(|t| Tensor::new(t.clone(), cur.view.clone()))
             .collect()
     }
 
@@ -128,7 +139,7 @@ impl Model {
         cur.index
             .get(name)
             .and_then(|i| cur.manifest.tensors.get(*i))
-            .map(|t| Tensor::new(t.clone(), cur.mapping.clone()))
+            .map(|t| Tensor::new(t.clone(), cur.view.clone()))
             .ok_or_else(|| WorkerError::NoSuchTensor {
                 model: self.inner.name.clone(),
                 tensor: name.to_owned(),
@@ -136,12 +147,46 @@ impl Model {
     }
 
     /// Every tensor whose bytes do not hash to the manifest's checksum (empty when all match).
+    /// On the CUDA backend this copies every tensor to the host (after the ready event); a
+    /// model attached while loading has no checksums yet and reports every tensor.
     pub fn verify(&self) -> Vec<String> {
         self.tensors()
             .into_iter()
             .filter(|t| !t.verify())
             .map(|t| t.name().to_owned())
             .collect()
+    }
+
+    /// Where the arena is mapped.
+    pub fn view(&self) -> ArenaView {
+        self.inner.current().view
+    }
+
+    /// The CUDA mapping, on the CUDA backend.
+    pub fn cuda(&self) -> Option<CudaMapping> {
+        match self.inner.current().view {
+            ArenaView::Cuda(m) => Some(m),
+            ArenaView::Host(_) => None,
+        }
+    }
+
+    /// Whether the version was still loading when it was attached (CUDA only): its manifest
+    /// has no checksums, and kernels must wait for the ready event ([`Model::wait_ready`]).
+    pub fn attached_while_loading(&self) -> bool {
+        self.inner.current().loading
+    }
+
+    /// Makes `stream` wait, on the device, until the version is fully loaded (CUDA). A no-op
+    /// on the host backend, where only loaded versions are attached.
+    pub fn wait_ready(&self, stream: &cudarc::driver::CudaStream) -> Result<(), WorkerError> {
+        match self.inner.current().view {
+            ArenaView::Cuda(m) => m.wait_ready(stream).map_err(|source| WorkerError::Device {
+                model: self.inner.name.clone(),
+                version: self.version(),
+                source,
+            }),
+            ArenaView::Host(_) => Ok(()),
+        }
     }
 
     /// Gives the lease back now and waits for the server's answer.
@@ -185,8 +230,9 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
         })?
         .into_inner();
     let lease_id = reply.lease_id.clone();
+    let loading = reply.loading;
     match map_reply(reply).await {
-        Ok((manifest, mapping)) => {
+        Ok((manifest, view)) => {
             let index = manifest
                 .tensors
                 .iter()
@@ -196,8 +242,9 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
             Ok(Attached {
                 lease_id,
                 manifest: Arc::new(manifest),
-                mapping: Arc::new(mapping),
+                view,
                 index: Arc::new(index),
+                loading,
             })
         }
         Err(e) => {
@@ -207,7 +254,7 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
     }
 }
 
-async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, HostMapping), WorkerError> {
+async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, ArenaView), WorkerError> {
     let manifest = reply
         .manifest
         .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
@@ -221,7 +268,21 @@ async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, HostMappi
             let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
                 .await
                 .map_err(device_err)?;
-            HostMapping::map(fd, manifest.arena_bytes).map_err(device_err)?
+            ArenaView::Host(Arc::new(
+                HostMapping::map(fd, manifest.arena_bytes).map_err(device_err)?,
+            ))
+        }
+        Some(pb::attach_response::Handle::CudaIpc(h)) => {
+            let mem = handle_from(&h.mem_handle, "mem_handle").map_err(device_err)?;
+            let event = handle_from(&h.event_handle, "event_handle").map_err(device_err)?;
+            let (uuid, len) = (h.device_uuid.clone(), manifest.arena_bytes);
+            // Opening a handle (and creating a context, the first time) blocks.
+            let mapping =
+                tokio::task::spawn_blocking(move || CudaMapping::open(&mem, &event, &uuid, len))
+                    .await
+                    .map_err(|e| WorkerError::Protocol(format!("cuda import task failed: {e}")))?
+                    .map_err(device_err)?;
+            ArenaView::Cuda(mapping)
         }
         None => {
             return Err(WorkerError::Protocol(

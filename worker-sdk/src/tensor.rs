@@ -1,8 +1,6 @@
 //! Read-only views of tensors inside a mapped arena, as bytes or typed slices.
 
-use std::sync::Arc;
-
-use modelshare_device::HostMapping;
+use crate::model::ArenaView;
 use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
@@ -36,12 +34,12 @@ element! {
 #[derive(Debug, Clone)]
 pub struct Tensor {
     info: pb::TensorInfo,
-    mapping: Arc<HostMapping>,
+    view: ArenaView,
 }
 
 impl Tensor {
-    pub(crate) fn new(info: pb::TensorInfo, mapping: Arc<HostMapping>) -> Self {
-        Self { info, mapping }
+    pub(crate) fn new(info: pb::TensorInfo, view: ArenaView) -> Self {
+        Self { info, view }
     }
 
     /// Name as in the weight file.
@@ -79,10 +77,14 @@ impl Tensor {
         self.info.xxh3
     }
 
-    /// The tensor's bytes, read-only, straight from the shared arena. The attach checked that
-    /// every tensor lies inside the mapping.
+    /// The tensor's bytes, read-only, straight from the shared arena, for arenas in host
+    /// memory; empty for arenas in device memory (use [`Tensor::device_ptr`] or
+    /// [`Tensor::to_host`]). The attach checked that every tensor lies inside the mapping.
     pub fn bytes(&self) -> &[u8] {
-        let all = self.mapping.as_slice();
+        let ArenaView::Host(mapping) = &self.view else {
+            return &[];
+        };
+        let all = mapping.as_slice();
         let start = usize::try_from(self.info.offset).unwrap_or(usize::MAX);
         let len = usize::try_from(self.info.byte_length).unwrap_or(usize::MAX);
         start
@@ -91,7 +93,8 @@ impl Tensor {
             .unwrap_or(&[])
     }
 
-    /// The elements as `&[T]`, without copying. Fails if `T` is not the tensor's dtype.
+    /// The elements as `&[T]`, without copying (host backend). Fails if `T` is not the
+    /// tensor's dtype, or if the tensor is in device memory.
     ///
     /// ```no_run
     /// # fn f(t: &modelshare_worker::Tensor) -> Result<(), modelshare_worker::WorkerError> {
@@ -118,8 +121,49 @@ impl Tensor {
             .map_err(|e| WorkerError::Protocol(format!("tensor '{}': {e}", self.info.name)))
     }
 
-    /// Whether the bytes hash to the checksum in the manifest.
+    /// Whether the tensor lives in device memory.
+    pub fn is_on_device(&self) -> bool {
+        matches!(self.view, ArenaView::Cuda(_))
+    }
+
+    /// The tensor's device address in this process (CUDA backend), valid while the tensor (or
+    /// its model) lives. Enqueue [`crate::Model::wait_ready`] on your stream before the first
+    /// kernel that reads it.
+    pub fn device_ptr(&self) -> Option<u64> {
+        match &self.view {
+            ArenaView::Cuda(m) => Some(m.device_ptr() + self.info.offset),
+            ArenaView::Host(_) => None,
+        }
+    }
+
+    /// A copy of the bytes in host memory (on CUDA: after the ready event).
+    pub fn to_host(&self) -> Result<Vec<u8>, WorkerError> {
+        match &self.view {
+            ArenaView::Host(_) => Ok(self.bytes().to_vec()),
+            ArenaView::Cuda(m) => {
+                let len = usize::try_from(self.info.byte_length).map_err(|_| {
+                    WorkerError::Protocol(format!("tensor '{}' is too large", self.info.name))
+                })?;
+                let mut buf = vec![0u8; len];
+                m.read(self.info.offset, &mut buf)
+                    .map_err(|source| WorkerError::Device {
+                        model: String::new(),
+                        version: 0,
+                        source,
+                    })?;
+                Ok(buf)
+            }
+        }
+    }
+
+    /// Whether the bytes hash to the checksum in the manifest (on CUDA this copies the tensor
+    /// to the host first).
     pub fn verify(&self) -> bool {
-        xxhash_rust::xxh3::xxh3_64(self.bytes()) == self.info.xxh3
+        match &self.view {
+            ArenaView::Host(_) => xxhash_rust::xxh3::xxh3_64(self.bytes()) == self.info.xxh3,
+            ArenaView::Cuda(_) => self
+                .to_host()
+                .is_ok_and(|b| xxhash_rust::xxh3::xxh3_64(&b) == self.info.xxh3),
+        }
     }
 }

@@ -58,8 +58,10 @@ pub async fn run(
     let attach_ms = attach_start.elapsed().as_secs_f64() * 1e3;
     let verify_start = Instant::now();
     let tensors = model.tensors();
-    let bytes: u64 = tensors.iter().map(|t| t.bytes().len() as u64).sum();
-    let mismatched = model.verify();
+    let bytes: u64 = model.manifest().tensors.iter().map(|t| t.byte_length).sum();
+    let loading = model.attached_while_loading();
+    // A model attached mid-load has no checksums yet: nothing to verify against.
+    let mismatched = if loading { Vec::new() } else { model.verify() };
     let verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
     let mapping = arena_mapping(model.name(), model.version());
     let report = json!({
@@ -72,7 +74,10 @@ pub async fn run(
         "tensors": tensors.len(),
         "bytes": bytes,
         "arena_bytes": model.manifest().arena_bytes,
-        "verified": mismatched.is_empty(),
+        "verified": !loading && mismatched.is_empty(),
+        "attached_while_loading": loading,
+        "device_ptr": model.cuda().map(|m| m.device_ptr()),
+        "device_uuid": model.cuda().map(|m| m.device_uuid().to_owned()),
         "mismatched": mismatched,
         "mapping": mapping.as_ref().map(|(perms, inode, path)| json!({"perms": perms, "inode": inode, "path": path})),
         "session_ms": opened_ms,

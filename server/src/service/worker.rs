@@ -177,6 +177,15 @@ impl WorkerService for WorkerApi {
                 let _ = registry.release(&req.session_id, &att.lease_id);
                 return Err(ServerError::Device(e).into());
             }
+            Ok(ExportedHandle::CudaIpc {
+                mem,
+                event,
+                device_uuid,
+            }) => pb::attach_response::Handle::CudaIpc(pb::CudaIpcArenaHandle {
+                mem_handle: mem.to_vec(),
+                event_handle: event.to_vec(),
+                device_uuid,
+            }),
             Ok(other) => {
                 let _ = registry.release(&req.session_id, &att.lease_id);
                 return Err(ServerError::Internal(format!(
@@ -191,6 +200,7 @@ impl WorkerService for WorkerApi {
             manifest: Some(convert::manifest(&att.manifest)),
             device: Some(convert::device(&registry.device())),
             handle: Some(handle),
+            loading: att.loading,
         }))
     }
 

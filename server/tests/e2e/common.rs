@@ -69,10 +69,15 @@ impl Server {
             .append(true)
             .open(self.log_path())
             .expect("log file");
+        // Host memory unless the test picks a backend.
+        let backend: &[&str] = if self.extra.iter().any(|a| a == "--backend") {
+            &[]
+        } else {
+            &["--backend", "host"]
+        };
         let child = Command::new(BIN)
             .arg("serve")
-            .arg("--backend")
-            .arg("host")
+            .args(backend)
             .arg("--unix-socket")
             .arg(&self.socket)
             .arg("--handle-socket")

@@ -365,3 +365,33 @@ async fn config_file_is_honoured() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
 }
+
+/// Without a CUDA driver, `--backend cuda` must fail with an error that names the missing
+/// library, and `--backend auto` must fall back to host memory. (On a machine with a GPU the
+/// GPU check covers the CUDA side; there this test has nothing to check.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_without_a_driver_is_a_clear_error_and_auto_falls_back() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--backend", "cuda", "--unix-socket"])
+        .arg(dir.path().join("g.sock"))
+        .arg("--handle-socket")
+        .arg(dir.path().join("h.sock"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("libcuda.so") && err.contains("LD_LIBRARY_PATH"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let server = Server::start_with(&["--backend", "auto"], |root| write_small(root, "m", 1)).await;
+    let mut admin = server.admin().await;
+    let device = common::stats(&mut admin).await.device.expect("device");
+    assert_eq!(device.backend, pb::BackendKind::Host as i32);
+}

@@ -1,0 +1,394 @@
+//! The CUDA backend (legacy IPC): one `cuMemAlloc` arena per version, shared with workers by
+//! `CUipcMemHandle`, and an inter-process **ready event** that orders a worker's first use of
+//! the arena after the load on the device, with no host round trip.
+//!
+//! # The ready event
+//! A worker may attach while a version is still loading. The arena's ready event is recorded
+//! *when the arena is created*, on a gate stream, behind a host function that blocks until the
+//! load is complete ([`sys::Gate`]). A worker's `cuStreamWaitEvent` therefore always refers to a
+//! record that has been issued and that completes only after the last copy: its kernels wait on
+//! the device. (Waiting on an event that was never recorded would not wait at all.) A failed
+//! load opens the gate too ([`crate::Arena::abandon`]); the server then ends the sessions that
+//! held the version.
+//!
+//! # Layout
+//! - `sys`: the `unsafe` driver calls, wrapped.
+//! - [`CudaBackend`] / `CudaArena` / `CudaWriter`: the server side (allocation, pinned staging
+//!   buffers and asynchronous copies, export).
+//! - [`import`]: the worker side ([`CudaMapping`]): the device found by UUID, the handle opened
+//!   once per process (reference-counted), the ready event.
+
+pub mod import;
+#[allow(unsafe_code)] // The CUDA backend's `unsafe` driver calls; see its docs.
+pub(crate) mod sys;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+pub use import::CudaMapping;
+
+use crate::backend::{
+    Arena, ArenaWriter, Backend, BackendKind, DeviceInfo, ExportedHandle, check_range,
+};
+use crate::error::{DeviceError, Result};
+
+/// Bytes of one pinned staging buffer.
+pub const STAGING_BYTES: usize = 16 << 20;
+/// Staging buffers per writer (copies in flight per loading thread).
+pub const STAGING_SLOTS: usize = 4;
+
+/// Checks that the driver library is there, then initialises it.
+pub fn init_driver() -> Result<()> {
+    if !sys::driver_present() {
+        return Err(DeviceError::LibraryMissing {
+            library: "libcuda.so (the CUDA driver)".into(),
+            hint: "install the NVIDIA driver, or add its directory (e.g. /usr/local/nvidia/lib64) to LD_LIBRARY_PATH".into(),
+        });
+    }
+    sys::init()
+}
+
+/// Every CUDA device, as (ordinal, UUID, name, total bytes). Fails if the driver is missing.
+pub fn devices() -> Result<Vec<(usize, String, String, u64)>> {
+    init_driver()?;
+    let mut out = Vec::new();
+    for ordinal in 0..sys::device_count()? {
+        let ctx = context(ordinal)?;
+        let name = ctx.name().map_err(|e| DeviceError::Cuda {
+            op: "cuDeviceGetName",
+            source: e,
+        })?;
+        let total = ctx.total_mem().map_err(|e| DeviceError::Cuda {
+            op: "cuDeviceTotalMem",
+            source: e,
+        })?;
+        out.push((ordinal, sys::device_uuid(ordinal)?, name, total as u64));
+    }
+    Ok(out)
+}
+
+/// The ordinal of the device with `uuid` (`GPU-…`), as this process numbers devices (which
+/// depends on its `CUDA_VISIBLE_DEVICES`).
+pub fn ordinal_of(uuid: &str) -> Result<usize> {
+    init_driver()?;
+    for ordinal in 0..sys::device_count()? {
+        if sys::device_uuid(ordinal)?.eq_ignore_ascii_case(uuid) {
+            return Ok(ordinal);
+        }
+    }
+    Err(DeviceError::NoSuchDevice {
+        device: uuid.to_owned(),
+        reason: "no visible device has this UUID (check CUDA_VISIBLE_DEVICES)".into(),
+    })
+}
+
+/// The primary context of `ordinal`, shared by everything in this process.
+pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    static CONTEXTS: Mutex<Vec<(usize, Arc<CudaContext>)>> = Mutex::new(Vec::new());
+    let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, c)) = all.iter().find(|(o, _)| *o == ordinal) {
+        return Ok(c.clone());
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| DeviceError::NoSuchDevice {
+        device: ordinal.to_string(),
+        reason: format!("cannot create its context: {e}"),
+    })?;
+    all.push((ordinal, ctx.clone()));
+    Ok(ctx)
+}
+
+fn cuda(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
+    move |e| DeviceError::Cuda { op, source: e }
+}
+
+/// The CUDA backend on one device.
+#[derive(Debug)]
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    info: DeviceInfo,
+    staging: Arc<Mutex<Vec<sys::Pinned>>>,
+}
+
+impl CudaBackend {
+    /// Opens the device named by `selector`: an ordinal (`"0"`), or a UUID (`"GPU-…"`).
+    pub fn open(selector: &str) -> Result<Self> {
+        init_driver()?;
+        let ordinal = if selector.to_ascii_uppercase().starts_with("GPU-") {
+            ordinal_of(selector)?
+        } else {
+            let n: usize = selector.parse().map_err(|_| DeviceError::NoSuchDevice {
+                device: selector.to_owned(),
+                reason: "expected an ordinal (0, 1, ...) or a UUID (GPU-...)".into(),
+            })?;
+            let count = sys::device_count()?;
+            if n >= count {
+                return Err(DeviceError::NoSuchDevice {
+                    device: selector.to_owned(),
+                    reason: format!("{count} device(s) visible"),
+                });
+            }
+            n
+        };
+        let ctx = context(ordinal)?;
+        let info = DeviceInfo {
+            backend: BackendKind::CudaIpc,
+            uuid: sys::device_uuid(ordinal)?,
+            name: ctx.name().map_err(cuda("cuDeviceGetName"))?,
+            total_bytes: ctx.total_mem().map_err(cuda("cuDeviceTotalMem"))? as u64,
+        };
+        Ok(Self {
+            ctx,
+            info,
+            staging: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    fn allocate(&self, len: u64, _label: &str) -> Result<Box<dyn Arena>> {
+        Ok(Box::new(CudaArena::new(
+            self.ctx.clone(),
+            len,
+            self.staging.clone(),
+        )?))
+    }
+
+    fn used_bytes(&self) -> Option<u64> {
+        self.ctx.bind_to_thread().ok()?;
+        let (free, total) = self.ctx.mem_get_info().ok()?;
+        Some((total - free) as u64)
+    }
+}
+
+/// One arena in device memory, with its gated ready event.
+#[derive(Debug)]
+pub struct CudaArena {
+    ctx: Arc<CudaContext>,
+    mem: sys::DeviceMemory,
+    len: u64,
+    ready: sys::Event,
+    gate: Arc<sys::Gate>,
+    gate_stream: Arc<CudaStream>,
+    sealed: AtomicBool,
+    staging: Arc<Mutex<Vec<sys::Pinned>>>,
+}
+
+impl CudaArena {
+    fn new(ctx: Arc<CudaContext>, len: u64, staging: Arc<Mutex<Vec<sys::Pinned>>>) -> Result<Self> {
+        let mem = sys::DeviceMemory::alloc(&ctx, len)?;
+        let ready = sys::Event::interprocess(&ctx)?;
+        let gate = Arc::new(sys::Gate::default());
+        let gate_stream = ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        sys::enqueue_gate(&gate_stream, &gate)?;
+        if let Err(e) = ready.record(&gate_stream) {
+            gate.open();
+            return Err(e);
+        }
+        Ok(Self {
+            ctx,
+            mem,
+            len,
+            ready,
+            gate,
+            gate_stream,
+            sealed: AtomicBool::new(false),
+            staging,
+        })
+    }
+}
+
+impl CudaArena {
+    /// The arena's device address in the server process (kernels the server runs on it).
+    pub fn device_ptr(&self) -> u64 {
+        self.mem.ptr()
+    }
+
+    /// The arena's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Arena for CudaArena {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+        check_range("write", offset, bytes.len(), self.len)?;
+        if self.sealed.load(Ordering::SeqCst) {
+            return Err(DeviceError::Sealed);
+        }
+        self.mem.write(offset, bytes)
+    }
+
+    fn seal(&self) -> Result<()> {
+        if !self.sealed.swap(true, Ordering::SeqCst) {
+            self.gate.open();
+        }
+        Ok(())
+    }
+
+    fn export(&self) -> Result<ExportedHandle> {
+        Ok(ExportedHandle::CudaIpc {
+            mem: self.mem.ipc_handle()?,
+            event: self.ready.ipc_handle()?,
+            device_uuid: sys::device_uuid(self.ctx.ordinal())?,
+        })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range("read", offset, buf.len(), self.len)?;
+        self.mem.read(offset, buf)
+    }
+
+    fn writer(&self) -> Result<Box<dyn ArenaWriter + '_>> {
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        Ok(Box::new(CudaWriter {
+            arena: self,
+            stream,
+            slots: Vec::new(),
+            next: 0,
+            current: None,
+        }))
+    }
+
+    fn attach_while_loading(&self) -> bool {
+        true
+    }
+
+    fn abandon(&self) {
+        self.gate.open();
+    }
+}
+
+impl Drop for CudaArena {
+    fn drop(&mut self) {
+        // Never leave the gate stream blocked: open the gate, let the stream drain, then the
+        // event and the memory go (fields drop after this).
+        self.gate.open();
+        if self.ctx.bind_to_thread().is_ok()
+            && let Err(e) = self.gate_stream.synchronize()
+        {
+            tracing::warn!(error = %e, "gate stream did not drain");
+        }
+    }
+}
+
+/// A staging buffer and the event that says its last copy is done.
+#[derive(Debug)]
+struct Slot {
+    buf: sys::Pinned,
+    done: sys::Event,
+    in_flight: bool,
+}
+
+/// Loads through pinned staging buffers: a read fills one buffer while earlier buffers are
+/// being copied to the device on this writer's stream.
+#[derive(Debug)]
+struct CudaWriter<'a> {
+    arena: &'a CudaArena,
+    stream: Arc<CudaStream>,
+    slots: Vec<Slot>,
+    next: usize,
+    current: Option<usize>,
+}
+
+impl CudaWriter<'_> {
+    fn slot(&mut self) -> Result<usize> {
+        if self.slots.len() < STAGING_SLOTS {
+            let pooled = self
+                .arena
+                .staging
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop();
+            let buf = match pooled {
+                Some(b) => b,
+                None => sys::Pinned::new(&self.arena.ctx, STAGING_BYTES)?,
+            };
+            let done = match sys::Event::plain(&self.arena.ctx) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    self.arena
+                        .staging
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(buf);
+                    return Err(e);
+                }
+            };
+            self.slots.push(Slot {
+                buf,
+                done,
+                in_flight: false,
+            });
+            return Ok(self.slots.len() - 1);
+        }
+        let i = self.next % STAGING_SLOTS;
+        self.next += 1;
+        let slot = &mut self.slots[i];
+        if slot.in_flight {
+            slot.done.synchronize()?;
+            slot.in_flight = false;
+        }
+        Ok(i)
+    }
+}
+
+impl ArenaWriter for CudaWriter<'_> {
+    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
+        let i = self.slot()?;
+        self.current = Some(i);
+        let buf = self.slots[i].buf.as_mut_slice();
+        let n = max.min(buf.len());
+        Ok(&mut buf[..n])
+    }
+
+    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
+        let i = self.current.take().ok_or(DeviceError::Protocol {
+            reason: "submit without a buffer".into(),
+        })?;
+        if self.arena.sealed.load(Ordering::SeqCst) {
+            return Err(DeviceError::Sealed);
+        }
+        let slot = &mut self.slots[i];
+        self.arena
+            .mem
+            .write_async(offset, &slot.buf, len, &self.stream)?;
+        slot.done.record(&self.stream)?;
+        slot.in_flight = true;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        // The buffers go back to the pool when `self` drops.
+        self.stream
+            .synchronize()
+            .map_err(cuda("cuStreamSynchronize"))
+    }
+}
+
+impl Drop for CudaWriter<'_> {
+    fn drop(&mut self) {
+        if self.arena.ctx.bind_to_thread().is_ok() {
+            let _ = self.stream.synchronize();
+        }
+        let mut pool = self.arena.staging.lock().unwrap_or_else(|e| e.into_inner());
+        for slot in self.slots.drain(..) {
+            pool.push(slot.buf);
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The `unsafe` core of the CUDA backend: thin `Result`-returning wrappers over the driver
+//! calls cudarc leaves raw (IPC memory and event handles, host-function gates, pinned memory,
+//! copies on raw pointers). Everything above this module is safe code.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex};
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUevent};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
+
+use crate::error::{DeviceError, Result};
+
+/// Size of a legacy IPC handle (memory or event).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+fn driver(op: &'static str) -> impl Fn(DriverError) -> DeviceError {
+    move |e| DeviceError::Cuda { op, source: e }
+}
+
+/// Whether the CUDA driver library (`libcuda.so`) can be loaded. Must be checked before any
+/// other call here: cudarc panics when the library is missing.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library with dlopen; no symbol is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// `cuInit`.
+pub fn init() -> Result<()> {
+    result::init().map_err(driver("cuInit"))
+}
+
+/// Number of devices.
+pub fn device_count() -> Result<usize> {
+    let n = result::device::get_count().map_err(driver("cuDeviceGetCount"))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// The device's UUID in nvidia-smi's form: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn device_uuid(ordinal: usize) -> Result<String> {
+    let ord = i32::try_from(ordinal).map_err(|_| DeviceError::NoSuchDevice {
+        device: ordinal.to_string(),
+        reason: "ordinal out of range".into(),
+    })?;
+    let dev = result::device::get(ord).map_err(driver("cuDeviceGet"))?;
+    let uuid = result::device::get_uuid(dev).map_err(driver("cuDeviceGetUuid"))?;
+    let b: Vec<u8> = uuid.bytes.iter().map(|c| *c as u8).collect();
+    let hex = |r: std::ops::Range<usize>| -> String {
+        b.get(r)
+            .unwrap_or(&[])
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect()
+    };
+    Ok(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    ))
+}
+
+fn check(op: &'static str, offset: u64, len: usize, total: u64) -> Result<()> {
+    crate::backend::check_range(op, offset, len, total)
+}
+
+fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
+}
+
+/// A device allocation (`cuMemAlloc`), freed on drop. Every access is range-checked.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    ctx: Arc<CudaContext>,
+    ptr: CUdeviceptr,
+    len: u64,
+}
+
+// SAFETY: a device pointer is a plain number valid in any thread that binds the context (every
+// method does); the driver serialises access to the allocation.
+unsafe impl Send for DeviceMemory {}
+// SAFETY: as above; no method mutates `self`.
+unsafe impl Sync for DeviceMemory {}
+
+impl DeviceMemory {
+    /// Allocates `len` bytes (at least 256: an IPC handle needs a real allocation).
+    pub fn alloc(ctx: &Arc<CudaContext>, len: u64) -> Result<Self> {
+        let bytes = usize::try_from(len).map_err(|_| DeviceError::AllocationFailed {
+            bytes: len,
+            reason: "larger than the address space".into(),
+        })?;
+        bind(ctx)?;
+        // SAFETY: allocates fresh memory in the bound context; no aliasing.
+        let ptr = unsafe { result::malloc_sync(bytes.max(256)) }.map_err(|e| {
+            if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+                DeviceError::AllocationFailed {
+                    bytes: len,
+                    reason: "out of device memory".into(),
+                }
+            } else {
+                DeviceError::Cuda {
+                    op: "cuMemAlloc",
+                    source: e,
+                }
+            }
+        })?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+        })
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Synchronous copy of `src` to `offset`.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        check("write", offset, src.len(), self.len)?;
+        bind(&self.ctx)?;
+        // SAFETY: the destination range lies inside this allocation (checked above).
+        unsafe { result::memcpy_htod_sync(self.ptr + offset, src) }.map_err(driver("cuMemcpyHtoD"))
+    }
+
+    /// Asynchronous copy of the first `len` bytes of `src` to `offset` on `stream`. The caller
+    /// must not touch `src` until work recorded after this on `stream` has completed (the
+    /// writer keeps an event per buffer for that).
+    pub fn write_async(
+        &self,
+        offset: u64,
+        src: &Pinned,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        check("write", offset, len, self.len)?;
+        if len > src.len {
+            return Err(DeviceError::OutOfRange {
+                op: "stage",
+                offset: 0,
+                len: len as u64,
+                arena_len: src.len as u64,
+            });
+        }
+        bind(&self.ctx)?;
+        // SAFETY: both ranges are checked; `src` is pinned memory that outlives the copy (its
+        // owner waits for the copy's event before reusing or freeing it).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.ptr + offset,
+                src.ptr.cast::<c_void>(),
+                len,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(driver("cuMemcpyHtoDAsync"))
+    }
+
+    /// Synchronous copy from `offset` into `dst`.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        check("read", offset, dst.len(), self.len)?;
+        bind(&self.ctx)?;
+        // SAFETY: the source range lies inside this allocation (checked above).
+        unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset) }.map_err(driver("cuMemcpyDtoH"))
+    }
+
+    /// The allocation's IPC handle.
+    pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
+        bind(&self.ctx)?;
+        let mut handle = sys::CUipcMemHandle {
+            reserved: [0; IPC_HANDLE_BYTES],
+        };
+        // SAFETY: `handle` is a valid out-parameter; `ptr` is this live allocation.
+        unsafe { sys::cuIpcGetMemHandle(&mut handle, self.ptr) }
+            .result()
+            .map_err(driver("cuIpcGetMemHandle"))?;
+        Ok(handle.reserved.map(|c| c as u8))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if let Err(e) = bind(&self.ctx) {
+            tracing::warn!(error = %e, "cannot bind the context to free device memory; leaking it");
+            return;
+        }
+        // SAFETY: the allocation is ours and nothing in this process uses it after drop.
+        if let Err(e) = unsafe { result::free_sync(self.ptr) } {
+            tracing::warn!(error = %e, "cuMemFree failed");
+        }
+    }
+}
+
+/// Another process's allocation, opened with `cuIpcOpenMemHandle`; closed on drop.
+#[derive(Debug)]
+pub struct IpcMemory {
+    ctx: Arc<CudaContext>,
+    ptr: CUdeviceptr,
+}
+
+// SAFETY: as for `DeviceMemory`: a device address, used with the context bound.
+unsafe impl Send for IpcMemory {}
+// SAFETY: as above; no method mutates `self`.
+unsafe impl Sync for IpcMemory {}
+
+impl IpcMemory {
+    /// Opens `handle` in `ctx`.
+    pub fn open(ctx: &Arc<CudaContext>, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Self> {
+        bind(ctx)?;
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-parameter; the driver validates the handle and fails on
+        // one that names nothing.
+        unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                h,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        }
+        .result()
+        .map_err(driver("cuIpcOpenMemHandle"))?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+        })
+    }
+
+    /// The address in this process.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Synchronous copy from `offset` into `dst`; `total` is the arena's length.
+    pub fn read(&self, offset: u64, dst: &mut [u8], total: u64) -> Result<()> {
+        check("read", offset, dst.len(), total)?;
+        bind(&self.ctx)?;
+        // SAFETY: the range lies inside the opened allocation of `total` bytes.
+        unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset) }.map_err(driver("cuMemcpyDtoH"))
+    }
+}
+
+impl Drop for IpcMemory {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_err() {
+            return;
+        }
+        // SAFETY: opened by `open`, closed once here; nothing uses it afterwards.
+        if let Err(e) = unsafe { sys::cuIpcCloseMemHandle(self.ptr) }.result() {
+            tracing::warn!(error = %e, "cuIpcCloseMemHandle failed");
+        }
+    }
+}
+
+/// A CUDA event, destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    ctx: Arc<CudaContext>,
+    ev: CUevent,
+}
+
+// SAFETY: an event handle is usable from any thread that binds its context (every method does).
+unsafe impl Send for Event {}
+// SAFETY: as above; the driver synchronises event operations.
+unsafe impl Sync for Event {}
+
+impl Event {
+    fn create(ctx: &Arc<CudaContext>, flags: u32) -> Result<Self> {
+        bind(ctx)?;
+        let mut ev: CUevent = std::ptr::null_mut();
+        // SAFETY: `ev` is a valid out-parameter.
+        unsafe { sys::cuEventCreate(&mut ev, flags) }
+            .result()
+            .map_err(driver("cuEventCreate"))?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ev,
+        })
+    }
+
+    /// A timing-disabled event, for ordering within this process.
+    pub fn plain(ctx: &Arc<CudaContext>) -> Result<Self> {
+        Self::create(ctx, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+    }
+
+    /// An inter-process, timing-disabled event.
+    pub fn interprocess(ctx: &Arc<CudaContext>) -> Result<Self> {
+        Self::create(
+            ctx,
+            sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
+                | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    }
+
+    /// Opens another process's event handle.
+    pub fn open_ipc(ctx: &Arc<CudaContext>, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Self> {
+        bind(ctx)?;
+        let h = sys::CUipcEventHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ev: CUevent = std::ptr::null_mut();
+        // SAFETY: `ev` is a valid out-parameter; the driver validates the handle.
+        unsafe { sys::cuIpcOpenEventHandle(&mut ev, h) }
+            .result()
+            .map_err(driver("cuIpcOpenEventHandle"))?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ev,
+        })
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: &CudaStream) -> Result<()> {
+        bind(&self.ctx)?;
+        // SAFETY: both handles are live (owned by `self` and `stream`).
+        unsafe { result::event::record(self.ev, stream.cu_stream()) }
+            .map_err(driver("cuEventRecord"))
+    }
+
+    /// Waits on the host for the last record.
+    pub fn synchronize(&self) -> Result<()> {
+        bind(&self.ctx)?;
+        // SAFETY: the event is live.
+        unsafe { result::event::synchronize(self.ev) }.map_err(driver("cuEventSynchronize"))
+    }
+
+    /// Whether the last record has completed.
+    pub fn is_done(&self) -> Result<bool> {
+        bind(&self.ctx)?;
+        // SAFETY: the event is live.
+        match unsafe { result::event::query(self.ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(DeviceError::Cuda {
+                op: "cuEventQuery",
+                source: e,
+            }),
+        }
+    }
+
+    /// Makes `stream` wait, on the device, for the last record.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<()> {
+        bind(&self.ctx)?;
+        // SAFETY: both handles are live.
+        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.ev, 0) }
+            .result()
+            .map_err(driver("cuStreamWaitEvent"))
+    }
+
+    /// The IPC handle (the event must be inter-process).
+    pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
+        bind(&self.ctx)?;
+        let mut handle = sys::CUipcEventHandle {
+            reserved: [0; IPC_HANDLE_BYTES],
+        };
+        // SAFETY: `handle` is a valid out-parameter; the event is live.
+        unsafe { sys::cuIpcGetEventHandle(&mut handle, self.ev) }
+            .result()
+            .map_err(driver("cuIpcGetEventHandle"))?;
+        Ok(handle.reserved.map(|c| c as u8))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_err() {
+            return;
+        }
+        // SAFETY: the event is ours and used by nothing after drop.
+        if let Err(e) = unsafe { result::event::destroy(self.ev) } {
+            tracing::warn!(error = %e, "cuEventDestroy failed");
+        }
+    }
+}
+
+/// A host-side latch a stream can be made to wait on (through a host function), opened once.
+#[derive(Debug, Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    /// Opens the gate; the waiting stream proceeds. Idempotent.
+    pub fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = self.cv.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+unsafe extern "C" fn gate_wait(user: *mut c_void) {
+    // SAFETY: `user` is the pointer `enqueue_gate` made with `Arc::into_raw`, handed to us once.
+    let gate = unsafe { Arc::from_raw(user.cast::<Gate>().cast_const()) };
+    gate.wait();
+}
+
+/// Enqueues on `stream` a host function that blocks until `gate` is opened: work queued after
+/// it (an event record) completes only then. The gate must be opened eventually, or the stream
+/// never drains (the arena opens it on seal, abandon and drop).
+pub fn enqueue_gate(stream: &CudaStream, gate: &Arc<Gate>) -> Result<()> {
+    let raw = Arc::into_raw(gate.clone()).cast_mut().cast::<c_void>();
+    // SAFETY: the stream is live; the callback takes back the `Arc` it is given exactly once.
+    let r = unsafe { result::stream::launch_host_function(stream.cu_stream(), gate_wait, raw) };
+    if r.is_err() {
+        // SAFETY: the driver refused the call, so the callback will never run: reclaim the Arc.
+        drop(unsafe { Arc::from_raw(raw.cast::<Gate>().cast_const()) });
+    }
+    r.map_err(driver("cuLaunchHostFunc"))
+}
+
+/// Page-locked host memory, for asynchronous copies.
+#[derive(Debug)]
+pub struct Pinned {
+    ctx: Arc<CudaContext>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; access goes through `&`/`&mut self`.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    /// Allocates `len` bytes of pinned memory for `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        bind(ctx)?;
+        // SAFETY: fresh allocation; flags 0 = plain page-locked memory.
+        let ptr = unsafe { result::malloc_host(len.max(1), 0) }.map_err(|e| {
+            DeviceError::AllocationFailed {
+                bytes: len as u64,
+                reason: format!("pinned host memory: {e}"),
+            }
+        })?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr: ptr.cast::<u8>(),
+            len,
+        })
+    }
+
+    /// The buffer.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes owned by `self`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_err() {
+            return;
+        }
+        // SAFETY: `ptr` came from `malloc_host` and is freed once, here.
+        if let Err(e) = unsafe { result::free_host(self.ptr.cast::<c_void>()) } {
+            tracing::warn!(error = %e, "cuMemFreeHost failed");
+        }
+    }
+}
