@@ -81,6 +81,12 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Checksums of byte ranges `(offset, len)` computed where the bytes live, if the backend
+    /// computes any (CUDA: ms64 on the device). Called after every writer has finished.
+    fn device_checksums(&self, _ranges: &[(u64, u64)]) -> Result<Option<Vec<u64>>> {
+        Ok(None)
+    }
+
     /// The load failed or was cancelled: release anything waiting for the arena to be ready.
     /// Idempotent; the contents are undefined afterwards.
     fn abandon(&self) {}

@@ -84,6 +84,9 @@ pub enum DeviceError {
         /// Why.
         reason: String,
     },
+    /// A device kernel (checksum) failed.
+    #[error("kernel: {0}")]
+    Kernel(String),
     /// The backend cannot do this.
     #[error("{what} is not supported by this backend")]
     Unsupported {
@@ -108,7 +111,8 @@ impl DeviceError {
             | DeviceError::Unsupported { .. }
             | DeviceError::Cuda { .. }
             | DeviceError::LibraryMissing { .. }
-            | DeviceError::NoSuchDevice { .. } => false,
+            | DeviceError::NoSuchDevice { .. }
+            | DeviceError::Kernel(_) => false,
         }
     }
 

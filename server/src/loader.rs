@@ -91,6 +91,16 @@ pub fn copy_into(
         return Err(e);
     }
     check_cancel(job)?;
+    let ranges: Vec<(u64, u64)> = manifest
+        .tensors
+        .iter()
+        .map(|t| (t.offset, t.byte_length))
+        .collect();
+    if let Some(sums) = job.arena.device_checksums(&ranges)? {
+        for (t, sum) in manifest.tensors.iter_mut().zip(sums) {
+            t.ms64 = sum;
+        }
+    }
     job.arena.seal()?;
     Ok(manifest)
 }

@@ -103,6 +103,8 @@ pub struct TensorMeta {
     pub byte_length: u64,
     /// XXH3-64 of the bytes (filled in by the loader).
     pub xxh3: u64,
+    /// ms64 computed on the device after a CUDA load (0 otherwise).
+    pub ms64: u64,
 }
 
 /// What a worker needs to interpret an arena.

@@ -350,6 +350,7 @@ impl Registry {
                     offset: t.arena_offset,
                     byte_length: t.byte_length,
                     xxh3: 0,
+                    ms64: 0,
                 })
                 .collect(),
             header_metadata: source.header_metadata.clone(),

@@ -67,9 +67,20 @@ impl Tensor {
         self.len() == 0
     }
 
+    /// Length in bytes.
+    pub fn byte_length(&self) -> u64 {
+        self.info.byte_length
+    }
+
     /// Offset inside the arena.
     pub fn offset(&self) -> u64 {
         self.info.offset
+    }
+
+    /// ms64 the server computed on the device after a CUDA load (0 on the host backend, and
+    /// for a model attached while loading). See `modelshare_kernels::checksum`.
+    pub fn expected_ms64(&self) -> u64 {
+        self.info.ms64
     }
 
     /// XXH3-64 the server computed while loading.

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaStream};
+use modelshare_kernels::KernelCache;
 
 pub use import::CudaMapping;
 
@@ -109,6 +110,7 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     info: DeviceInfo,
     staging: Arc<Mutex<Vec<sys::Pinned>>>,
+    kernels: Arc<KernelCache>,
 }
 
 impl CudaBackend {
@@ -142,6 +144,7 @@ impl CudaBackend {
             ctx,
             info,
             staging: Arc::new(Mutex::new(Vec::new())),
+            kernels: Arc::new(KernelCache::new()),
         })
     }
 
@@ -161,6 +164,7 @@ impl Backend for CudaBackend {
             self.ctx.clone(),
             len,
             self.staging.clone(),
+            self.kernels.clone(),
         )?))
     }
 
@@ -182,10 +186,16 @@ pub struct CudaArena {
     gate_stream: Arc<CudaStream>,
     sealed: AtomicBool,
     staging: Arc<Mutex<Vec<sys::Pinned>>>,
+    kernels: Arc<KernelCache>,
 }
 
 impl CudaArena {
-    fn new(ctx: Arc<CudaContext>, len: u64, staging: Arc<Mutex<Vec<sys::Pinned>>>) -> Result<Self> {
+    fn new(
+        ctx: Arc<CudaContext>,
+        len: u64,
+        staging: Arc<Mutex<Vec<sys::Pinned>>>,
+        kernels: Arc<KernelCache>,
+    ) -> Result<Self> {
         let mem = sys::DeviceMemory::alloc(&ctx, len)?;
         let ready = sys::Event::interprocess(&ctx)?;
         let gate = Arc::new(sys::Gate::default());
@@ -204,6 +214,7 @@ impl CudaArena {
             gate_stream,
             sealed: AtomicBool::new(false),
             staging,
+            kernels,
         })
     }
 }
@@ -267,6 +278,23 @@ impl Arena for CudaArena {
 
     fn attach_while_loading(&self) -> bool {
         true
+    }
+
+    fn device_checksums(&self, ranges: &[(u64, u64)]) -> Result<Option<Vec<u64>>> {
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(offset, len) in ranges {
+            let n = usize::try_from(len).map_err(|_| DeviceError::OutOfRange {
+                op: "checksum",
+                offset,
+                len,
+                arena_len: self.len,
+            })?;
+            check_range("checksum", offset, n, self.len)?;
+            out.push(sys::ms64(&self.kernels, &stream, &self.mem, offset, n)?);
+        }
+        Ok(Some(out))
     }
 
     fn abandon(&self) {

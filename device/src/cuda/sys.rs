@@ -467,3 +467,17 @@ impl Drop for Pinned {
         }
     }
 }
+
+/// ms64 (see `modelshare_kernels`) of `len` bytes at `offset` of `mem`, on the device.
+pub fn ms64(
+    kernels: &modelshare_kernels::KernelCache,
+    stream: &Arc<CudaStream>,
+    mem: &DeviceMemory,
+    offset: u64,
+    len: usize,
+) -> Result<u64> {
+    check("checksum", offset, len, mem.len)?;
+    // SAFETY: the range lies inside the live allocation (checked above), on the stream's device.
+    unsafe { modelshare_kernels::checksum::ms64(kernels, stream, mem.ptr + offset, len) }
+        .map_err(|e| DeviceError::Kernel(e.to_string()))
+}

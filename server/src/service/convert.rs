@@ -108,6 +108,7 @@ pub fn manifest(m: &Manifest) -> pb::Manifest {
                 offset: t.offset,
                 byte_length: t.byte_length,
                 xxh3: t.xxh3,
+                ms64: t.ms64,
             })
             .collect(),
         header_metadata: m

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""The GPU check: every GPU test and benchmark of modelshare in one run, ending in a table.
+
+Run on a GPU machine, after `scripts/gpu-build` built the binaries elsewhere:
+    python3 gpu/check.py --bin gpu-carry/bin --out "$OUT"
+
+What it checks (each row of the table says PASS/FAIL and the figures):
+  kernels      GEMV (f32/f16/bf16) and ms64 against the CPU references; GEMV GB/s vs D2D copy
+  anchors      safetensors.torch.load_file, torch.multiprocessing IPC, pinned/pageable H2D, D2D
+  load         our load of the same 8 GiB file from page cache (GB/s)
+  during-load  workers attached while the load runs: first GEMV results correct (ready event)
+  8 workers    8 processes attach one model; results vs CPU reference; device memory held once
+  kill -9      a worker killed with kernels in flight: server healthy, accounting right, next ok
+  gemv         GEMV over the imported mapping vs a private copy (ratio), vs D2D bandwidth
+  attach       attach latency p50/p99 over 1000 attaches of a 256-tensor model
+  remap        a worker with CUDA_VISIBLE_DEVICES naming the GPU by UUID finds it
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1 << 30
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def lib_path():
+    paths = ["/usr/local/nvidia/lib64", "/usr/local/cuda/lib64"]
+    for pattern in ["/usr/local/lib/python3*/dist-packages/nvidia/*/lib", "/opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib",
+                    "/usr/lib/python3*/site-packages/nvidia/*/lib"]:
+        paths += glob.glob(pattern)
+    try:
+        import torch  # noqa: F401
+        base = os.path.dirname(os.path.dirname(torch.__file__))
+        paths += glob.glob(os.path.join(base, "nvidia", "*", "lib"))
+    except Exception:  # noqa: BLE001
+        pass
+    return ":".join(p for p in paths if os.path.isdir(p))
+
+
+def last_json(text):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.bin = os.path.abspath(args.bin)
+        self.work = args.work
+        self.out = args.out
+        os.makedirs(self.work, exist_ok=True)
+        os.makedirs(self.out, exist_ok=True)
+        self.env = dict(os.environ)
+        self.env["LD_LIBRARY_PATH"] = lib_path() + ":" + self.env.get("LD_LIBRARY_PATH", "")
+        self.env["MODELSHARE_KERNEL_CACHE"] = os.path.join(self.work, "kernel-cache")
+        self.rows = []
+        self.results = {}
+        self.socket = os.path.join(self.work, "grpc.sock")
+        self.address = f"unix:{self.socket}"
+        self.server = None
+
+    def row(self, name, ok, figures):
+        self.rows.append((name, "PASS" if ok else "FAIL", figures))
+        log(f"[{'PASS' if ok else 'FAIL'}] {name}: {figures}")
+
+    def run(self, cmd, timeout=600, env=None, check=False):
+        log("$ " + " ".join(cmd))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or self.env)
+        if p.returncode != 0:
+            log(p.stdout[-3000:])
+            log(p.stderr[-3000:])
+            if check:
+                raise RuntimeError(f"{cmd[0]} failed with {p.returncode}")
+        return p
+
+    def cli(self, *args, timeout=600):
+        return self.run([f"{self.bin}/modelshare", "--server", self.address, "--output", "json", *args], timeout=timeout)
+
+    def stats(self):
+        return last_json(self.cli("stats").stdout) or {}
+
+    def worker(self, *args, env=None):
+        return subprocess.Popen([f"{self.bin}/gpu_worker", *args, "--server", self.address], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env or self.env)
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def device(self):
+        p = self.run(["nvidia-smi", "--query-gpu=name,uuid,memory.total,driver_version", "--format=csv,noheader"])
+        name, uuid, mem, driver = [x.strip() for x in p.stdout.strip().splitlines()[0].split(",")]
+        self.results["device"] = {"name": name, "uuid": uuid, "memory": mem, "driver": driver,
+                                  "date": datetime.date.today().isoformat()}
+        log(f"device: {name} {uuid} {mem} driver {driver}")
+
+    def kernels(self):
+        p = self.run([f"{self.bin}/kernel_check"], timeout=900)
+        r = last_json(p.stdout) or {}
+        self.results["kernels"] = r
+        with open(os.path.join(self.out, "kernel_check.txt"), "w") as f:
+            f.write(p.stdout + p.stderr)
+        gemv = r.get("gemv", [])
+        best = max((g.get("gbps", 0) for g in gemv), default=0)
+        self.row("kernels", p.returncode == 0, f"gemv/ms64 vs CPU ref ok={p.returncode == 0}; best gemv {best:.0f} GB/s; "
+                 f"d2d {r.get('d2d_gbps', 0):.0f} GB/s")
+
+    def anchors(self, model_file):
+        py = sys.executable
+        a = os.path.join(ROOT, "bench", "anchors.py")
+        if not os.path.exists(model_file):
+            self.run([py, a, "make-model", "--out", model_file, "--gib", str(self.args.gib), "--tensors", "256", "--dtype", "bf16"],
+                     timeout=900, check=True)
+        with open(os.path.join(os.path.dirname(model_file), "config.json"), "w") as f:
+            json.dump({"model_type": "gpu-check", "tensors": 256}, f)
+        load = last_json(self.run([py, a, "load-baseline", "--path", model_file, "--repeat", "3"], timeout=900).stdout) or {}
+        ipc = last_json(self.run([py, a, "ipc-baseline", "--gib", str(self.args.gib), "--tensors", "256", "--repeat", "20"],
+                                 timeout=900).stdout) or {}
+        copy = last_json(self.run([py, a, "copy-bandwidth"], timeout=600).stdout) or {}
+        self.results["anchors"] = {"load": load, "ipc": ipc, "copy": copy}
+        self.row("anchors", bool(load.get("load_baseline_gbps")) and bool(ipc.get("ipc_baseline_ms")),
+                 f"safetensors load_file {load.get('load_baseline_gbps', 0):.2f} GB/s; torch IPC p50 "
+                 f"{(ipc.get('ipc_baseline_ms') or {}).get('p50', 0):.1f} ms; pinned H2D {copy.get('h2d_pinned_gbps', 0):.1f} GB/s")
+
+    def start_server(self):
+        self.server_log = open(os.path.join(self.out, "server.log"), "w")
+        self.server = subprocess.Popen(
+            [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--device", "0", "--unix-socket", self.socket,
+             "--handle-socket", os.path.join(self.work, "handles.sock"), "--model-root", os.path.join(self.work, "models"),
+             "--log-format", "json"], stdout=self.server_log, stderr=self.server_log, env=self.env)
+        for _ in range(600):
+            if os.path.exists(self.socket) and self.stats().get("device"):
+                return
+            if self.server.poll() is not None:
+                raise RuntimeError("server exited at start; see server.log")
+            time.sleep(0.1)
+        raise RuntimeError("server not ready in 60 s")
+
+    def load_during_attach(self):
+        s0 = self.stats()
+        t = time.perf_counter()
+        load = subprocess.Popen([f"{self.bin}/modelshare", "--server", self.address, "--output", "json", "load", "m", "m"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        workers = [self.worker("check", "--model", "m", "--version", "1", "--retry-secs", "60") for _ in range(4)]
+        out, err = load.communicate(timeout=600)
+        wall = time.perf_counter() - t
+        done = last_json(out) or {}
+        reports = []
+        for w in workers:
+            o, e = w.communicate(timeout=900)
+            reports.append(last_json(o) or {"ok": False, "error": e[-500:]})
+        s1 = self.stats()
+        loaded = [json.loads(l) for l in open(self.server_log.name) if '"model loaded"' in l]
+        server_gbps = loaded[-1]["fields"]["gb_per_s"] if loaded else 0
+        total = (done.get("version") or {}).get("bytes_total", 0)
+        during = sum(1 for r in reports if r.get("attached_while_loading"))
+        self.results["load"] = {"cli": done, "wall_s": wall, "server_gbps": server_gbps, "bytes": total,
+                                "device_used_before": s0.get("device_used_bytes"), "device_used_after": s1.get("device_used_bytes")}
+        self.results["during_load"] = reports
+        ok_load = (done.get("version") or {}).get("state") == "ready"
+        self.row("load", ok_load, f"{total / GIB:.2f} GiB: {server_gbps:.2f} GB/s in the loader, {total / wall / 1e9:.2f} GB/s "
+                 f"end to end (CLI wall {wall:.2f} s); safetensors load_file "
+                 f"{self.results.get('anchors', {}).get('load', {}).get('load_baseline_gbps', 0):.2f} GB/s")
+        self.row("during-load", all(r.get("ok") for r in reports) and during > 0,
+                 f"{during}/4 workers attached while loading; all results match the CPU reference: "
+                 f"{all(r.get('ok') for r in reports)}; max rel err {max((r.get('max_rel_err', 9) for r in reports), default=9):.1e}")
+        return s1
+
+    def eight_workers(self, s1):
+        procs = [self.worker("check", "--model", "m", "--hold") for _ in range(self.args.workers)]
+        reports = []
+        for p in procs:
+            line = p.stdout.readline()
+            try:
+                reports.append(json.loads(line))
+            except json.JSONDecodeError:
+                reports.append({"ok": False, "error": line + p.stderr.read()[-500:] if p.poll() is not None else line})
+        time.sleep(1)
+        s2 = self.stats()
+        apps = self.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]).stdout
+        per_pid = {int(a.split(",")[0]): int(a.split(",")[1]) for a in apps.strip().splitlines() if a.strip()}
+        model_bytes = self.results["load"]["bytes"]
+        grow_load = (s1.get("device_used_bytes", 0) or 0) - (self.results["load"]["device_used_before"] or 0)
+        grow_workers = (s2.get("device_used_bytes", 0) or 0) - (s1.get("device_used_bytes", 0) or 0)
+        worker_mib = [per_pid.get(r.get("pid"), 0) for r in reports]
+        self.results["eight_workers"] = {"reports": reports, "stats": s2, "device_used_growth_load": grow_load,
+                                         "device_used_growth_8_workers": grow_workers, "per_worker_mib": worker_mib,
+                                         "server_mib": per_pid.get(self.server.pid)}
+        ok = all(r.get("ok") for r in reports) and s2.get("leases") == self.args.workers and grow_workers < model_bytes
+        self.row(f"{self.args.workers} workers", ok,
+                 f"all match CPU ref: {all(r.get('ok') for r in reports)}; device use +{grow_load / GIB:.2f} GiB at load "
+                 f"(model {model_bytes / GIB:.2f} GiB), +{grow_workers / GIB:.2f} GiB for {self.args.workers} workers "
+                 f"(contexts + x/y buffers; nvidia-smi per worker {min(worker_mib, default=0)}-{max(worker_mib, default=0)} MiB) "
+                 f"vs {self.args.workers * model_bytes / GIB:.0f} GiB for private copies")
+        return procs
+
+    def kill_nine(self, procs):
+        victim = procs[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        t = time.perf_counter()
+        gone = None
+        while time.perf_counter() - t < 5:
+            s = self.stats()
+            if s.get("leases") == self.args.workers - 1:
+                gone = time.perf_counter() - t
+                break
+            time.sleep(0.02)
+        after = self.stats()
+        nxt = self.worker("check", "--model", "m")
+        o, e = nxt.communicate(timeout=900)
+        r = last_json(o) or {"ok": False, "error": e[-500:]}
+        self.results["kill9"] = {"noticed_s": gone, "stats": after, "next": r}
+        self.row("kill -9", gone is not None and r.get("ok") and after.get("arenas") == 1,
+                 f"session+lease gone {1000 * (gone or 99):.0f} ms after kill -9 with GEMVs in flight; arenas {after.get('arenas')}; "
+                 f"next worker correct: {r.get('ok')}")
+        for p in procs[1:]:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+    def gemv_bench(self):
+        p = self.worker("bench-gemv", "--model", "m", "--iters", "20")
+        o, e = p.communicate(timeout=900)
+        r = last_json(o) or {}
+        self.results["gemv"] = r
+        ratio = r.get("ratio_imported_over_private", 0)
+        self.row("gemv", ratio >= 0.98,
+                 f"imported {r.get('imported_gbps', 0):.0f} GB/s vs private {r.get('private_gbps', 0):.0f} GB/s "
+                 f"(ratio {ratio:.3f}); D2D copy {r.get('d2d_copy_gbps', 0):.0f} GB/s read+write")
+
+    def attach_bench(self):
+        p = self.worker("attach-bench", "--model", "m", "--n", "1000")
+        o, e = p.communicate(timeout=900)
+        r = last_json(o) or {}
+        self.results["attach"] = r
+        ipc = (self.results.get("anchors", {}).get("ipc", {}).get("ipc_baseline_ms") or {})
+        self.row("attach", r.get("p50_ms", 99) < 2.0,
+                 f"p50 {r.get('p50_ms', 0):.3f} ms, p99 {r.get('p99_ms', 0):.3f} ms over {r.get('n')} attaches of "
+                 f"{r.get('tensors')} tensors (context creation {r.get('context_ms', 0):.0f} ms, separate); torch IPC p50 "
+                 f"{ipc.get('p50', 0):.1f} ms")
+
+    def remap(self):
+        uuid = self.results["device"]["uuid"]
+        env = dict(self.env, CUDA_VISIBLE_DEVICES=uuid)
+        p = self.worker("check", "--model", "m", env=env)
+        o, e = p.communicate(timeout=900)
+        r = last_json(o) or {"ok": False, "error": e[-500:]}
+        self.results["remap"] = r
+        self.row("remap", bool(r.get("ok")), f"worker with CUDA_VISIBLE_DEVICES={uuid[:12]}... found the device by UUID "
+                 "(one GPU: the ordinal stays 0)")
+
+    def stop_server(self):
+        self.server.send_signal(signal.SIGTERM)
+        rc = self.server.wait(timeout=60)
+        self.row("shutdown", rc == 0, f"SIGTERM exit code {rc}")
+
+    def table(self):
+        d = self.results.get("device", {})
+        lines = [f"modelshare GPU check, {d.get('date')}, {d.get('name')} (driver {d.get('driver')})", "",
+                 "| check | result | figures |", "| --- | --- | --- |"]
+        lines += [f"| {n} | {r} | {f} |" for n, r, f in self.rows]
+        text = "\n".join(lines)
+        print("\n" + text, flush=True)
+        with open(os.path.join(self.out, "gpu-check.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(self.out, "gpu-check.json"), "w") as f:
+            json.dump(self.results, f, indent=1, default=str)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="gpu-carry/bin")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check-out"))
+    ap.add_argument("--work", default="/tmp/gpu-check")
+    ap.add_argument("--gib", type=float, default=8)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--only", default="", help="comma-separated steps to run (default: all)")
+    args = ap.parse_args()
+    c = Check(args)
+    steps = args.only.split(",") if args.only else []
+    want = lambda s: not steps or s in steps  # noqa: E731
+    model_file = os.path.join(c.work, "models", "m", "model.safetensors")
+    os.makedirs(os.path.dirname(model_file), exist_ok=True)
+    try:
+        c.device()
+        if want("kernels"):
+            c.kernels()
+        if want("anchors"):
+            c.anchors(model_file)
+        elif not os.path.exists(model_file):
+            c.run([sys.executable, os.path.join(ROOT, "bench", "anchors.py"), "make-model", "--out", model_file, "--gib",
+                   str(args.gib), "--tensors", "256", "--dtype", "bf16"], timeout=900, check=True)
+        c.start_server()
+        s1 = c.load_during_attach()
+        procs = c.eight_workers(s1)
+        c.kill_nine(procs)
+        c.gemv_bench()
+        c.attach_bench()
+        c.remap()
+        c.stop_server()
+    except Exception as e:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        c.row("aborted", False, f"{type(e).__name__}: {e}")
+        if c.server and c.server.poll() is None:
+            c.server.kill()
+    finally:
+        c.table()
+    return 0 if all(r == "PASS" for _, r, _ in c.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

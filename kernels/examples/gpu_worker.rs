@@ -1,0 +1,412 @@
+//! A GPU worker on modelshare's CUDA backend, and the GPU check's workhorse.
+//!
+//! - `check`: attach (retrying while the version does not exist yet, so it can attach during a
+//!   load), make a stream wait on the ready event *on the device*, enqueue GEMV over every 2-D
+//!   weight before any host synchronisation, then compare each result with the CPU reference
+//!   on the same bytes. `--hold` then keeps GEMVs in flight until the process is killed.
+//! - `bench-gemv`: GEMV over every 2-D weight on the imported mapping vs the same weights
+//!   copied into this process's own memory, and the device's copy bandwidth as the anchor.
+//! - `attach-bench`: attach latency (RPC + handle open + event open) over N attaches; CUDA
+//!   context creation measured separately.
+//!
+//! Every mode prints one JSON line last.
+//!
+//! ```sh
+//! gpu_worker check --server unix:/tmp/ms/grpc.sock --model m8 [--version 1] [--hold]
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaStream, DevicePtr};
+use modelshare_kernels::{KernelCache, WeightDtype, gemv, reference};
+use modelshare_proto::v1::DType;
+use modelshare_worker::{Model, Session, Tensor};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    mode: String,
+    server: String,
+    model: String,
+    version: u32,
+    hold: bool,
+    iters: usize,
+    n: usize,
+    retry_secs: u64,
+}
+
+fn args() -> Res<Args> {
+    let mut it = std::env::args().skip(1);
+    let mode = it
+        .next()
+        .ok_or("usage: gpu_worker check|bench-gemv|attach-bench --server S --model M")?;
+    let mut a = Args {
+        mode,
+        server: String::new(),
+        model: String::new(),
+        version: 0,
+        hold: false,
+        iters: 20,
+        n: 1000,
+        retry_secs: 60,
+    };
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--server" => a.server = val()?,
+            "--model" => a.model = val()?,
+            "--version" => a.version = val()?.parse()?,
+            "--iters" => a.iters = val()?.parse()?,
+            "--n" => a.n = val()?.parse()?,
+            "--retry-secs" => a.retry_secs = val()?.parse()?,
+            "--hold" => a.hold = true,
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    Ok(a)
+}
+
+fn weight_dtype(t: &Tensor) -> Option<WeightDtype> {
+    match t.dtype() {
+        DType::DtypeF32 => Some(WeightDtype::F32),
+        DType::DtypeF16 => Some(WeightDtype::F16),
+        DType::DtypeBf16 => Some(WeightDtype::BF16),
+        _ => None,
+    }
+}
+
+/// 2-D weights GEMV can run on: (tensor, dtype, rows, cols).
+fn matrices(model: &Model) -> Vec<(Tensor, WeightDtype, usize, usize)> {
+    model
+        .tensors()
+        .into_iter()
+        .filter_map(|t| {
+            let d = weight_dtype(&t)?;
+            match t.shape() {
+                [r, c] if *r > 0 && *c > 0 => Some((t.clone(), d, *r as usize, *c as usize)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            ((s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect()
+}
+
+fn reference_gemv(
+    bytes: &[u8],
+    dtype: WeightDtype,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Res<Vec<f32>> {
+    Ok(match dtype {
+        WeightDtype::F32 => reference::gemv_f32(
+            bytemuck::try_cast_slice(bytes).map_err(|e| format!("{e}"))?,
+            x,
+            rows,
+            cols,
+        ),
+        WeightDtype::F16 => reference::gemv_f16(
+            bytemuck::try_cast_slice(bytes).map_err(|e| format!("{e}"))?,
+            x,
+            rows,
+            cols,
+        ),
+        WeightDtype::BF16 => reference::gemv_bf16(
+            bytemuck::try_cast_slice(bytes).map_err(|e| format!("{e}"))?,
+            x,
+            rows,
+            cols,
+        ),
+    })
+}
+
+fn rel_err(y: &[f32], r: &[f32]) -> f64 {
+    let mut num = 0f64;
+    let mut den = 0f64;
+    for (a, b) in y.iter().zip(r) {
+        let (a, b) = (f64::from(*a), f64::from(*b));
+        if a.is_nan() {
+            return f64::INFINITY;
+        }
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Creates the device's context before the first attach, to time it apart.
+fn warm_context(session: &Session) -> Res<f64> {
+    let uuid = session.device().map(|d| d.uuid.clone()).unwrap_or_default();
+    let t = Instant::now();
+    let ordinal = modelshare_device::cuda::ordinal_of(&uuid)?;
+    modelshare_device::cuda::context(ordinal)?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+async fn attach_retrying(session: &Session, a: &Args) -> Res<Model> {
+    let deadline = Instant::now() + Duration::from_secs(a.retry_secs);
+    loop {
+        match session.attach_version(&a.model, a.version).await {
+            Ok(m) => return Ok(m),
+            Err(e) if Instant::now() < deadline && e.code() == Some(tonic::Code::NotFound) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+struct Buffers {
+    x: cudarc::driver::CudaSlice<f32>,
+    y: cudarc::driver::CudaSlice<f32>,
+    xs: Vec<f32>,
+}
+
+/// Enqueues y = W·x for every matrix on `stream` (no host synchronisation).
+fn enqueue_all(
+    cache: &KernelCache,
+    stream: &Arc<CudaStream>,
+    mats: &[(Tensor, WeightDtype, usize, usize)],
+    bufs: &[Buffers],
+    base: Option<u64>,
+    arena_base: u64,
+) -> Res<()> {
+    for ((t, d, r, c), b) in mats.iter().zip(bufs) {
+        let w = match base {
+            Some(private) => private + t.offset(),
+            None => t.device_ptr().ok_or("tensor not on the device")?,
+        };
+        let _ = arena_base;
+        let (x, _gx) = b.x.device_ptr(stream);
+        let (y, _gy) = b.y.device_ptr(stream);
+        // SAFETY: w points at rows*cols elements of the arena (the manifest's byte length),
+        // x and y are this process's buffers of cols and rows f32; nothing else writes them.
+        unsafe { gemv::gemv(cache, stream, *d, w, x, y, *r, *c)? };
+    }
+    Ok(())
+}
+
+fn buffers(
+    stream: &Arc<CudaStream>,
+    mats: &[(Tensor, WeightDtype, usize, usize)],
+) -> Res<Vec<Buffers>> {
+    mats.iter()
+        .enumerate()
+        .map(|(i, (_, _, r, c))| {
+            let xs = random_f32(1000 + i as u64, *c);
+            Ok(Buffers {
+                x: stream.clone_htod(&xs)?,
+                y: stream.clone_htod(&vec![f32::NAN; *r])?,
+                xs,
+            })
+        })
+        .collect()
+}
+
+async fn check(a: &Args) -> Res<serde_json::Value> {
+    let t0 = Instant::now();
+    let session = Session::open(&a.server, "gpu-worker").await?;
+    let context_ms = warm_context(&session)?;
+    let t_attach = Instant::now();
+    let model = attach_retrying(&session, a).await?;
+    let attach_ms = t_attach.elapsed().as_secs_f64() * 1e3;
+    let cuda = model.cuda().ok_or("not a CUDA model")?;
+    let ready_at_attach = cuda.is_ready()?;
+    let stream = cuda.context().new_stream()?;
+    model.wait_ready(&stream)?;
+    let mats = matrices(&model);
+    let cache = KernelCache::new();
+    let bufs = buffers(&stream, &mats)?;
+    enqueue_all(&cache, &stream, &mats, &bufs, None, cuda.device_ptr())?;
+    stream.synchronize()?;
+    let first_results_ms = t_attach.elapsed().as_secs_f64() * 1e3;
+    // The device-side check: ms64 of every tensor, computed on the device, against the manifest.
+    let mut ms64_checked = 0;
+    let mut failures = Vec::new();
+    if !model.attached_while_loading() {
+        for t in model.tensors() {
+            let (Some(ptr), len) = (t.device_ptr(), t.byte_length() as usize) else {
+                continue;
+            };
+            // SAFETY: the tensor's bytes lie inside the imported arena, which nothing writes.
+            let sum = unsafe { modelshare_kernels::checksum::ms64(&cache, &stream, ptr, len)? };
+            if sum != t.expected_ms64() {
+                failures.push(format!(
+                    "{}: device ms64 {sum:016x} != manifest {:016x}",
+                    t.name(),
+                    t.expected_ms64()
+                ));
+            }
+            ms64_checked += 1;
+        }
+    }
+    let mut worst = 0f64;
+    for ((t, d, r, c), b) in mats.iter().zip(&bufs) {
+        let y = stream.clone_dtoh(&b.y)?;
+        let w = t.to_host()?;
+        let reference = reference_gemv(&w, *d, &b.xs, *r, *c)?;
+        let err = rel_err(&y, &reference);
+        // The reference reads the same rounded weights and accumulates in f64: the only error
+        // is f32 accumulation order (kernel_check measured under 3e-7).
+        let tol = 1e-5;
+        if err.is_nan() || err > tol {
+            failures.push(format!("{}: rel err {err:.2e}", t.name()));
+        }
+        worst = worst.max(err);
+    }
+    let report = serde_json::json!({
+        "mode": "check", "pid": std::process::id(), "model": model.name(), "version": model.version(),
+        "attached_while_loading": model.attached_while_loading(), "ready_at_attach": ready_at_attach,
+        "matrices": mats.len(), "ms64_checked": ms64_checked, "max_rel_err": worst, "ok": failures.is_empty() && !mats.is_empty(),
+        "failures": failures, "context_ms": context_ms, "attach_ms": attach_ms,
+        "first_results_ms": first_results_ms, "total_ms": t0.elapsed().as_secs_f64() * 1e3,
+    });
+    println!("{report}");
+    if a.hold {
+        // Keep kernels in flight until killed.
+        loop {
+            enqueue_all(&cache, &stream, &mats, &bufs, None, 0)?;
+            stream.synchronize()?;
+        }
+    }
+    Ok(report)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+async fn bench_gemv(a: &Args) -> Res<serde_json::Value> {
+    let session = Session::open(&a.server, "gpu-bench").await?;
+    let model = attach_retrying(&session, a).await?;
+    let cuda = model.cuda().ok_or("not a CUDA model")?;
+    let ctx = cuda.context().clone();
+    let stream = ctx.new_stream()?;
+    model.wait_ready(&stream)?;
+    stream.synchronize()?;
+    let mats = matrices(&model);
+    let weight_bytes: u64 = mats.iter().map(|(t, ..)| t.byte_length()).sum();
+    let cache = KernelCache::new();
+    let bufs = buffers(&stream, &mats)?;
+    // The same weights in this process's own memory.
+    let len = model.manifest().arena_bytes as usize;
+    let private = stream.alloc_zeros::<u8>(len)?;
+    let (pptr, _g) = private.device_ptr(&stream);
+    // SAFETY: both ranges are `len` bytes of live device memory on this context.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(pptr, cuda.device_ptr(), len, stream.cu_stream())?
+    };
+    stream.synchronize()?;
+    let start = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+    let end = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+    let time = |private: Option<u64>| -> Res<f64> {
+        start.record(&stream)?;
+        enqueue_all(&cache, &stream, &mats, &bufs, private, 0)?;
+        end.record(&stream)?;
+        end.synchronize()?;
+        Ok(f64::from(start.elapsed_ms(&end)?))
+    };
+    for _ in 0..3 {
+        time(None)?;
+        time(Some(pptr))?;
+    }
+    let (mut imported, mut own) = (Vec::new(), Vec::new());
+    for _ in 0..a.iters {
+        imported.push(time(None)?);
+        own.push(time(Some(pptr))?);
+    }
+    let (ti, to) = (median(imported), median(own));
+    // The anchor: device-to-device copy bandwidth, bytes read + written.
+    let copy = 1usize << 30;
+    let (s1, d1) = (
+        stream.alloc_zeros::<u8>(copy)?,
+        stream.alloc_zeros::<u8>(copy)?,
+    );
+    let (sp, _a) = s1.device_ptr(&stream);
+    let (dp, _b) = d1.device_ptr(&stream);
+    let mut copies = Vec::new();
+    for i in 0..13 {
+        start.record(&stream)?;
+        // SAFETY: two live 1 GiB buffers of this context.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dp, sp, copy, stream.cu_stream())? };
+        end.record(&stream)?;
+        end.synchronize()?;
+        if i >= 3 {
+            copies.push(f64::from(start.elapsed_ms(&end)?));
+        }
+    }
+    let d2d_gbps = 2.0 * copy as f64 / (median(copies) * 1e-3) / 1e9;
+    let gbps = |ms: f64| weight_bytes as f64 / (ms * 1e-3) / 1e9;
+    let report = serde_json::json!({
+        "mode": "bench-gemv", "matrices": mats.len(), "weight_bytes": weight_bytes,
+        "imported_ms": ti, "private_ms": to, "imported_gbps": gbps(ti), "private_gbps": gbps(to),
+        "ratio_imported_over_private": to / ti, "d2d_copy_gbps": d2d_gbps,
+    });
+    println!("{report}");
+    Ok(report)
+}
+
+async fn attach_bench(a: &Args) -> Res<serde_json::Value> {
+    let session = Session::open(&a.server, "attach-bench").await?;
+    let context_ms = warm_context(&session)?;
+    let t = Instant::now();
+    let first = attach_retrying(&session, a).await?;
+    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    let tensors = first.manifest().tensors.len();
+    first.release().await?;
+    let mut times = Vec::with_capacity(a.n);
+    for _ in 0..a.n {
+        let t = Instant::now();
+        let m = session.attach_version(&a.model, a.version).await?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        m.release().await?;
+    }
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    let report = serde_json::json!({
+        "mode": "attach-bench", "n": a.n, "tensors": tensors, "context_ms": context_ms,
+        "first_attach_ms": first_ms, "p50_ms": percentile(&mut times, 0.5),
+        "p99_ms": percentile(&mut times, 0.99), "mean_ms": mean,
+    });
+    println!("{report}");
+    Ok(report)
+}
+
+#[tokio::main]
+async fn main() {
+    let result = async {
+        let a = args()?;
+        match a.mode.as_str() {
+            "check" => check(&a).await.map(|_| ()),
+            "bench-gemv" => bench_gemv(&a).await.map(|_| ()),
+            "attach-bench" => attach_bench(&a).await.map(|_| ()),
+            other => Err(format!("unknown mode {other}").into()),
+        }
+    }
+    .await;
+    if let Err(e) = result {
+        println!(
+            "{}",
+            serde_json::json!({"ok": false, "error": e.to_string()})
+        );
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,60 @@
+//! CUDA kernels for modelshare workers: CUDA C sources compiled at run time with NVRTC and
+//! cached, their launchers on raw device pointers, and CPU references of the same operations.
+//!
+//! # Layout
+//!
+//! - `cuda/gemv.cu`, `cuda/checksum.cu`: the kernels, plain CUDA C with no header, compiled
+//!   for the device's own architecture.
+//! - [`compile`]: [`KernelCache`], NVRTC compilation cached in memory per context and on
+//!   disk as PTX (`$MODELSHARE_KERNEL_CACHE`, else `$XDG_CACHE_HOME/modelshare/kernels`, else
+//!   `~/.cache/modelshare/kernels`).
+//! - [`gemv`]: [`gemv()`](gemv::gemv), `y = W·x` with W in f32, f16 or bf16 and x, y in f32.
+//! - [`checksum`]: [`ms64()`](checksum::ms64), the ms64 of device bytes.
+//! - [`reference`](mod@reference): CPU references: `gemv_f32/f16/bf16` (f64 accumulation) and the fast
+//!   [`ms64`](reference::ms64) / [`ms64_parallel`](reference::ms64_parallel) the server's
+//!   loader puts in manifests.
+//! - [`sys`]: whether the driver and NVRTC libraries can be loaded (cudarc loads them at run
+//!   time and panics when one is missing; these return [`KernelError::LibraryMissing`]).
+//! - [`error`]: [`KernelError`], the crate's one error type.
+//!
+//! Data flow in a worker: `sys::driver_available` → `CudaContext::new` → one shared
+//! [`KernelCache`] → `gemv::gemv(&cache, &stream, dtype, w_ptr, x_ptr, y_ptr, rows, cols)`
+//! with `w_ptr` pointing into the imported arena. Launchers validate sizes and pointers
+//! (never panicking on them), fetch the function from the cache (compiling on first use)
+//! and enqueue on the caller's stream.
+//!
+//! # ms64, the device-friendly checksum
+//!
+//! For a byte string of length `len`, let `n = ceil(len / 8)` and let word `w_i`
+//! (`i` in `0..n`) be the little-endian `u64` of bytes `[8i, 8i + 8)`, zero-padded past
+//! `len`. Then, with all arithmetic wrapping mod 2^64:
+//!
+//! ```text
+//! ms64 = len * 0x9E3779B97F4A7C15 + Σ_i splitmix64(w_i ^ (i * 0xD1B54A32D192ED03))
+//!
+//! splitmix64(z):  z += 0x9E3779B97F4A7C15
+//!                 z  = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+//!                 z  = (z ^ (z >> 27)) * 0x94D049BB133111EB
+//!                 return z ^ (z >> 31)
+//! ```
+//!
+//! So `ms64(b"") == 0`. Why it exists: the server checksums every byte it loads and a worker
+//! may verify what it imported on the device. xxh3, fast on one CPU core, is a
+//! sequential chain per stream and does not map onto thousands of GPU threads; ms64 is a
+//! sum of independent per-word terms, so any split of the words (threads, blocks, host
+//! threads in [`ms64_parallel`](crate::reference::ms64_parallel)) adds up to the same value, on the CPU and the
+//! GPU alike. The word index mixed into each term makes it position-dependent (swapping
+//! two words changes it), and the length term tells real trailing zero bytes from padding.
+//! It is an integrity check against corruption and mix-ups, **not** a cryptographic hash:
+//! anyone can construct collisions on purpose.
+
+pub mod checksum;
+pub mod compile;
+pub mod error;
+pub mod gemv;
+pub mod reference;
+pub mod sys;
+
+pub use compile::{CacheStats, DeviceInfo, KernelCache, KernelSource};
+pub use error::KernelError;
+pub use gemv::WeightDtype;
