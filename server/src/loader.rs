@@ -45,6 +45,7 @@ pub fn copy_into(
     let failed = AtomicBool::new(false);
     let threads = threads.clamp(1, order.len().max(1));
 
+    let started = std::time::Instant::now();
     let results: Vec<Result<Vec<(usize, u64)>, ServerError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
@@ -91,6 +92,7 @@ pub fn copy_into(
         return Err(e);
     }
     check_cancel(job)?;
+    let copied = started.elapsed();
     let ranges: Vec<(u64, u64)> = manifest
         .tensors
         .iter()
@@ -102,6 +104,14 @@ pub fn copy_into(
         }
     }
     job.arena.seal()?;
+    tracing::info!(
+        model = %job.model,
+        version = job.version,
+        threads,
+        copy_seconds = copied.as_secs_f64(),
+        checksum_seconds = (started.elapsed() - copied).as_secs_f64(),
+        "load phases"
+    );
     Ok(manifest)
 }
 

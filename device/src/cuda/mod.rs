@@ -11,6 +11,13 @@
 //! load opens the gate too ([`crate::Arena::abandon`]); the server then ends the sessions that
 //! held the version.
 //!
+//! The gate streams and ready events live in a **separate (non-primary) context** of the same
+//! device. A stream blocked on a gate must never be waited for by a context-wide
+//! synchronisation of the working context, which several driver calls perform implicitly
+//! (`cuMemFree`, lazy kernel loading): in one context, freeing another version's arena during
+//! a load, or the first launch of a kernel, would wait for the gate, and the gate for the load.
+//! For the same reason the checksum kernel is loaded once when the backend opens.
+//!
 //! # Layout
 //! - `sys`: the `unsafe` driver calls, wrapped.
 //! - [`CudaBackend`] / `CudaArena` / `CudaWriter`: the server side (allocation, pinned staging
@@ -39,6 +46,9 @@ use crate::error::{DeviceError, Result};
 pub const STAGING_BYTES: usize = 16 << 20;
 /// Staging buffers per writer (copies in flight per loading thread).
 pub const STAGING_SLOTS: usize = 4;
+/// Staging buffers pinned when the backend opens (8 loading threads' worth: 512 MiB), so that
+/// no load pays for pinning host memory (`cuMemHostAlloc` runs at a few GB/s).
+pub const STAGING_PREPINNED: usize = 8 * STAGING_SLOTS;
 
 /// Checks that the driver library is there, then initialises it.
 pub fn init_driver() -> Result<()> {
@@ -110,7 +120,8 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     info: DeviceInfo,
     staging: Arc<Mutex<Vec<sys::Pinned>>>,
-    kernels: Arc<KernelCache>,
+    kernels: Option<Arc<KernelCache>>,
+    gate_ctx: Arc<CudaContext>,
 }
 
 impl CudaBackend {
@@ -134,6 +145,18 @@ impl CudaBackend {
             n
         };
         let ctx = context(ordinal)?;
+        let kernels = warm_checksum_kernel(&ctx);
+        let started = std::time::Instant::now();
+        let staging: Vec<sys::Pinned> = (0..STAGING_PREPINNED)
+            .map(|_| sys::Pinned::new(&ctx, STAGING_BYTES))
+            .collect::<Result<_>>()?;
+        tracing::info!(
+            buffers = staging.len(),
+            mib = (staging.len() * STAGING_BYTES) >> 20,
+            seconds = started.elapsed().as_secs_f64(),
+            "pinned the staging buffers"
+        );
+        let gate_ctx = CudaContext::new_non_primary(ordinal, 0).map_err(cuda("cuCtxCreate"))?;
         let info = DeviceInfo {
             backend: BackendKind::CudaIpc,
             uuid: sys::device_uuid(ordinal)?,
@@ -143,8 +166,9 @@ impl CudaBackend {
         Ok(Self {
             ctx,
             info,
-            staging: Arc::new(Mutex::new(Vec::new())),
-            kernels: Arc::new(KernelCache::new()),
+            staging: Arc::new(Mutex::new(staging)),
+            kernels,
+            gate_ctx,
         })
     }
 
@@ -165,6 +189,7 @@ impl Backend for CudaBackend {
             len,
             self.staging.clone(),
             self.kernels.clone(),
+            self.gate_ctx.clone(),
         )?))
     }
 
@@ -172,6 +197,25 @@ impl Backend for CudaBackend {
         self.ctx.bind_to_thread().ok()?;
         let (free, total) = self.ctx.mem_get_info().ok()?;
         Some((total - free) as u64)
+    }
+}
+
+/// Compiles and runs the checksum kernel once, so that it is loaded before any gate exists (see
+/// the module docs). Without NVRTC the backend works and reports no device checksums.
+fn warm_checksum_kernel(ctx: &Arc<CudaContext>) -> Option<Arc<KernelCache>> {
+    let warm = || -> Result<Arc<KernelCache>> {
+        let kernels = Arc::new(KernelCache::new());
+        let mem = sys::DeviceMemory::alloc(ctx, 256)?;
+        let stream = ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        sys::ms64(&kernels, &stream, &mem, 0, 256)?;
+        Ok(kernels)
+    };
+    match warm() {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::warn!(error = %e, "device checksums (ms64) disabled: the checksum kernel cannot run");
+            None
+        }
     }
 }
 
@@ -186,7 +230,8 @@ pub struct CudaArena {
     gate_stream: Arc<CudaStream>,
     sealed: AtomicBool,
     staging: Arc<Mutex<Vec<sys::Pinned>>>,
-    kernels: Arc<KernelCache>,
+    kernels: Option<Arc<KernelCache>>,
+    gate_ctx: Arc<CudaContext>,
 }
 
 impl CudaArena {
@@ -194,12 +239,14 @@ impl CudaArena {
         ctx: Arc<CudaContext>,
         len: u64,
         staging: Arc<Mutex<Vec<sys::Pinned>>>,
-        kernels: Arc<KernelCache>,
+        kernels: Option<Arc<KernelCache>>,
+        gate_ctx: Arc<CudaContext>,
     ) -> Result<Self> {
         let mem = sys::DeviceMemory::alloc(&ctx, len)?;
-        let ready = sys::Event::interprocess(&ctx)?;
+        let ready = sys::Event::interprocess(&gate_ctx)?;
         let gate = Arc::new(sys::Gate::default());
-        let gate_stream = ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        gate_ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let gate_stream = gate_ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
         sys::enqueue_gate(&gate_stream, &gate)?;
         if let Err(e) = ready.record(&gate_stream) {
             gate.open();
@@ -215,6 +262,7 @@ impl CudaArena {
             sealed: AtomicBool::new(false),
             staging,
             kernels,
+            gate_ctx,
         })
     }
 }
@@ -281,6 +329,9 @@ impl Arena for CudaArena {
     }
 
     fn device_checksums(&self, ranges: &[(u64, u64)]) -> Result<Option<Vec<u64>>> {
+        let Some(kernels) = &self.kernels else {
+            return Ok(None);
+        };
         self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
         let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
         let mut out = Vec::with_capacity(ranges.len());
@@ -292,7 +343,7 @@ impl Arena for CudaArena {
                 arena_len: self.len,
             })?;
             check_range("checksum", offset, n, self.len)?;
-            out.push(sys::ms64(&self.kernels, &stream, &self.mem, offset, n)?);
+            out.push(sys::ms64(kernels, &stream, &self.mem, offset, n)?);
         }
         Ok(Some(out))
     }
@@ -307,7 +358,7 @@ impl Drop for CudaArena {
         // Never leave the gate stream blocked: open the gate, let the stream drain, then the
         // event and the memory go (fields drop after this).
         self.gate.open();
-        if self.ctx.bind_to_thread().is_ok()
+        if self.gate_ctx.bind_to_thread().is_ok()
             && let Err(e) = self.gate_stream.synchronize()
         {
             tracing::warn!(error = %e, "gate stream did not drain");
