@@ -156,10 +156,15 @@ class Check:
 
     def load_during_attach(self):
         s0 = self.stats()
+        # Workers first: each creates its context, says so, then polls Attach every 5 ms until
+        # version 1 exists, so that they attach at the start of the load, not after it.
+        workers = [self.worker("check", "--model", "m", "--version", "1", "--retry-secs", "60", "--announce")
+                   for _ in range(4)]
+        for w in workers:
+            w.stdout.readline()
         t = time.perf_counter()
         load = subprocess.Popen([f"{self.bin}/modelshare", "--server", self.address, "--output", "json", "load", "m", "m"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
-        workers = [self.worker("check", "--model", "m", "--version", "1", "--retry-secs", "60") for _ in range(4)]
         out, err = load.communicate(timeout=180)
         wall = time.perf_counter() - t
         done = last_json(out) or {}
@@ -284,6 +289,40 @@ class Check:
         self.row("remap", bool(r.get("ok")), f"worker with CUDA_VISIBLE_DEVICES={uuid[:12]}... found the device by UUID "
                  "(one GPU: the ordinal stays 0)")
 
+    def sweep(self):
+        """Warm loads of the same file by servers with 4, 8, 12 and 16 load threads."""
+        figures = []
+        for threads in (4, 8, 12, 16):
+            sock = os.path.join(self.work, f"sweep{threads}.sock")
+            logf = os.path.join(self.out, f"sweep{threads}.log")
+            with open(logf, "w") as lf:
+                srv = subprocess.Popen(
+                    [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--unix-socket", sock, "--handle-socket",
+                     os.path.join(self.work, f"sweep{threads}-h.sock"), "--model-root", os.path.join(self.work, "models"),
+                     "--log-format", "json", "--load-threads", str(threads)], stdout=lf, stderr=lf, env=self.env)
+                try:
+                    addr = f"unix:{sock}"
+                    for _ in range(300):
+                        p = self.run([f"{self.bin}/modelshare", "--server", addr, "--output", "json", "stats"], timeout=30)
+                        if p.returncode == 0:
+                            break
+                        time.sleep(0.1)
+                    for i in range(2):
+                        self.run([f"{self.bin}/modelshare", "--server", addr, "--output", "json", "load", f"s{i}", "m",
+                                  "--keep-previous"], timeout=300)
+                finally:
+                    srv.send_signal(signal.SIGTERM)
+                    srv.wait(timeout=60)
+            lines = [json.loads(l) for l in open(logf) if l.startswith("{")]
+            loaded = [l["fields"] for l in lines if l["fields"].get("message") == "model loaded"]
+            phases = [l["fields"] for l in lines if l["fields"].get("message") == "load phases"]
+            gb = loaded[-1]["gb_per_s"] if loaded else 0
+            copy_s = phases[-1]["copy_seconds"] if phases else 0
+            figures.append((threads, gb, copy_s))
+        self.results["sweep"] = figures
+        self.row("load threads", all(g > 0 for _, g, _ in figures),
+                 "warm load GB/s by threads: " + ", ".join(f"{t}: {g:.1f}" for t, g, _ in figures))
+
     def stop_server(self):
         self.server.send_signal(signal.SIGTERM)
         rc = self.server.wait(timeout=60)
@@ -334,6 +373,7 @@ def main():
         c.attach_bench()
         c.remap()
         c.stop_server()
+        c.sweep()
     except Exception as e:  # noqa: BLE001
         import traceback
         traceback.print_exc()

@@ -31,6 +31,7 @@ struct Args {
     model: String,
     version: u32,
     hold: bool,
+    announce: bool,
     iters: usize,
     n: usize,
     retry_secs: u64,
@@ -47,6 +48,7 @@ fn args() -> Res<Args> {
         model: String::new(),
         version: 0,
         hold: false,
+        announce: false,
         iters: 20,
         n: 1000,
         retry_secs: 60,
@@ -61,6 +63,7 @@ fn args() -> Res<Args> {
             "--n" => a.n = val()?.parse()?,
             "--retry-secs" => a.retry_secs = val()?.parse()?,
             "--hold" => a.hold = true,
+            "--announce" => a.announce = true,
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
@@ -219,6 +222,10 @@ async fn check(a: &Args) -> Res<serde_json::Value> {
     let t0 = Instant::now();
     let session = Session::open(&a.server, "gpu-worker").await?;
     let context_ms = warm_context(&session)?;
+    if a.announce {
+        // Tells the GPU check that this worker is ready to attach (it then starts the load).
+        println!("{}", serde_json::json!({"event": "context-ready", "pid": std::process::id()}));
+    }
     let t_attach = Instant::now();
     let model = attach_retrying(&session, a).await?;
     let attach_ms = t_attach.elapsed().as_secs_f64() * 1e3;

@@ -33,7 +33,11 @@ use modelshare_kernels::{KernelCache, WeightDtype, checksum, gemv, sys};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-const TOLERANCE: f64 = 1e-5;
+/// Per element, |y − ref| ≤ TOLERANCE_EPS · ε(f32) · √cols · Σ|w·x|: f32 accumulation error
+/// grows like √cols relative to the sum of the magnitudes (a norm-relative test is
+/// ill-conditioned for a single long row whose terms nearly cancel). A dropped element of a
+/// 4097-column row (≈2.4e-4 of Σ|w·x|) is ~4× over this bound.
+const TOLERANCE_EPS: f64 = 8.0;
 const TIMED_RUNS: usize = 50;
 const WARMUP_RUNS: usize = 5;
 /// Elements past the end of y, poisoned with a sentinel that must survive.
@@ -342,27 +346,41 @@ fn check_gemv(
     // An unrelated stream for x: W's rows must not be shifted copies of x.
     let x = par_fill(cols, splitmix64(seed ^ 0x5555), threads, unit);
     // W uploaded as bytes, and the reference computed from the same values.
-    let (w_bytes, reference): (Vec<u8>, Vec<f32>) = match case.dtype {
+    // Σ_j |w_ij · x_j| per row: the scale of row i's rounding error.
+    let abs_sums = |wf: &(dyn Fn(usize) -> f32 + Sync)| -> Vec<f32> {
+        par_rows(rows, threads, |r| {
+            r.map(|i| {
+                (0..cols)
+                    .map(|j| f64::from(wf(i * cols + j)).abs() * f64::from(x[j]).abs())
+                    .sum::<f64>() as f32
+            })
+            .collect()
+        })
+    };
+    let (w_bytes, reference, scale): (Vec<u8>, Vec<f32>, Vec<f32>) = match case.dtype {
         WeightDtype::F32 => {
             let w = par_fill(n, seed, threads, unit);
             let y = par_rows(rows, threads, |r| {
                 reference::gemv_f32(&w[r.start * cols..r.end * cols], &x, r.len(), cols)
             });
-            (par_bytes(&w, threads, |v| v.to_le_bytes()), y)
+            let scale = abs_sums(&|k| w[k]);
+            (par_bytes(&w, threads, |v| v.to_le_bytes()), y, scale)
         }
         WeightDtype::F16 => {
             let w = par_fill(n, seed, threads, |r| f16::from_f32(unit(r)));
             let y = par_rows(rows, threads, |r| {
                 reference::gemv_f16(&w[r.start * cols..r.end * cols], &x, r.len(), cols)
             });
-            (par_bytes(&w, threads, |v| v.to_le_bytes()), y)
+            let scale = abs_sums(&|k| w[k].to_f32());
+            (par_bytes(&w, threads, |v| v.to_le_bytes()), y, scale)
         }
         WeightDtype::BF16 => {
             let w = par_fill(n, seed, threads, |r| bf16::from_f32(unit(r)));
             let y = par_rows(rows, threads, |r| {
                 reference::gemv_bf16(&w[r.start * cols..r.end * cols], &x, r.len(), cols)
             });
-            (par_bytes(&w, threads, |v| v.to_le_bytes()), y)
+            let scale = abs_sums(&|k| w[k].to_f32());
+            (par_bytes(&w, threads, |v| v.to_le_bytes()), y, scale)
         }
     };
 
@@ -403,7 +421,13 @@ fn check_gemv(
         .filter(|v| v.to_bits() != GUARD_BITS)
         .count();
     let rel_err = rel_err(&y[..rows], &reference);
-    let ok = unwritten == 0 && guard_hit == 0 && rel_err.is_finite() && rel_err < TOLERANCE;
+    let bound = TOLERANCE_EPS * f64::from(f32::EPSILON) * (cols as f64).sqrt();
+    let within = y[..rows]
+        .iter()
+        .zip(&reference)
+        .zip(&scale)
+        .all(|((a, b), s)| (f64::from(*a) - f64::from(*b)).abs() <= bound * f64::from(*s).max(f64::MIN_POSITIVE));
+    let ok = unwritten == 0 && guard_hit == 0 && rel_err.is_finite() && within;
 
     let (median_us, gbps) = if case.timed {
         // Enough weight buffers that together they are 3× L2: each run reads W from DRAM.

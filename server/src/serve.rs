@@ -71,9 +71,13 @@ pub enum ServeError {
 
 /// Picks the backend for `choice`; `device` selects the CUDA device (ordinal or UUID).
 /// `auto` takes CUDA when a driver and a device are found at run time, else host memory.
-pub fn backend(choice: BackendChoice, device: &str) -> Result<Arc<dyn Backend>, ServeError> {
+pub fn backend(
+    choice: BackendChoice,
+    device: &str,
+    load_threads: usize,
+) -> Result<Arc<dyn Backend>, ServeError> {
     let cuda = || {
-        CudaBackend::open(device)
+        CudaBackend::open(device, load_threads)
             .map(|b| Arc::new(b) as Arc<dyn Backend>)
             .map_err(|e| ServeError::Backend(format!("cuda: {e}")))
     };
@@ -162,7 +166,7 @@ pub async fn run_notify(
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
-    let backend = backend(config.backend, &config.device)?;
+    let backend = backend(config.backend, &config.device, config.load_threads)?;
     let device = backend.info();
     info!(backend = ?device.backend, device = %device.name, "backend ready");
     let registry = Arc::new(Registry::new(backend, config.registry.clone()));

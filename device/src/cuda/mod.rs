@@ -46,9 +46,7 @@ use crate::error::{DeviceError, Result};
 pub const STAGING_BYTES: usize = 16 << 20;
 /// Staging buffers per writer (copies in flight per loading thread).
 pub const STAGING_SLOTS: usize = 4;
-/// Staging buffers pinned when the backend opens (8 loading threads' worth: 512 MiB), so that
-/// no load pays for pinning host memory (`cuMemHostAlloc` runs at a few GB/s).
-pub const STAGING_PREPINNED: usize = 8 * STAGING_SLOTS;
+
 
 /// Checks that the driver library is there, then initialises it.
 pub fn init_driver() -> Result<()> {
@@ -125,8 +123,10 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens the device named by `selector`: an ordinal (`"0"`), or a UUID (`"GPU-…"`).
-    pub fn open(selector: &str) -> Result<Self> {
+    /// Opens the device named by `selector`: an ordinal (`"0"`), or a UUID (`"GPU-…"`), with
+    /// staging buffers pinned for `load_threads` loading threads, so that no load pays for
+    /// pinning host memory (`cuMemHostAlloc` runs at a few GB/s): 64 MiB a thread.
+    pub fn open(selector: &str, load_threads: usize) -> Result<Self> {
         init_driver()?;
         let ordinal = if selector.to_ascii_uppercase().starts_with("GPU-") {
             ordinal_of(selector)?
@@ -147,7 +147,7 @@ impl CudaBackend {
         let ctx = context(ordinal)?;
         let kernels = warm_checksum_kernel(&ctx);
         let started = std::time::Instant::now();
-        let staging: Vec<sys::Pinned> = (0..STAGING_PREPINNED)
+        let staging: Vec<sys::Pinned> = (0..load_threads * STAGING_SLOTS)
             .map(|_| sys::Pinned::new(&ctx, STAGING_BYTES))
             .collect::<Result<_>>()?;
         tracing::info!(
