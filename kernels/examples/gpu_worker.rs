@@ -224,7 +224,10 @@ async fn check(a: &Args) -> Res<serde_json::Value> {
     let context_ms = warm_context(&session)?;
     if a.announce {
         // Tells the GPU check that this worker is ready to attach (it then starts the load).
-        println!("{}", serde_json::json!({"event": "context-ready", "pid": std::process::id()}));
+        println!(
+            "{}",
+            serde_json::json!({"event": "context-ready", "pid": std::process::id()})
+        );
     }
     let t_attach = Instant::now();
     let model = attach_retrying(&session, a).await?;
@@ -262,7 +265,15 @@ async fn check(a: &Args) -> Res<serde_json::Value> {
     let mut worst = 0f64;
     for ((t, d, r, c), b) in mats.iter().zip(&bufs) {
         let y = stream.clone_dtoh(&b.y)?;
-        let w = t.to_host()?;
+        // bf16 weights come back through the SDK's typed device view (cudarc's DevicePtr);
+        // the others through to_host().
+        let w = if matches!(d, WeightDtype::BF16) {
+            let view = t.device_view::<half::bf16>(&stream)?;
+            let host: Vec<half::bf16> = stream.clone_dtoh(&view)?;
+            bytemuck::cast_slice(&host).to_vec()
+        } else {
+            t.to_host()?
+        };
         let reference = reference_gemv(&w, *d, &b.xs, *r, *c)?;
         let err = rel_err(&y, &reference);
         // The reference reads the same rounded weights and accumulates in f64: the only error

@@ -426,7 +426,9 @@ fn check_gemv(
         .iter()
         .zip(&reference)
         .zip(&scale)
-        .all(|((a, b), s)| (f64::from(*a) - f64::from(*b)).abs() <= bound * f64::from(*s).max(f64::MIN_POSITIVE));
+        .all(|((a, b), s)| {
+            (f64::from(*a) - f64::from(*b)).abs() <= bound * f64::from(*s).max(f64::MIN_POSITIVE)
+        });
     let ok = unwritten == 0 && guard_hit == 0 && rel_err.is_finite() && within;
 
     let (median_us, gbps) = if case.timed {

@@ -36,4 +36,4 @@ pub use client::Client;
 pub use error::WorkerError;
 pub use model::{ArenaView, Model};
 pub use session::{Session, SessionEvent, SessionOptions};
-pub use tensor::{Element, Tensor};
+pub use tensor::{DeviceView, Element, Tensor};

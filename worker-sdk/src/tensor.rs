@@ -1,5 +1,11 @@
 //! Read-only views of tensors inside a mapped arena, as bytes or typed slices.
 
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DeviceSlice, SyncOnDrop};
+use modelshare_device::cuda::CudaMapping;
+
 use crate::model::ArenaView;
 use modelshare_proto::v1 as pb;
 
@@ -147,6 +153,62 @@ impl Tensor {
         }
     }
 
+    /// A typed view of the tensor in device memory (CUDA backend), usable wherever cudarc
+    /// takes a `DevicePtr<T>` (kernel arguments, `stream.clone_dtoh(&view)`, ...). Enqueues on
+    /// `stream` a wait for the version's ready event, so nothing enqueued after it can read the
+    /// tensor before the load has landed. Fails if `T` is not the tensor's dtype or the tensor
+    /// is in host memory.
+    ///
+    /// ```no_run
+    /// # fn f(t: &modelshare_worker::Tensor, stream: &std::sync::Arc<cudarc::driver::CudaStream>)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let w = t.device_view::<half::bf16>(stream)?;
+    /// let host: Vec<half::bf16> = stream.clone_dtoh(&w)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn device_view<T: Element>(
+        &self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<DeviceView<T>, WorkerError> {
+        if self.dtype() != T::DTYPE {
+            return Err(WorkerError::WrongDtype {
+                tensor: self.info.name.clone(),
+                actual: self
+                    .dtype()
+                    .as_str_name()
+                    .trim_start_matches("DTYPE_")
+                    .to_owned(),
+                requested: T::DTYPE
+                    .as_str_name()
+                    .trim_start_matches("DTYPE_")
+                    .to_owned(),
+            });
+        }
+        let ArenaView::Cuda(mapping) = &self.view else {
+            return Err(WorkerError::Protocol(format!(
+                "tensor '{}' is in host memory: use as_slice()",
+                self.info.name
+            )));
+        };
+        mapping
+            .wait_ready(stream)
+            .map_err(|source| WorkerError::Device {
+                model: String::new(),
+                version: 0,
+                source,
+            })?;
+        let len = usize::try_from(self.len()).map_err(|_| {
+            WorkerError::Protocol(format!("tensor '{}' is too large", self.info.name))
+        })?;
+        Ok(DeviceView {
+            ptr: mapping.device_ptr() + self.info.offset,
+            len,
+            stream: stream.clone(),
+            mapping: mapping.clone(),
+            _elem: PhantomData,
+        })
+    }
+
     /// A copy of the bytes in host memory (on CUDA: after the ready event).
     pub fn to_host(&self) -> Result<Vec<u8>, WorkerError> {
         match &self.view {
@@ -176,5 +238,46 @@ impl Tensor {
                 .to_host()
                 .is_ok_and(|b| xxhash_rust::xxh3::xxh3_64(&b) == self.info.xxh3),
         }
+    }
+}
+
+/// A tensor in device memory, typed, read-only, bound to a stream: it implements cudarc's
+/// `DeviceSlice<T>` and `DevicePtr<T>`. It keeps the arena mapped while it lives.
+#[derive(Debug, Clone)]
+pub struct DeviceView<T> {
+    ptr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+    mapping: CudaMapping,
+    _elem: PhantomData<T>,
+}
+
+impl<T> DeviceView<T> {
+    /// The device address in this process.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T> DeviceSlice<T> for DeviceView<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for DeviceView<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        // The tensor is never written after the load, so the only ordering needed is after the
+        // load itself: already enqueued on the view's own stream; on another stream, enqueue it.
+        if stream.cu_stream() != self.stream.cu_stream()
+            && let Err(e) = self.mapping.wait_ready(stream)
+        {
+            tracing::warn!(error = %e, "cannot order a read after the ready event");
+        }
+        (self.ptr, SyncOnDrop::Record(None))
     }
 }

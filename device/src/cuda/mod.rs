@@ -47,7 +47,6 @@ pub const STAGING_BYTES: usize = 16 << 20;
 /// Staging buffers per writer (copies in flight per loading thread).
 pub const STAGING_SLOTS: usize = 4;
 
-
 /// Checks that the driver library is there, then initialises it.
 pub fn init_driver() -> Result<()> {
     if !sys::driver_present() {
