@@ -26,6 +26,8 @@ pub struct App {
     pub config: Arc<Config>,
     /// Cancelled when the server starts shutting down.
     pub shutdown: CancellationToken,
+    /// Set once every start-up model is loaded; worker calls are refused before.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
     load_slots: Arc<Semaphore>,
 }
 
@@ -52,6 +54,7 @@ impl App {
             tickets: Arc::new(Tickets::new(config.ticket_ttl)),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
             shutdown: CancellationToken::new(),
+            ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             config,
         }
     }
@@ -132,6 +135,16 @@ impl App {
             let _ = tx.send(reply);
         });
         Ok(running)
+    }
+
+    /// Refuses worker calls until the start-up models are loaded, so that a worker reconnecting
+    /// to a restarting server does not find its models missing.
+    pub fn require_ready(&self) -> Result<(), ServerError> {
+        if self.ready.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(ServerError::Starting)
+        }
     }
 
     fn load_permit(&self) -> Result<OwnedSemaphorePermit, ServerError> {

@@ -71,6 +71,9 @@ pub enum ServerError {
         /// Version number.
         version: u32,
     },
+    /// The server is still loading its start-up models.
+    #[error("server is starting: start-up models are still loading")]
+    Starting,
     /// The server is shutting down.
     #[error("server is shutting down")]
     ShuttingDown,

@@ -249,6 +249,7 @@ pub async fn run_notify(
             reporter
                 .set_serving::<WorkerServiceServer<WorkerApi>>()
                 .await;
+            app.ready.store(true, std::sync::atomic::Ordering::SeqCst);
             info!(models = config.models.len(), "ready");
             if let Some(tx) = ready {
                 let _ = tx.send(bound.clone());

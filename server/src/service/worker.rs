@@ -68,6 +68,7 @@ impl WorkerService for WorkerApi {
             .and_then(|cred| cred.pid())
             .and_then(|pid| u32::try_from(pid).ok());
         let peer = PeerWatch::open(peer_pid);
+        self.app.require_ready()?;
         let mut inbound = request.into_inner();
         let deadline = self.app.config.heartbeat_interval * self.app.config.heartbeat_misses;
         let first = tokio::time::timeout(deadline, inbound.message())
@@ -159,6 +160,7 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
+        self.app.require_ready()?;
         let req = request.into_inner();
         let registry = &self.app.registry;
         let att = registry.attach(&req.session_id, &req.model, req.version)?;
