@@ -44,6 +44,14 @@ pub enum ServerError {
         /// Its state.
         state: VersionState,
     },
+    /// The version's arena is still being allocated; retry shortly.
+    #[error("version {version} of model '{model}' is being allocated; retry shortly")]
+    Allocating {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+    },
     /// Unknown session id (never opened, or already ended).
     #[error("session '{0}' not found")]
     SessionNotFound(String),

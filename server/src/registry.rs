@@ -762,6 +762,13 @@ impl Registry {
         let arena = match (v.state, &v.arena) {
             (VersionState::Ready, Some(arena)) => arena.clone(),
             (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
+            // The arena is being allocated (outside the lock): a moment from now it can be.
+            (VersionState::Loading, None) => {
+                return Err(ServerError::Allocating {
+                    model: model.to_owned(),
+                    version,
+                });
+            }
             (state, _) => {
                 return Err(ServerError::WrongState {
                     model: model.to_owned(),

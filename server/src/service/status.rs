@@ -27,7 +27,9 @@ impl From<ServerError> for Status {
             ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
             ServerError::Device(_) => Code::Internal,
             ServerError::LoadCancelled { .. } => Code::Aborted,
-            ServerError::ShuttingDown | ServerError::Starting => Code::Unavailable,
+            ServerError::ShuttingDown | ServerError::Starting | ServerError::Allocating { .. } => {
+                Code::Unavailable
+            }
             ServerError::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())
