@@ -477,18 +477,7 @@ impl Registry {
                 }
             }
             (VersionState::Loading, Err(reason)) => {
-                if let Some(arena) = &v.arena {
-                    arena.abandon();
-                }
-                v.error = Some(reason.clone());
-                // Workers that attached during the load hold garbage: end their sessions.
-                revoke_holders(
-                    &mut st,
-                    model,
-                    version,
-                    &format!("the load of version {version} of '{model}' failed: {reason}"),
-                );
-                free_version(&mut st, model, version, VersionState::Failed);
+                abandon_load(&mut st, model, version, &reason, VersionState::Failed);
             }
             // Unloaded while loading: free now unless leases hold it (then the last release does).
             (VersionState::Draining, Ok(manifest)) => {
@@ -498,17 +487,7 @@ impl Registry {
                 }
             }
             (VersionState::Draining, Err(reason)) => {
-                if let Some(arena) = &v.arena {
-                    arena.abandon();
-                }
-                v.error = Some(reason.clone());
-                revoke_holders(
-                    &mut st,
-                    model,
-                    version,
-                    &format!("the load of version {version} of '{model}' ended early: {reason}"),
-                );
-                free_version(&mut st, model, version, VersionState::Freed);
+                abandon_load(&mut st, model, version, &reason, VersionState::Freed);
             }
             (VersionState::Ready | VersionState::Freed | VersionState::Failed, _) => {}
         }
@@ -882,6 +861,25 @@ impl Registry {
             }
         }
     }
+}
+
+/// Ends a load that failed or was cancelled: opens the arena's ready gate, ends the sessions
+/// that attached during the load (they would compute on garbage), frees the arena.
+fn abandon_load(st: &mut State, model: &str, version: u32, reason: &str, end: VersionState) {
+    let Some(v) = version_mut(st, model, version) else {
+        return;
+    };
+    if let Some(arena) = &v.arena {
+        arena.abandon();
+    }
+    v.error = Some(reason.to_owned());
+    revoke_holders(
+        st,
+        model,
+        version,
+        &format!("the load of version {version} of '{model}' did not complete: {reason}"),
+    );
+    free_version(st, model, version, end);
 }
 
 /// Takes a ready version out of service: freed at once without leases, else draining (and its

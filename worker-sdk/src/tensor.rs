@@ -120,22 +120,21 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn as_slice<T: Element>(&self) -> Result<&[T], WorkerError> {
-        if self.dtype() != T::DTYPE {
-            return Err(WorkerError::WrongDtype {
-                tensor: self.info.name.clone(),
-                actual: self
-                    .dtype()
-                    .as_str_name()
-                    .trim_start_matches("DTYPE_")
-                    .to_owned(),
-                requested: T::DTYPE
-                    .as_str_name()
-                    .trim_start_matches("DTYPE_")
-                    .to_owned(),
-            });
-        }
+        self.check_dtype::<T>()?;
         bytemuck::try_cast_slice(self.bytes())
             .map_err(|e| WorkerError::Protocol(format!("tensor '{}': {e}", self.info.name)))
+    }
+
+    fn check_dtype<T: Element>(&self) -> Result<(), WorkerError> {
+        if self.dtype() == T::DTYPE {
+            return Ok(());
+        }
+        let name = |d: pb::DType| d.as_str_name().trim_start_matches("DTYPE_").to_owned();
+        Err(WorkerError::WrongDtype {
+            tensor: self.info.name.clone(),
+            actual: name(self.dtype()),
+            requested: name(T::DTYPE),
+        })
     }
 
     /// Whether the tensor lives in device memory.
@@ -170,20 +169,7 @@ impl Tensor {
         &self,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceView<T>, WorkerError> {
-        if self.dtype() != T::DTYPE {
-            return Err(WorkerError::WrongDtype {
-                tensor: self.info.name.clone(),
-                actual: self
-                    .dtype()
-                    .as_str_name()
-                    .trim_start_matches("DTYPE_")
-                    .to_owned(),
-                requested: T::DTYPE
-                    .as_str_name()
-                    .trim_start_matches("DTYPE_")
-                    .to_owned(),
-            });
-        }
+        self.check_dtype::<T>()?;
         let ArenaView::Cuda(mapping) = &self.view else {
             return Err(WorkerError::Protocol(format!(
                 "tensor '{}' is in host memory: use as_slice()",
