@@ -26,6 +26,8 @@ pub struct App {
     pub config: Arc<Config>,
     /// Cancelled when the server starts shutting down.
     pub shutdown: CancellationToken,
+    /// Prometheus metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Set once every start-up model is loaded; worker calls are refused before.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     load_slots: Arc<Semaphore>,
@@ -48,13 +50,18 @@ pub struct RunningLoad {
 
 impl App {
     /// Application state over `registry`.
-    pub fn new(registry: Arc<Registry>, config: Arc<Config>) -> Self {
+    pub fn new(
+        registry: Arc<Registry>,
+        config: Arc<Config>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
         Self {
             registry,
             tickets: Arc::new(Tickets::new(config.ticket_ttl)),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
             shutdown: CancellationToken::new(),
             ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            metrics,
             config,
         }
     }
@@ -104,6 +111,7 @@ impl App {
         };
         let registry = self.registry.clone();
         let threads = self.config.load_threads;
+        let metrics = self.metrics.clone();
         tokio::task::spawn_blocking(move || {
             let _permit: OwnedSemaphorePermit = permit;
             let started = std::time::Instant::now();
@@ -111,6 +119,9 @@ impl App {
                 Ok(manifest) => {
                     registry.finish_load(&job, Ok(manifest));
                     let secs = started.elapsed().as_secs_f64();
+                    metrics.loads.with_label_values(&["ok"]).inc();
+                    metrics.load_seconds.observe(secs);
+                    metrics.load_bytes.inc_by(plan.payload_bytes);
                     info!(
                         model = %job.model,
                         version = job.version,
@@ -127,6 +138,7 @@ impl App {
                         })
                 }
                 Err(e) => {
+                    metrics.loads.with_label_values(&["error"]).inc();
                     warn!(model = %job.model, version = job.version, error = %e, "load failed");
                     registry.finish_load(&job, Err(e.to_string()));
                     Err(e)

@@ -85,6 +85,9 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum, env = "MODELSHARE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Address for the metrics HTTP port (`/metrics`, `/healthz`, `/readyz`); off when unset.
+    #[arg(long, env = "MODELSHARE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Seconds to let requests finish after SIGTERM before closing them.
     #[arg(long, env = "MODELSHARE_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -130,6 +133,7 @@ struct FileLimits {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
     unix_socket: Option<PathBuf>,
     handle_socket: Option<PathBuf>,
     model_root: Option<PathBuf>,
@@ -178,6 +182,8 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// Unix socket for gRPC.
     pub unix_socket: Option<PathBuf>,
+    /// Metrics HTTP address.
+    pub metrics_listen: Option<SocketAddr>,
     /// Handle socket for fd passing.
     pub handle_socket: PathBuf,
     /// Model repository root.
@@ -267,6 +273,7 @@ impl Config {
         let weight_defaults = WeightLimits::default();
         Ok(Self {
             listen,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
             unix_socket,
             handle_socket,
             model_root,

@@ -14,6 +14,8 @@
 //! - [`handles`]: one-time tickets and the Unix handle socket that passes arena fds.
 //! - [`service`]: the gRPC services (admin, worker), thin over the registry; errors become
 //!   `tonic::Status` in [`service::status`] only.
+//! - [`metrics`]: Prometheus metrics, `/metrics`, `/healthz` and `/readyz` on their own port,
+//!   and the tower layer that counts gRPC requests.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
 //! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`).
 //! - [`demo`]: a small generated model, so the server can run with no model at hand.
@@ -31,6 +33,7 @@ pub mod demo;
 pub mod error;
 pub mod handles;
 pub mod loader;
+pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod serve;

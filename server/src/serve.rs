@@ -28,9 +28,14 @@ use crate::app::App;
 use crate::config::{BackendChoice, Config};
 use crate::error::ServerError;
 use crate::handles;
+use crate::metrics::grpc::GrpcMetricsLayer;
+use crate::metrics::{self, Metrics, MetricsState};
 use crate::registry::Registry;
 use crate::service::admin::AdminApi;
 use crate::service::worker::WorkerApi;
+
+/// The middleware stack of the gRPC server.
+type GrpcStack = tower::layer::util::Stack<GrpcMetricsLayer, tower::layer::util::Identity>;
 
 /// Largest gRPC message accepted or sent (manifests with metadata files can be large).
 const MAX_MESSAGE_BYTES: usize = 128 << 20;
@@ -64,6 +69,9 @@ pub enum ServeError {
     /// The reflection service could not be built.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The metrics registry could not be built.
+    #[error("metrics: {0}")]
+    Metrics(String),
     /// The gRPC transport failed.
     #[error("grpc transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -120,7 +128,7 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
     UnixListener::bind(path).map_err(bind_err)
 }
 
-fn router(app: &App, health: HealthServer<impl Health>) -> Result<Router, ServeError> {
+fn router(app: &App, health: HealthServer<impl Health>) -> Result<Router<GrpcStack>, ServeError> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(modelshare_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -132,6 +140,8 @@ fn router(app: &App, health: HealthServer<impl Health>) -> Result<Router, ServeE
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     Ok(Server::builder()
+        // Count and time every request by service, method and status code.
+        .layer(GrpcMetricsLayer::new(app.metrics.clone()))
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)
         // Detect dead peers on idle connections (a worker host that vanished).
@@ -170,7 +180,8 @@ pub async fn run_notify(
     let device = backend.info();
     info!(backend = ?device.backend, device = %device.name, "backend ready");
     let registry = Arc::new(Registry::new(backend, config.registry.clone()));
-    let app = App::new(registry.clone(), config.clone());
+    let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Metrics(e.to_string()))?);
+    let app = App::new(registry.clone(), config.clone(), metrics.clone());
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -185,6 +196,31 @@ pub async fn run_notify(
         tasks.spawn(async move {
             handles::serve(handle_listener, tickets, registry, stop).await;
             Ok(())
+        });
+    }
+
+    if let Some(addr) = config.metrics_listen {
+        let listener = metrics::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                what: format!("metrics {addr}"),
+                source,
+            })?;
+        let local = listener.local_addr().ok();
+        info!(metrics = ?local, "metrics listening");
+        let state = MetricsState {
+            metrics: metrics.clone(),
+            registry: registry.clone(),
+            ready: app.ready.clone(),
+        };
+        let stop = app.shutdown.clone();
+        tasks.spawn(async move {
+            metrics::serve(listener, state, stop)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    what: "metrics".into(),
+                    source,
+                })
         });
     }
 

@@ -52,6 +52,21 @@ enum EndReason {
     PeerExited,
 }
 
+impl EndReason {
+    /// The metric label.
+    fn label(self) -> &'static str {
+        match self {
+            EndReason::Closed => "closed",
+            EndReason::StreamError => "stream_error",
+            EndReason::HeartbeatTimeout => "heartbeat_timeout",
+            EndReason::ProtocolViolation => "protocol_violation",
+            EndReason::Shutdown => "shutdown",
+            EndReason::Revoked => "revoked",
+            EndReason::PeerExited => "peer_exited",
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl WorkerService for WorkerApi {
     type SessionStream = EventStream;
@@ -151,12 +166,42 @@ impl WorkerService for WorkerApi {
                 }
             };
             let released = app.registry.end_session(&id);
+            app.metrics.session_ended(reason.label());
             info!(session = %id, reason = ?reason, leases_released = released, "session ended");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn attach(
+        &self,
+        request: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::AttachResponse>, Status> {
+        let started = std::time::Instant::now();
+        let result = self.attach_inner(request).await;
+        let m = &self.app.metrics;
+        match &result {
+            Ok(_) => {
+                m.attaches.with_label_values(&["ok"]).inc();
+                m.attach_seconds.observe(started.elapsed().as_secs_f64());
+            }
+            Err(_) => m.attaches.with_label_values(&["error"]).inc(),
+        }
+        result
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let req = request.into_inner();
+        self.app.registry.release(&req.session_id, &req.lease_id)?;
+        self.app.tickets.revoke_lease(&req.lease_id);
+        Ok(Response::new(pb::ReleaseResponse {}))
+    }
+}
+
+impl WorkerApi {
+    async fn attach_inner(
         &self,
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
@@ -204,16 +249,6 @@ impl WorkerService for WorkerApi {
             handle: Some(handle),
             loading: att.loading,
         }))
-    }
-
-    async fn release(
-        &self,
-        request: Request<pb::ReleaseRequest>,
-    ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let req = request.into_inner();
-        self.app.registry.release(&req.session_id, &req.lease_id)?;
-        self.app.tickets.revoke_lease(&req.lease_id);
-        Ok(Response::new(pb::ReleaseResponse {}))
     }
 }
 

@@ -8,5 +8,6 @@ mod cli;
 mod lifecycle;
 mod load;
 mod malformed;
+mod metrics;
 mod transport;
 mod workers;
