@@ -146,3 +146,152 @@ async fn series_follow_loads_sessions_and_attaches() {
     })
     .await;
 }
+
+/// `deploy/` at the repository root.
+fn deploy_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Runs a tool, failing the test with a clear message when it is not installed.
+fn tool(name: &str) -> std::process::Command {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{name} is not installed: `apt-get install prometheus` (scripts/test does it)"
+    );
+    std::process::Command::new(name)
+}
+
+/// The exposition must pass the real `promtool check metrics` (names, units, types, help).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exposition_passes_promtool() {
+    let server = Server::start_with(&["--metrics-listen", "127.0.0.1:0"], |root| {
+        common::write_safetensors(
+            &root.join("m/model.safetensors"),
+            &[t("w", Dtype::F32, &[64], 1)],
+        );
+    })
+    .await;
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load");
+    let session = modelshare_worker::Session::open(&server.address, "w")
+        .await
+        .expect("session");
+    let _model = session.attach("m").await.expect("attach");
+    let body = get(&metrics_addr(&server), "/metrics").1;
+    let mut child = tool("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The shipped alert rules must be valid and their unit tests pass (`promtool test rules`).
+#[test]
+fn shipped_alert_rules_pass_promtool() {
+    let dir = deploy_dir().join("prometheus");
+    for args in [
+        &["check", "rules", "alerts.yml"][..],
+        &["test", "rules", "alerts_test.yml"],
+        &["check", "config", "prometheus.yml"],
+    ] {
+        let out = tool("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A real Prometheus with the shipped scrape config must scrape the server, and a series must
+/// come back through its HTTP query API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_the_server() {
+    let server = Server::start_with(&["--metrics-listen", "127.0.0.1:0"], |_| {}).await;
+    let target = metrics_addr(&server);
+    let _session = modelshare_worker::Session::open(&server.address, "w")
+        .await
+        .expect("session");
+
+    // The shipped config, pointed at this server and scraping every second.
+    let shipped =
+        std::fs::read_to_string(deploy_dir().join("prometheus/prometheus.yml")).expect("config");
+    assert!(shipped.contains("modelshare:9400") && shipped.contains("scrape_interval: 15s"));
+    let config = shipped
+        .replace("modelshare:9400", &target)
+        .replace("scrape_interval: 15s", "scrape_interval: 1s");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
+    std::fs::copy(
+        deploy_dir().join("prometheus/alerts.yml"),
+        dir.path().join("alerts.yml"),
+    )
+    .expect("rules");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut prom = tool("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prometheus.log")).expect("log"))
+        .spawn()
+        .expect("prometheus");
+    let api = format!("127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    let found = loop {
+        if std::net::TcpStream::connect(&api).is_ok() {
+            let (status, body) = get(&api, "/api/v1/query?query=modelshare_sessions");
+            last = body.clone();
+            if status == 200 && body.contains(r#""__name__":"modelshare_sessions""#) {
+                break body;
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = prom.kill();
+            panic!(
+                "no modelshare_sessions from Prometheus in 30 s; last answer: {last}\nlog: {}",
+                std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = prom.kill();
+    let _ = prom.wait();
+    // One session is open: the value is the string "1" in the vector result.
+    assert!(found.contains(r#","1"]"#), "{found}");
+}
