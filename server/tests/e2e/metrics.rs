@@ -109,10 +109,27 @@ async fn series_follow_loads_sessions_and_attaches() {
     );
     assert_eq!(value(&body, "modelshare_sessions"), 0.0);
 
-    let session = modelshare_worker::Session::open(&server.address, "w")
-        .await
-        .expect("session");
-    let model = session.attach("m").await.expect("attach");
+    // A real worker process attaches and holds its lease.
+    let mut worker = std::process::Command::new(common::BIN)
+        .args([
+            "--server",
+            &server.address,
+            "--output",
+            "json",
+            "probe",
+            "m",
+            "--hold",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("worker");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(worker.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("report");
+    assert!(line.contains(r#""verified":true"#), "{line}");
     let body = get(&addr, "/metrics").1;
     assert_eq!(value(&body, "modelshare_sessions"), 1.0);
     assert_eq!(value(&body, "modelshare_leases"), 1.0);
@@ -124,27 +141,45 @@ async fn series_follow_loads_sessions_and_attaches() {
         value(&body, "modelshare_attach_duration_seconds_count"),
         1.0
     );
-    model.release().await.expect("release");
-    drop(session);
-    common::eventually(Duration::from_secs(3), "sessions back to 0", || {
-        let addr = addr.clone();
-        async move {
-            let body = get(&addr, "/metrics").1;
-            value(&body, "modelshare_sessions") == 0.0
-                && value(&body, "modelshare_leases") == 0.0
-                && value(&body, r#"modelshare_sessions_ended_total{reason="closed"}"#)
-                    + value(
-                        &body,
-                        r#"modelshare_sessions_ended_total{reason="stream_error"}"#,
-                    )
-                    + value(
-                        &body,
-                        r#"modelshare_sessions_ended_total{reason="peer_exited"}"#,
-                    )
-                    == 1.0
-        }
-    })
+    // The worker leaves (SIGTERM: it releases and closes its session).
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+    let _ = worker.wait();
+    common::eventually(
+        Duration::from_secs(3),
+        "sessions and leases back to 0",
+        || {
+            let addr = addr.clone();
+            async move {
+                let body = get(&addr, "/metrics").1;
+                value(&body, "modelshare_sessions") == 0.0
+                    && value(&body, "modelshare_leases") == 0.0
+            }
+        },
+    )
     .await;
+    let body = get(&addr, "/metrics").1;
+    assert_eq!(
+        value(
+            &body,
+            r#"modelshare_grpc_requests_total{code="OK",method="Release",service="modelshare.v1.WorkerService"}"#
+        ),
+        1.0,
+        "the worker released its lease: {body}"
+    );
+    let ended: f64 = ["closed", "stream_error", "peer_exited"]
+        .iter()
+        .map(|r| {
+            value(
+                &body,
+                &format!(r#"modelshare_sessions_ended_total{{reason="{r}"}}"#),
+            )
+        })
+        .sum();
+    assert_eq!(ended, 1.0, "{body}");
 }
 
 /// `deploy/` at the repository root.

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Structural checks of deploy/: every YAML and JSON file parses, and the settings that
+matter are there (GPU requests, IPC namespace, the socket volume, probes on /healthz and
+/readyz, scrape annotations, a non-root user and a health check in the image). Every metric
+the dashboard and the alert rules use must be one the server exports.
+
+Prints "N passed, M failed" last; exits non-zero on any failure.
+"""
+
+import json
+import os
+import re
+import sys
+import traceback
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEPLOY = os.path.join(ROOT, "deploy")
+
+
+def load_yaml(rel):
+    with open(os.path.join(DEPLOY, rel)) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def by_kind(docs, kind):
+    found = [d for d in docs if d.get("kind") == kind]
+    assert found, f"no {kind}"
+    return found[0]
+
+
+def exported_metrics():
+    src = open(os.path.join(ROOT, "server", "src", "metrics", "mod.rs")).read()
+    return set(re.findall(r'"(modelshare_[a-z_]+)"', src))
+
+
+def used_metrics(text):
+    names = set(re.findall(r"\b(modelshare_[a-z_]+)", text))
+    return {re.sub(r"_(bucket|count|sum)$", "", n) for n in names}
+
+
+def test_server_daemonset():
+    docs = load_yaml("k8s/server-daemonset.yaml")
+    ds = by_kind(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostIPC"] is True, "CUDA IPC needs the node's IPC namespace"
+    c = pod["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["sockets"] == "/run/modelshare"
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["sockets"]["hostPath"]["path"] == "/run/modelshare"
+    ann = ds["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "9400"
+    cfg = by_kind(docs, "ConfigMap")["data"]["modelshare.toml"]
+    assert 'metrics_listen = "0.0.0.0:9400"' in cfg and 'unix_socket = "/run/modelshare/grpc.sock"' in cfg
+    assert by_kind(docs, "Service")["spec"]["ports"]
+
+
+def test_worker_deployment():
+    dep = by_kind(load_yaml("k8s/worker-deployment.yaml"), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["hostIPC"] is True
+    c = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["MODELSHARE_SERVER"] == "unix:/run/modelshare/grpc.sock"
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/run/modelshare"}
+    assert pod["volumes"][0]["hostPath"]["path"] == "/run/modelshare"
+
+
+def test_compose():
+    (doc,) = load_yaml("compose.yaml")
+    s, w = doc["services"]["modelshare"], doc["services"]["worker"]
+    assert s["ipc"] == "shareable" and w["ipc"] == "service:modelshare" and w["pid"] == "service:modelshare"
+    for svc in (s, w):
+        dev = svc["deploy"]["resources"]["reservations"]["devices"][0]
+        assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"]
+    assert "sockets:/run/modelshare" in s["volumes"] and "sockets:/run/modelshare" in w["volumes"]
+    assert w["depends_on"]["modelshare"]["condition"] == "service_healthy"
+
+
+def test_dockerfile():
+    text = open(os.path.join(DEPLOY, "Dockerfile")).read()
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert len(froms) == 2 and froms[1].startswith("nvidia/cuda:"), froms
+    assert re.search(r"^USER (?!root|0\b)\S+", text, re.M), "must run as a non-root user"
+    assert "HEALTHCHECK" in text and "EXPOSE 50051 9400" in text
+    assert "docker build -f deploy/Dockerfile" in text
+
+
+def test_dashboard():
+    dash = json.load(open(os.path.join(DEPLOY, "grafana", "modelshare.json")))
+    assert dash["panels"], "no panels"
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    unknown = used_metrics(exprs) - exported_metrics()
+    assert not unknown, f"dashboard uses metrics the server does not export: {unknown}"
+
+
+def test_alert_rules_use_exported_metrics():
+    (doc,) = load_yaml("prometheus/alerts.yml")
+    exprs = " ".join(r["expr"] for g in doc["groups"] for r in g["rules"])
+    unknown = used_metrics(exprs) - exported_metrics()
+    assert not unknown, f"alert rules use metrics the server does not export: {unknown}"
+
+
+def main():
+    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
+    failed = 0
+    for t in tests:
+        try:
+            t()
+            print(f"test {t.__name__} ... ok")
+        except Exception:  # noqa: BLE001
+            failed += 1
+            print(f"test {t.__name__} ... FAILED")
+            traceback.print_exc()
+    print(f"{len(tests) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
