@@ -2,14 +2,16 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::admin_service_client::AdminServiceClient;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
+use serde_json::Value;
 use tonic::transport::Channel;
 
 /// Path of the binary under test.
@@ -355,4 +357,81 @@ pub async fn raw_session(address: &str, hello: pb::Hello) -> RawSession {
         events,
         welcome,
     }
+}
+
+/// A worker process holding a lease.
+pub struct Worker {
+    child: Child,
+    lines: BufReader<ChildStdout>,
+    /// The JSON report the worker printed after attaching.
+    pub report: Value,
+}
+
+impl Worker {
+    /// Starts `modelshare probe MODEL --hold --output json` and waits for its report.
+    pub fn start(server: &Server, model: &str, name: &str) -> Worker {
+        let mut child = Command::new(BIN)
+            .args([
+                "--server",
+                &server.address,
+                "--output",
+                "json",
+                "probe",
+                model,
+                "--hold",
+                "--name",
+                name,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn probe");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
+        let report = read_json_line(&mut lines);
+        assert_eq!(report["event"], "attached", "{report}");
+        Worker {
+            child,
+            lines,
+            report,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn next_event(&mut self) -> Value {
+        read_json_line(&mut self.lines)
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) {
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn read_json_line(lines: &mut BufReader<ChildStdout>) -> Value {
+    let mut line = String::new();
+    let n = lines
+        .read_line(&mut line)
+        .expect("read a line from the worker");
+    assert!(n > 0, "the worker closed its output");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
 }

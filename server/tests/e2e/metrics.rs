@@ -110,26 +110,8 @@ async fn series_follow_loads_sessions_and_attaches() {
     assert_eq!(value(&body, "modelshare_sessions"), 0.0);
 
     // A real worker process attaches and holds its lease.
-    let mut worker = std::process::Command::new(common::BIN)
-        .args([
-            "--server",
-            &server.address,
-            "--output",
-            "json",
-            "probe",
-            "m",
-            "--hold",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("worker");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(worker.stdout.take().expect("stdout")),
-        &mut line,
-    )
-    .expect("report");
-    assert!(line.contains(r#""verified":true"#), "{line}");
+    let mut worker = common::Worker::start(&server, "m", "metrics-worker");
+    assert_eq!(worker.report["verified"], true, "{}", worker.report);
     let body = get(&addr, "/metrics").1;
     assert_eq!(value(&body, "modelshare_sessions"), 1.0);
     assert_eq!(value(&body, "modelshare_leases"), 1.0);
@@ -142,12 +124,8 @@ async fn series_follow_loads_sessions_and_attaches() {
         1.0
     );
     // The worker leaves (SIGTERM: it releases and closes its session).
-    let ok = std::process::Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(ok.success());
-    let _ = worker.wait();
+    worker.signal("TERM");
+    worker.wait();
     common::eventually(
         Duration::from_secs(3),
         "sessions and leases back to 0",

@@ -1,86 +1,12 @@
 //! Real worker processes (`modelshare probe --hold`) sharing one model; crashes, forced
 //! unloads and server restarts.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use modelshare_proto::v1 as pb;
 use safetensors::Dtype;
-use serde_json::Value;
 
-use crate::common::{self, Server, T, t};
-
-/// A worker process holding a lease.
-struct Worker {
-    child: Child,
-    lines: BufReader<ChildStdout>,
-    report: Value,
-}
-
-impl Worker {
-    /// Starts `modelshare probe MODEL --hold --output json` and waits for its report.
-    fn start(server: &Server, model: &str, name: &str) -> Worker {
-        let mut child = Command::new(common::BIN)
-            .args([
-                "--server",
-                &server.address,
-                "--output",
-                "json",
-                "probe",
-                model,
-                "--hold",
-                "--name",
-                name,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn probe");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
-        let report = read_json_line(&mut lines);
-        assert_eq!(report["event"], "attached", "{report}");
-        Worker {
-            child,
-            lines,
-            report,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn next_event(&mut self) -> Value {
-        read_json_line(&mut self.lines)
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("kill");
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn read_json_line(lines: &mut BufReader<ChildStdout>) -> Value {
-    let mut line = String::new();
-    let n = lines
-        .read_line(&mut line)
-        .expect("read a line from the worker");
-    assert!(n > 0, "the worker closed its output");
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-}
+use crate::common::{self, Server, T, Worker, t};
 
 /// A model of `mib` MiB of f32 in 8 tensors plus small ones of other dtypes.
 fn model(root: &std::path::Path, name: &str, mib: usize) {
