@@ -131,7 +131,7 @@ where
                 .inc();
             metrics
                 .grpc_seconds
-                .with_label_values(&[service.as_str(), method.as_str()])
+                .with_label_values(&[service.as_str(), method.as_str(), code])
                 .observe(started.elapsed().as_secs_f64());
             result
         })

@@ -32,7 +32,7 @@ pub struct Metrics {
     registry: Registry,
     /// gRPC requests by service, method and status code.
     pub grpc_requests: IntCounterVec,
-    /// gRPC request latency by service and method (to the response head; streams: to open).
+    /// gRPC request latency by service, method and code (to the response head; streams: to open).
     pub grpc_seconds: HistogramVec,
     /// Attaches by result (`ok`, `error`).
     pub attaches: IntCounterVec,
@@ -48,6 +48,7 @@ pub struct Metrics {
     pub sessions_ended: IntCounterVec,
     versions: IntGaugeVec,
     arena_bytes: IntGaugeVec,
+    models: IntGauge,
     sessions: IntGauge,
     leases: IntGauge,
     device_total: IntGauge,
@@ -78,10 +79,10 @@ impl Metrics {
         let grpc_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "modelshare_grpc_request_duration_seconds",
-                "gRPC request latency to the response head, by service and method.",
+                "gRPC request latency to the response head, by service, method and status code.",
             )
             .buckets(latency_buckets()),
-            &["service", "method"],
+            &["service", "method", "code"],
         )?;
         registry.register(Box::new(grpc_seconds.clone()))?;
         let attach_seconds = Histogram::with_opts(
@@ -143,6 +144,7 @@ impl Metrics {
             )?,
             versions,
             arena_bytes,
+            models: gauge("modelshare_models", "Model names on record.")?,
             sessions: gauge("modelshare_sessions", "Open worker sessions.")?,
             leases: gauge("modelshare_leases", "Leases held.")?,
             device_total: gauge(
@@ -180,6 +182,7 @@ impl Metrics {
                     .set(i64::try_from(held).unwrap_or(i64::MAX));
             }
         }
+        self.models.set(i64::from(stats.models));
         self.sessions.set(i64::from(stats.sessions));
         self.leases.set(i64::from(stats.leases));
         self.device_total

@@ -86,6 +86,14 @@ async fn series_follow_loads_sessions_and_attaches() {
         value(&body, r#"modelshare_model_versions{state="ready"}"#),
         1.0
     );
+    assert_eq!(value(&body, "modelshare_models"), 1.0);
+    assert_eq!(
+        value(
+            &body,
+            r#"modelshare_grpc_request_duration_seconds_count{code="NOT_FOUND",method="DescribeModel",service="modelshare.v1.AdminService"}"#
+        ),
+        1.0
+    );
     assert_eq!(value(&body, r#"modelshare_loads_total{result="ok"}"#), 1.0);
     assert_eq!(
         value(&body, "modelshare_load_bytes_total"),
