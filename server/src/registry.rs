@@ -270,6 +270,42 @@ struct State {
     /// Arenas held or reserved.
     arenas: u32,
     shutting_down: bool,
+    /// Arenas released while the lock was held, dropped right after it is released (freeing
+    /// device memory can take milliseconds: not under the lock).
+    graveyard: Vec<Arc<dyn Arena>>,
+}
+
+/// The registry's lock guard: drops released arenas after unlocking.
+struct StateGuard<'a> {
+    guard: Option<MutexGuard<'a, State>>,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        // Present until drop.
+        self.guard
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("guard taken before drop"))
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.guard
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("guard taken before drop"))
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(mut guard) = self.guard.take() {
+            let dead = std::mem::take(&mut guard.graveyard);
+            drop(guard);
+            drop(dead);
+        }
+    }
 }
 
 /// The registry of models, versions, sessions and leases.
@@ -310,10 +346,12 @@ impl Registry {
         self.events.subscribe()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> StateGuard<'_> {
         // A panic while holding the lock cannot leave the maps half-updated in a way later calls
         // would trip over (every section updates and then returns), so recover from poisoning.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        StateGuard {
+            guard: Some(self.state.lock().unwrap_or_else(|e| e.into_inner())),
+        }
     }
 
     /// Admits a load: checks limits, assigns a version number, allocates the arena.
@@ -955,9 +993,10 @@ fn free_version(st: &mut State, model: &str, version: u32, end: VersionState) {
         return;
     };
     let had_reservation = v.state.holds_arena();
-    v.arena = None;
+    let arena = v.arena.take();
     v.state = end;
     let bytes = v.arena_bytes;
+    st.graveyard.extend(arena);
     if had_reservation {
         st.arena_bytes = st.arena_bytes.saturating_sub(bytes);
         st.arenas = st.arenas.saturating_sub(1);
@@ -1006,5 +1045,111 @@ fn snapshot_model(name: &str, rec: &ModelRecord) -> ModelSnapshot {
             .iter()
             .map(|(n, v)| snapshot_version(*n, v))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{OnceLock, Weak};
+
+    use modelshare_device::{BackendKind, ExportedHandle};
+
+    use super::*;
+    use crate::weights::layout::Layout;
+    use crate::weights::source::ModelSource;
+
+    /// Shared between the test, the backend and its arenas.
+    #[derive(Debug, Default)]
+    struct Probe {
+        registry: OnceLock<Weak<Registry>>,
+        /// Whether the registry's lock was free when an arena was dropped.
+        unlocked_at_drop: Mutex<Vec<bool>>,
+    }
+
+    #[derive(Debug)]
+    struct ProbeArena(Arc<Probe>);
+
+    impl Arena for ProbeArena {
+        fn len(&self) -> u64 {
+            0
+        }
+        fn write_at(&self, _: u64, _: &[u8]) -> modelshare_device::Result<()> {
+            Ok(())
+        }
+        fn seal(&self) -> modelshare_device::Result<()> {
+            Ok(())
+        }
+        fn export(&self) -> modelshare_device::Result<ExportedHandle> {
+            Err(modelshare_device::DeviceError::Unsupported {
+                what: "export".into(),
+            })
+        }
+        fn read_at(&self, _: u64, _: &mut [u8]) -> modelshare_device::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Drop for ProbeArena {
+        fn drop(&mut self) {
+            if let Some(r) = self.0.registry.get().and_then(Weak::upgrade) {
+                let free = r.state.try_lock().is_ok();
+                self.0.unlocked_at_drop.lock().expect("probe").push(free);
+            }
+        }
+    }
+
+    #[derive(Debug)]
+    struct ProbeBackend(Arc<Probe>);
+
+    impl Backend for ProbeBackend {
+        fn info(&self) -> DeviceInfo {
+            DeviceInfo {
+                backend: BackendKind::Host,
+                uuid: "probe".into(),
+                name: "probe".into(),
+                total_bytes: 0,
+            }
+        }
+        fn allocate(&self, _: u64, _: &str) -> modelshare_device::Result<Box<dyn Arena>> {
+            Ok(Box::new(ProbeArena(self.0.clone())))
+        }
+        fn used_bytes(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    /// Freeing device memory can take milliseconds: arenas must be dropped after the registry's
+    /// lock is released, or every other call would wait on it.
+    #[test]
+    fn arenas_are_dropped_outside_the_lock() {
+        let probe = Arc::new(Probe::default());
+        let registry = Arc::new(Registry::new(
+            Arc::new(ProbeBackend(probe.clone())),
+            RegistryLimits::default(),
+        ));
+        probe
+            .registry
+            .set(Arc::downgrade(&registry))
+            .expect("set once");
+        let source = ModelSource {
+            source: "m".into(),
+            shards: Vec::new(),
+            header_metadata: BTreeMap::new(),
+            metadata_files: Vec::new(),
+        };
+        let layout = Layout {
+            tensors: Vec::new(),
+            arena_bytes: 0,
+            payload_bytes: 0,
+        };
+        let job = registry
+            .begin_load("m", &source, &layout, false)
+            .expect("begin");
+        registry.finish_load(&job, Ok(job.manifest.clone()));
+        drop(job);
+        assert_eq!(registry.stats().arenas, 1);
+        registry.unload("m", None, false).expect("unload");
+        assert_eq!(registry.stats().arenas, 0);
+        assert_eq!(*probe.unlocked_at_drop.lock().expect("probe"), vec![true]);
     }
 }
