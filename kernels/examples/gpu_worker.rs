@@ -163,14 +163,9 @@ async fn attach_retrying(session: &Session, a: &Args) -> Res<Model> {
     loop {
         match session.attach_version(&a.model, a.version).await {
             Ok(m) => return Ok(m),
-            // Not there yet, or its arena is being allocated: ask again.
-            Err(e)
-                if Instant::now() < deadline
-                    && matches!(
-                        e.code(),
-                        Some(tonic::Code::NotFound | tonic::Code::Unavailable)
-                    ) =>
-            {
+            // The version does not exist yet (the load has not started): ask again. (While its
+            // arena is being allocated the SDK itself retries.)
+            Err(e) if Instant::now() < deadline && e.code() == Some(tonic::Code::NotFound) => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             Err(e) => return Err(e.into()),

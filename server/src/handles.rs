@@ -118,16 +118,6 @@ impl Tickets {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|_, t| t.lease != lease);
     }
-
-    /// Tickets outstanding (expired ones included until the next issue).
-    pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Whether no ticket is outstanding.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Accepts handle-socket connections until `shutdown` is cancelled.

@@ -92,8 +92,8 @@ pub fn backend(
     match choice {
         BackendChoice::Host => Ok(Arc::new(HostBackend::new())),
         BackendChoice::Cuda => cuda(),
-        BackendChoice::Auto => match modelshare_device::cuda::devices() {
-            Ok(devices) if !devices.is_empty() => cuda(),
+        BackendChoice::Auto => match modelshare_device::cuda::device_count() {
+            Ok(n) if n > 0 => cuda(),
             Ok(_) => {
                 info!("backend auto: the CUDA driver sees no device; using host memory");
                 Ok(Arc::new(HostBackend::new()))

@@ -213,22 +213,50 @@ impl Drop for Model {
     }
 }
 
-/// One Attach call, the handle redeemed and mapped; releases the lease if anything fails.
+/// How long an attach keeps retrying while the server answers UNAVAILABLE (start-up models
+/// still loading, or the version's memory being allocated: both mean "retry shortly").
+const UNAVAILABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The Attach call, retried with backoff while the server answers UNAVAILABLE.
+async fn attach_rpc(
+    link: &Link,
+    model: &str,
+    version: u32,
+) -> Result<pb::AttachResponse, WorkerError> {
+    let deadline = tokio::time::Instant::now() + UNAVAILABLE_RETRY;
+    let mut backoff = std::time::Duration::from_millis(5);
+    loop {
+        let result = link
+            .client
+            .clone()
+            .attach(pb::AttachRequest {
+                session_id: link.id.clone(),
+                model: model.to_owned(),
+                version,
+            })
+            .await;
+        match result {
+            Ok(reply) => return Ok(reply.into_inner()),
+            Err(status)
+                if status.code() == tonic::Code::Unavailable
+                    && tokio::time::Instant::now() + backoff < deadline =>
+            {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_millis(200));
+            }
+            Err(status) => {
+                return Err(WorkerError::Rpc {
+                    call: "Attach",
+                    status,
+                });
+            }
+        }
+    }
+}
+
+/// One attach, the handle redeemed and mapped; releases the lease if anything fails.
 async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached, WorkerError> {
-    let reply = link
-        .client
-        .clone()
-        .attach(pb::AttachRequest {
-            session_id: link.id.clone(),
-            model: model.to_owned(),
-            version,
-        })
-        .await
-        .map_err(|status| WorkerError::Rpc {
-            call: "Attach",
-            status,
-        })?
-        .into_inner();
+    let reply = attach_rpc(link, model, version).await?;
     let lease_id = reply.lease_id.clone();
     let loading = reply.loading;
     match map_reply(reply).await {

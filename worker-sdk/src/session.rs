@@ -191,8 +191,10 @@ impl Session {
         self.attach_version(model, 0).await
     }
 
-    /// Attaches to `version` of `model` (0: latest ready). After a reconnection the SDK asks
-    /// again for the same thing: the same version, or the latest.
+    /// Attaches to `version` of `model` (0: latest ready). While the server answers
+    /// UNAVAILABLE (start-up models still loading, or the version's memory being allocated) the
+    /// call retries with backoff for up to 5 s. After a reconnection the SDK asks again for the
+    /// same thing: the same version, or the latest.
     pub async fn attach_version(&self, model: &str, version: u32) -> Result<Model, WorkerError> {
         Model::attach(self.clone(), self.inner.clone(), model, version).await
     }

@@ -58,23 +58,11 @@ pub fn init_driver() -> Result<()> {
     sys::init()
 }
 
-/// Every CUDA device, as (ordinal, UUID, name, total bytes). Fails if the driver is missing.
-pub fn devices() -> Result<Vec<(usize, String, String, u64)>> {
+/// How many CUDA devices this process sees. Fails (naming the library) if the driver is
+/// missing. Creates no context, so it is cheap enough to decide `--backend auto`.
+pub fn device_count() -> Result<usize> {
     init_driver()?;
-    let mut out = Vec::new();
-    for ordinal in 0..sys::device_count()? {
-        let ctx = context(ordinal)?;
-        let name = ctx.name().map_err(|e| DeviceError::Cuda {
-            op: "cuDeviceGetName",
-            source: e,
-        })?;
-        let total = ctx.total_mem().map_err(|e| DeviceError::Cuda {
-            op: "cuDeviceTotalMem",
-            source: e,
-        })?;
-        out.push((ordinal, sys::device_uuid(ordinal)?, name, total as u64));
-    }
-    Ok(out)
+    sys::device_count()
 }
 
 /// The ordinal of the device with `uuid` (`GPU-…`), as this process numbers devices (which
@@ -189,6 +177,7 @@ impl Backend for CudaBackend {
             self.staging.clone(),
             self.kernels.clone(),
             self.gate_ctx.clone(),
+            self.info.uuid.clone(),
         )?))
     }
 
@@ -231,6 +220,7 @@ pub struct CudaArena {
     staging: Arc<Mutex<Vec<sys::Pinned>>>,
     kernels: Option<Arc<KernelCache>>,
     gate_ctx: Arc<CudaContext>,
+    device_uuid: String,
 }
 
 impl CudaArena {
@@ -240,6 +230,7 @@ impl CudaArena {
         staging: Arc<Mutex<Vec<sys::Pinned>>>,
         kernels: Option<Arc<KernelCache>>,
         gate_ctx: Arc<CudaContext>,
+        device_uuid: String,
     ) -> Result<Self> {
         let mem = sys::DeviceMemory::alloc(&ctx, len)?;
         let ready = sys::Event::interprocess(&gate_ctx)?;
@@ -262,6 +253,7 @@ impl CudaArena {
             staging,
             kernels,
             gate_ctx,
+            device_uuid,
         })
     }
 }
@@ -302,7 +294,7 @@ impl Arena for CudaArena {
         Ok(ExportedHandle::CudaIpc {
             mem: self.mem.ipc_handle()?,
             event: self.ready.ipc_handle()?,
-            device_uuid: sys::device_uuid(self.ctx.ordinal())?,
+            device_uuid: self.device_uuid.clone(),
         })
     }
 

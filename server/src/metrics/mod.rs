@@ -23,7 +23,6 @@ use prometheus::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::model::VersionState;
 use crate::registry::Registry as ModelRegistry;
 
 /// Every metric of the server.
@@ -260,9 +259,4 @@ pub async fn serve(
 /// Binds the metrics port.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
-}
-
-/// The label of a version state.
-pub fn state_label(s: VersionState) -> &'static str {
-    s.as_str()
 }
