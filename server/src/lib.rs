@@ -39,4 +39,5 @@ pub mod registry;
 pub mod serve;
 pub mod service;
 pub mod telemetry;
+pub mod tenants;
 pub mod weights;
