@@ -122,6 +122,7 @@ pub async fn run(
                 name,
                 path,
                 keep_previous,
+                ..Default::default()
             };
             load(&mut admin().await?, req, out).await?
         }

@@ -163,4 +163,18 @@ impl AdminService for AdminApi {
             sessions: sessions.iter().map(convert::session).collect(),
         }))
     }
+
+    async fn set_model_access(
+        &self,
+        _request: Request<pb::SetModelAccessRequest>,
+    ) -> Result<Response<pb::SetModelAccessResponse>, Status> {
+        Err(Status::unimplemented("in progress"))
+    }
+
+    async fn reload_tenants(
+        &self,
+        _request: Request<pb::ReloadTenantsRequest>,
+    ) -> Result<Response<pb::ReloadTenantsResponse>, Status> {
+        Err(Status::unimplemented("in progress"))
+    }
 }

@@ -88,6 +88,7 @@ pub fn model(m: &ModelSnapshot) -> pb::ModelInfo {
         name: m.name.clone(),
         latest_ready: m.latest_ready,
         versions: m.versions.iter().map(version).collect(),
+        ..Default::default()
     }
 }
 
@@ -145,6 +146,7 @@ pub fn stats(s: &Stats) -> pb::GetStatsResponse {
         sessions: s.sessions,
         leases: s.leases,
         device_used_bytes: s.device_used_bytes.unwrap_or(0),
+        ..Default::default()
     }
 }
 
@@ -170,6 +172,7 @@ pub fn session(s: &SessionSnapshot) -> pb::SessionInfo {
                 version: *version,
             })
             .collect(),
+        ..Default::default()
     }
 }
 
