@@ -12,7 +12,8 @@ use crate::error::ServerError;
 use crate::handles::Tickets;
 use crate::loader;
 use crate::model::validate_name;
-use crate::registry::{LoadProgress, Registry, VersionSnapshot};
+use crate::registry::{LoadFor, LoadProgress, Registry, VersionSnapshot};
+use crate::tenants::{Caller, TenantStore};
 use crate::weights::{layout, source};
 
 /// State shared by the gRPC services.
@@ -30,6 +31,8 @@ pub struct App {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Set once every start-up model is loaded; worker calls are refused before.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Tenants, tokens and quotas in force.
+    pub tenants: Arc<TenantStore>,
     load_slots: Arc<Semaphore>,
 }
 
@@ -54,8 +57,10 @@ impl App {
         registry: Arc<Registry>,
         config: Arc<Config>,
         metrics: Arc<crate::metrics::Metrics>,
+        tenants: Arc<TenantStore>,
     ) -> Self {
         Self {
+            tenants,
             registry,
             tickets: Arc::new(Tickets::new(config.ticket_ttl)),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
@@ -74,17 +79,22 @@ impl App {
     /// ready.
     pub async fn start_load(
         &self,
+        caller: &Caller,
+        load_for: LoadFor,
         name: &str,
         path: &str,
         keep_previous: bool,
     ) -> Result<RunningLoad, ServerError> {
         validate_name(name)?;
+        self.registry.authorize_load(caller, &load_for, name)?;
         let permit = self.load_permit()?;
         let root = self.config.model_root.clone();
         let limits = self.config.weights.clone();
         let rel = path.to_owned();
         let registry = self.registry.clone();
         let model = name.to_owned();
+        let caller = caller.clone();
+        let tenants = self.tenants.clone();
         // Validation reads files and allocation may call the device: both block.
         let (job, src, plan) = tokio::task::spawn_blocking(move || {
             let src = source::resolve(&root, &rel, &limits)?;
@@ -95,7 +105,16 @@ impl App {
                     reason: format!("'{rel}' holds no tensors: nothing to share"),
                 });
             }
-            let job = registry.begin_load(&model, &src, &plan, keep_previous)?;
+            let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
+            let job = registry.begin_load(
+                &caller,
+                &load_for,
+                &quota_of,
+                &model,
+                &src,
+                &plan,
+                keep_previous,
+            )?;
             Ok::<_, ServerError>((job, src, plan))
         })
         .await
@@ -157,6 +176,42 @@ impl App {
         } else {
             Err(ServerError::Starting)
         }
+    }
+
+    /// Turns a refusal into its status, counting quota refusals.
+    pub fn refuse(&self, e: ServerError) -> tonic::Status {
+        if let ServerError::QuotaExceeded { tenant, quota, .. } = &e {
+            self.metrics.quota_denied(tenant, quota);
+        }
+        e.into()
+    }
+
+    /// Reads the tenants file again (SIGHUP or `ReloadTenants`); on error the old tenants stay.
+    pub fn reload_tenants(
+        &self,
+        trigger: &str,
+    ) -> Result<Arc<crate::tenants::TenantTable>, ServerError> {
+        let result = self
+            .tenants
+            .reload()
+            .map_err(ServerError::from)
+            .and_then(|t| t.ok_or(ServerError::NoTenantsFile));
+        match &result {
+            Ok(table) => {
+                info!(
+                    trigger,
+                    tenants = table.tenants.len(),
+                    admin_tokens = table.admin_hashes.len(),
+                    "tenants reloaded"
+                );
+                crate::audit::tenants_reloaded(trigger, Ok(table.tenants.len()));
+            }
+            Err(e) => {
+                warn!(trigger, error = %e, "tenants not reloaded; the previous tenants stay in force");
+                crate::audit::tenants_reloaded(trigger, Err(&e.to_string()));
+            }
+        }
+        result
     }
 
     fn load_permit(&self) -> Result<OwnedSemaphorePermit, ServerError> {

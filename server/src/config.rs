@@ -26,7 +26,8 @@ pub enum BackendChoice {
     Cuda,
 }
 
-/// A model loaded at start-up: `NAME=PATH` on the command line.
+/// A model loaded at start-up: `NAME=PATH` on the command line; in the file also its owner
+/// and access.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartupModel {
@@ -34,6 +35,39 @@ pub struct StartupModel {
     pub name: String,
     /// Path under the model root.
     pub path: String,
+    /// Tenant that owns it (none: the admin).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Tenants it is shared with.
+    #[serde(default)]
+    pub share_with: Vec<String>,
+    /// Visible to every tenant.
+    #[serde(default)]
+    pub public: bool,
+}
+
+/// Whether the TLS listener asks for client certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// A client certificate signed by the client CA is required.
+    #[default]
+    Required,
+    /// A client certificate is checked when given, but not required.
+    Optional,
+}
+
+/// TLS of the TCP listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Server private key (PEM).
+    pub key: PathBuf,
+    /// CA that signs client certificates (PEM); none: no client certificates.
+    pub client_ca: Option<PathBuf>,
+    /// Whether a client certificate is required (with `client_ca`).
+    pub client_auth: ClientAuth,
 }
 
 impl FromStr for StartupModel {
@@ -48,6 +82,9 @@ impl FromStr for StartupModel {
         Ok(Self {
             name: name.to_owned(),
             path: path.to_owned(),
+            tenant: None,
+            share_with: Vec::new(),
+            public: false,
         })
     }
 }
@@ -112,6 +149,46 @@ pub struct ServeArgs {
     /// Most arena bytes held at once, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_TOTAL_BYTES")]
     pub max_total_bytes: Option<u64>,
+    /// Tenants file (TOML): tenants, token hashes, uids, quotas, admin tokens. Without it,
+    /// authentication is off. Read again on SIGHUP.
+    #[arg(long, env = "MODELSHARE_TENANTS_FILE")]
+    pub tenants_file: Option<PathBuf>,
+    /// Permissions of the gRPC and handle Unix sockets, in octal (e.g. 0660), so that workers
+    /// of other uids can connect.
+    #[arg(long, env = "MODELSHARE_UNIX_SOCKET_MODE", value_parser = parse_mode)]
+    pub unix_socket_mode: Option<u32>,
+    /// TLS certificate chain (PEM) of the TCP listener; with --server-tls-key turns TLS on.
+    #[arg(long, env = "MODELSHARE_SERVER_TLS_CERT")]
+    pub server_tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of the TCP listener.
+    #[arg(long, env = "MODELSHARE_SERVER_TLS_KEY")]
+    pub server_tls_key: Option<PathBuf>,
+    /// CA (PEM) that signs client certificates; turns client certificates on.
+    #[arg(long, env = "MODELSHARE_SERVER_TLS_CLIENT_CA")]
+    pub server_tls_client_ca: Option<PathBuf>,
+    /// Whether client certificates are required or optional (with a client CA).
+    #[arg(long, value_enum, env = "MODELSHARE_SERVER_TLS_CLIENT_AUTH")]
+    pub server_tls_client_auth: Option<ClientAuth>,
+}
+
+/// Parses an octal file mode such as `0660`.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("'{s}' is not an octal mode such as 0660"))?;
+    if mode > 0o777 {
+        return Err(format!("'{s}' is more than 0777"));
+    }
+    Ok(mode)
+}
+
+/// The `[tls]` table of the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTls {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    client_auth: Option<ClientAuth>,
 }
 
 /// The `[limits]` table of the file.
@@ -145,6 +222,10 @@ struct FileConfig {
     heartbeat_interval_ms: Option<u32>,
     heartbeat_misses: Option<u32>,
     ticket_ttl_ms: Option<u64>,
+    tenants_file: Option<PathBuf>,
+    unix_socket_mode: Option<String>,
+    #[serde(default)]
+    tls: FileTls,
     #[serde(default)]
     models: Vec<StartupModel>,
     #[serde(default)]
@@ -212,6 +293,12 @@ pub struct Config {
     pub registry: RegistryLimits,
     /// Limits on weight files.
     pub weights: WeightLimits,
+    /// Tenants file (none: authentication off).
+    pub tenants_file: Option<PathBuf>,
+    /// Mode of the Unix sockets (none: as the umask leaves it).
+    pub unix_socket_mode: Option<u32>,
+    /// TLS of the TCP listener.
+    pub tls: Option<TlsSettings>,
 }
 
 impl Config {
@@ -269,6 +356,40 @@ impl Config {
                 "max_concurrent_loads must be at least 1".into(),
             ));
         }
+        let unix_socket_mode = match args.unix_socket_mode {
+            Some(m) => Some(m),
+            None => file
+                .unix_socket_mode
+                .as_deref()
+                .map(parse_mode)
+                .transpose()
+                .map_err(|e| ConfigError::Invalid(format!("unix_socket_mode: {e}")))?,
+        };
+        let tls = match (
+            args.server_tls_cert.or(file.tls.cert),
+            args.server_tls_key.or(file.tls.key),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsSettings {
+                cert,
+                key,
+                client_ca: args.server_tls_client_ca.or(file.tls.client_ca),
+                client_auth: args
+                    .server_tls_client_auth
+                    .or(file.tls.client_auth)
+                    .unwrap_or_default(),
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "TLS needs both a certificate and a key (server_tls_cert and server_tls_key, or [tls] cert and key)".into(),
+                ));
+            }
+        };
+        if tls.is_some() && listen.is_none() {
+            return Err(ConfigError::Invalid(
+                "TLS is for the TCP listener, and none is configured (--listen)".into(),
+            ));
+        }
         let defaults = RegistryLimits::default();
         let weight_defaults = WeightLimits::default();
         Ok(Self {
@@ -307,6 +428,9 @@ impl Config {
                     .max_leases_per_session
                     .unwrap_or(defaults.max_leases_per_session),
             },
+            tenants_file: args.tenants_file.or(file.tenants_file),
+            unix_socket_mode,
+            tls,
             weights: WeightLimits {
                 max_header_bytes: limits
                     .max_header_bytes

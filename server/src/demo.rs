@@ -165,6 +165,9 @@ pub async fn run(
         models: vec![StartupModel {
             name: DEMO_MODEL.into(),
             path: DEMO_MODEL.into(),
+            tenant: None,
+            share_with: Vec::new(),
+            public: false,
         }],
         ..ServeArgs::default()
     })?;

@@ -85,6 +85,40 @@ pub enum ServerError {
     /// The server is shutting down.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// No token, a malformed one, or one this server does not know.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller is known but may not make this call.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// A load names a model that another tenant owns and the caller may not see.
+    #[error("model name '{0}' is taken")]
+    NameTaken(String),
+    /// A tenant quota would be exceeded.
+    #[error(
+        "tenant '{tenant}': quota '{quota}' exceeded: limit {limit}, in use {used}, requested {requested}"
+    )]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Which quota (`device_bytes`, `models`, `sessions`, `leases`, `inflight`).
+        quota: &'static str,
+        /// Its limit.
+        limit: u64,
+        /// Current use.
+        used: u64,
+        /// What the call asked for on top.
+        requested: u64,
+    },
+    /// A request names a tenant the tenants file does not define.
+    #[error("unknown tenant '{0}'")]
+    UnknownTenant(String),
+    /// `ReloadTenants` without a tenants file.
+    #[error("no tenants file is configured (start the server with --tenants-file)")]
+    NoTenantsFile,
+    /// The tenants file could not be read or is malformed; the old tenants stay in force.
+    #[error(transparent)]
+    TenantsFile(#[from] crate::tenants::file::TenantsFileError),
     /// A bug or an unexpected condition (a panicked task, a closed channel).
     #[error("internal error: {0}")]
     Internal(String),

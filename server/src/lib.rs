@@ -16,6 +16,8 @@
 //!   `tonic::Status` in [`service::status`] only.
 //! - [`metrics`]: Prometheus metrics, `/metrics`, `/healthz` and `/readyz` on their own port,
 //!   and the tower layer that counts gRPC requests.
+//! - [`tenants`]: tenants, tokens, quotas and the authentication layer; [`audit`]: the audit
+//!   log.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
 //! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`).
 //! - [`demo`]: a small generated model, so the server can run with no model at hand.
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod demo;

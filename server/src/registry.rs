@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
 use crate::model::{Manifest, TensorMeta, VersionState};
+use crate::tenants::{Access, Caller, Quota, owns};
 use crate::weights::layout::{ALIGNMENT, Layout};
 use crate::weights::source::ModelSource;
 
@@ -128,6 +129,34 @@ pub struct ModelSnapshot {
     pub latest_ready: u32,
     /// Versions on record, oldest first.
     pub versions: Vec<VersionSnapshot>,
+    /// Owning tenant (`None`: no tenant).
+    pub owner: Option<String>,
+    /// Who else may see it.
+    pub access: Access,
+}
+
+/// Who a load is for, and the quotas that apply.
+#[derive(Debug, Clone, Default)]
+pub struct LoadFor {
+    /// Owner named by the request (`None`: not named).
+    pub requested_owner: Option<String>,
+    /// Owner of a new model when the request names none: the caller's tenant.
+    pub default_owner: Option<String>,
+    /// Access to set (`None`: a new model is private, an existing one keeps its access).
+    pub access: Option<Access>,
+}
+
+/// What one tenant uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Arena bytes of the models it owns (loading, ready, draining).
+    pub device_bytes: u64,
+    /// Models it owns that hold memory.
+    pub models: u32,
+    /// Its open sessions.
+    pub sessions: u32,
+    /// Leases its sessions hold.
+    pub leases: u32,
 }
 
 /// Registry-wide figures.
@@ -171,6 +200,8 @@ pub struct SessionSnapshot {
     pub hello: WorkerHello,
     /// Opened at, Unix ms.
     pub opened_unix_ms: i64,
+    /// Tenant the session belongs to (`None`: the admin's).
+    pub tenant: Option<String>,
     /// Leases: (lease id, model, version), sorted by lease id.
     pub leases: Vec<(String, String, u32)>,
 }
@@ -243,10 +274,31 @@ struct VersionRecord {
 struct ModelRecord {
     next_version: u32,
     versions: BTreeMap<u32, VersionRecord>,
+    owner: Option<String>,
+    access: Access,
+}
+
+impl ModelRecord {
+    fn visible_to(&self, caller: &Caller) -> bool {
+        self.access.visible_to(self.owner.as_deref(), caller)
+    }
+
+    fn holds_memory(&self) -> bool {
+        self.versions.values().any(|v| v.state.holds_arena())
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.versions
+            .values()
+            .filter(|v| v.state.holds_arena())
+            .map(|v| v.arena_bytes)
+            .sum()
+    }
 }
 
 #[derive(Debug)]
 struct SessionRecord {
+    tenant: Option<String>,
     hello: WorkerHello,
     opened_unix_ms: i64,
     leases: Vec<String>,
@@ -354,10 +406,19 @@ impl Registry {
         }
     }
 
-    /// Admits a load: checks limits, assigns a version number, allocates the arena.
-    /// With `keep_previous` false, older ready versions are retired once this one is ready.
+    /// Admits a load: checks ownership, limits and the owner's quotas (`quota_of`), assigns a
+    /// version number, allocates the arena. With `keep_previous` false, older ready versions are
+    /// retired once this one is ready.
+    ///
+    /// A new model belongs to `load_for`'s owner. A new version of an existing model keeps its
+    /// owner: only the owner (or the admin) may load it, a caller that may not see the model is
+    /// told the name is taken, and naming another owner is refused.
+    #[allow(clippy::too_many_arguments)]
     pub fn begin_load(
         &self,
+        caller: &Caller,
+        load_for: &LoadFor,
+        quota_of: &dyn Fn(&str) -> Quota,
         model: &str,
         source: &ModelSource,
         layout: &Layout,
@@ -406,6 +467,7 @@ impl Registry {
             if st.shutting_down {
                 return Err(ServerError::ShuttingDown);
             }
+            let (owner, new_model) = resolve_owner(&st, caller, load_for, model)?;
             if let Some(limit) = self.limits.max_total_bytes {
                 let requested = st.arena_bytes.saturating_add(bytes);
                 if requested > limit {
@@ -416,9 +478,33 @@ impl Registry {
                     });
                 }
             }
+            if let Some(tenant) = &owner {
+                let quota = quota_of(tenant);
+                let used = usage(&st, tenant);
+                check_quota(
+                    tenant,
+                    "device_bytes",
+                    quota.device_bytes,
+                    used.device_bytes,
+                    bytes,
+                )?;
+                if new_model {
+                    check_quota(
+                        tenant,
+                        "models",
+                        quota.models.map(u64::from),
+                        u64::from(used.models),
+                        1,
+                    )?;
+                }
+            }
             st.arena_bytes += bytes;
             st.arenas += 1;
             let rec = st.models.entry(model.to_owned()).or_default();
+            rec.owner = owner;
+            if let Some(access) = &load_for.access {
+                rec.access = access.clone();
+            }
             rec.next_version += 1;
             let version = rec.next_version;
             let mut manifest = manifest_base.clone();
@@ -543,15 +629,19 @@ impl Registry {
     /// (their leases go with them), so the versions are freed at once.
     pub fn unload(
         &self,
+        caller: &Caller,
         model: &str,
         version: Option<u32>,
         force: bool,
     ) -> Result<Vec<VersionSnapshot>, ServerError> {
         let mut st = self.lock();
-        let rec = st
-            .models
-            .get(model)
-            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        let rec = visible_model(&st, caller, model)?;
+        if !owns(rec.owner.as_deref(), caller) {
+            return Err(ServerError::PermissionDenied(format!(
+                "model '{model}' belongs to {}; only its owner may unload it",
+                owner_text(rec.owner.as_deref())
+            )));
+        }
         let targets: Vec<u32> = match version {
             Some(v) if rec.versions.contains_key(&v) => vec![v],
             Some(v) => {
@@ -629,26 +719,65 @@ impl Registry {
         ended
     }
 
-    /// Every model on record.
-    pub fn list(&self) -> Vec<ModelSnapshot> {
+    /// Whether `caller` may load a version of `model` for `load_for` now (checked again, under
+    /// the same lock as the reservation, by [`Registry::begin_load`]). Lets a load be refused
+    /// before its files are read.
+    pub fn authorize_load(
+        &self,
+        caller: &Caller,
+        load_for: &LoadFor,
+        model: &str,
+    ) -> Result<(), ServerError> {
+        resolve_owner(&self.lock(), caller, load_for, model).map(|_| ())
+    }
+
+    /// Whether `caller` may see `model`.
+    pub fn visible(&self, caller: &Caller, model: &str) -> bool {
+        visible_model(&self.lock(), caller, model).is_ok()
+    }
+
+    /// Every model on record that `caller` may see.
+    pub fn list(&self, caller: &Caller) -> Vec<ModelSnapshot> {
         let st = self.lock();
         st.models
             .iter()
+            .filter(|(_, rec)| rec.visible_to(caller))
             .map(|(name, rec)| snapshot_model(name, rec))
             .collect()
+    }
+
+    /// Replaces who besides the owner may see `model`. Only the owner (or the admin) may.
+    pub fn set_access(
+        &self,
+        caller: &Caller,
+        model: &str,
+        access: Access,
+    ) -> Result<ModelSnapshot, ServerError> {
+        let mut st = self.lock();
+        let rec = visible_model(&st, caller, model)?;
+        if !owns(rec.owner.as_deref(), caller) {
+            return Err(ServerError::PermissionDenied(format!(
+                "model '{model}' belongs to {}; only its owner may change its access",
+                owner_text(rec.owner.as_deref())
+            )));
+        }
+        let rec = st
+            .models
+            .get_mut(model)
+            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        rec.access = access;
+        Ok(snapshot_model(model, rec))
     }
 
     /// One model, with the manifest of `version` (0: latest ready, else the newest).
     pub fn describe(
         &self,
+        caller: &Caller,
         model: &str,
         version: u32,
     ) -> Result<(ModelSnapshot, Option<Arc<Manifest>>), ServerError> {
         let st = self.lock();
-        let rec = st
-            .models
-            .get(model)
-            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        let rec = visible_model(&st, caller, model)?;
         let chosen = if version == 0 {
             latest_ready(rec).or_else(|| rec.versions.keys().next_back().copied())
         } else if rec.versions.contains_key(&version) {
@@ -666,33 +795,93 @@ impl Registry {
         Ok((snapshot_model(model, rec), manifest))
     }
 
-    /// Registry-wide figures.
-    pub fn stats(&self) -> Stats {
+    /// Registry-wide figures; a tenant's figures cover the models it may see and its own
+    /// sessions and leases.
+    pub fn stats(&self, caller: &Caller) -> Stats {
         let st = self.lock();
         let mut by_state: BTreeMap<VersionState, u32> =
             VersionState::ALL.iter().map(|s| (*s, 0)).collect();
-        for rec in st.models.values() {
+        let visible: Vec<&ModelRecord> = st
+            .models
+            .values()
+            .filter(|rec| rec.visible_to(caller))
+            .collect();
+        for rec in &visible {
             for v in rec.versions.values() {
                 *by_state.entry(v.state).or_default() += 1;
             }
         }
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let (arena_bytes, arenas, sessions, leases) = match caller {
+            Caller::Admin => (
+                st.arena_bytes,
+                st.arenas,
+                count(st.sessions.len()),
+                count(st.leases.len()),
+            ),
+            Caller::Tenant { name, .. } => {
+                let used = usage(&st, name);
+                let arenas = visible
+                    .iter()
+                    .flat_map(|r| r.versions.values())
+                    .filter(|v| v.state.holds_arena())
+                    .count();
+                (
+                    visible.iter().map(|r| r.held_bytes()).sum(),
+                    count(arenas),
+                    used.sessions,
+                    used.leases,
+                )
+            }
+        };
         Stats {
             device: self.backend.info(),
-            arena_bytes: st.arena_bytes,
-            arenas: st.arenas,
-            models: u32::try_from(st.models.len()).unwrap_or(u32::MAX),
+            arena_bytes,
+            arenas,
+            models: count(visible.len()),
             versions_by_state: by_state.into_iter().collect(),
-            sessions: u32::try_from(st.sessions.len()).unwrap_or(u32::MAX),
-            leases: u32::try_from(st.leases.len()).unwrap_or(u32::MAX),
+            sessions,
+            leases,
             device_used_bytes: self.backend.used_bytes(),
         }
     }
 
-    /// Opens a session.
-    pub fn open_session(&self, hello: WorkerHello) -> Result<OpenedSession, ServerError> {
+    /// What `tenant` uses now.
+    pub fn usage(&self, tenant: &str) -> Usage {
+        usage(&self.lock(), tenant)
+    }
+
+    /// Open sessions and leases held, per tenant (`None`: the admin's), sorted.
+    pub fn sessions_by_tenant(&self) -> Vec<(Option<String>, u32, u32)> {
+        let st = self.lock();
+        let mut by: BTreeMap<Option<String>, (u32, u32)> = BTreeMap::new();
+        for s in st.sessions.values() {
+            let e = by.entry(s.tenant.clone()).or_default();
+            e.0 += 1;
+            e.1 += u32::try_from(s.leases.len()).unwrap_or(u32::MAX);
+        }
+        by.into_iter().map(|(t, (s, l))| (t, s, l)).collect()
+    }
+
+    /// Opens a session for `caller`, within its sessions quota.
+    pub fn open_session(
+        &self,
+        caller: &Caller,
+        hello: WorkerHello,
+    ) -> Result<OpenedSession, ServerError> {
         let mut st = self.lock();
         if st.shutting_down {
             return Err(ServerError::ShuttingDown);
+        }
+        if let Caller::Tenant { name, quota } = caller {
+            let used = usage(&st, name);
+            check_quota(
+                name,
+                "sessions",
+                quota.sessions.map(u64::from),
+                u64::from(used.sessions),
+                1,
+            )?;
         }
         if st.sessions.len() >= self.limits.max_sessions {
             return Err(ServerError::LimitExceeded {
@@ -706,6 +895,7 @@ impl Registry {
         st.sessions.insert(
             id.clone(),
             SessionRecord {
+                tenant: caller.tenant().map(str::to_owned),
                 hello,
                 opened_unix_ms: now_unix_ms(),
                 leases: Vec::new(),
@@ -741,20 +931,17 @@ impl Registry {
         })
     }
 
-    /// Takes a lease on `model`@`version` (0: latest ready) for `session`.
+    /// Takes a lease on `model`@`version` (0: latest ready) for `session`, which must be
+    /// `caller`'s; the model must be one `caller` may see, within its leases quota.
     pub fn attach(
         &self,
+        caller: &Caller,
         session: &str,
         model: &str,
         version: u32,
     ) -> Result<Attachment, ServerError> {
         let mut st = self.lock();
-        let held = st
-            .sessions
-            .get(session)
-            .ok_or_else(|| ServerError::SessionNotFound(session.to_owned()))?
-            .leases
-            .len();
+        let held = own_session(&st, caller, session)?.leases.len();
         if held >= self.limits.max_leases_per_session {
             return Err(ServerError::LimitExceeded {
                 what: "leases held by one session".into(),
@@ -762,10 +949,7 @@ impl Registry {
                 requested: held as u64 + 1,
             });
         }
-        let rec = st
-            .models
-            .get(model)
-            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))?;
+        let rec = visible_model(&st, caller, model)?;
         let version = if version == 0 {
             latest_ready(rec).ok_or_else(|| ServerError::NoReadyVersion(model.to_owned()))?
         } else {
@@ -794,6 +978,22 @@ impl Registry {
                 });
             }
         };
+        if let Caller::Tenant { name, quota } = caller {
+            let used = usage(&st, name);
+            check_quota(
+                name,
+                "leases",
+                quota.leases.map(u64::from),
+                u64::from(used.leases),
+                1,
+            )?;
+        }
+        let Some(v) = version_mut(&mut st, model, version) else {
+            return Err(ServerError::VersionNotFound {
+                model: model.to_owned(),
+                version,
+            });
+        };
         v.leases += 1;
         let manifest = v.manifest.clone();
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
@@ -821,9 +1021,10 @@ impl Registry {
         })
     }
 
-    /// Gives back a lease of `session`.
-    pub fn release(&self, session: &str, lease: &str) -> Result<(), ServerError> {
+    /// Gives back a lease of `session`, which must be `caller`'s.
+    pub fn release(&self, caller: &Caller, session: &str, lease: &str) -> Result<(), ServerError> {
         let mut st = self.lock();
+        own_session(&st, caller, session)?;
         let owned = st.leases.get(lease).is_some_and(|l| l.session == session);
         if !owned {
             return Err(ServerError::LeaseNotFound(lease.to_owned()));
@@ -840,12 +1041,13 @@ impl Registry {
         self.lock().leases.contains_key(lease)
     }
 
-    /// Open sessions, oldest first.
-    pub fn sessions(&self) -> Vec<SessionSnapshot> {
+    /// Open sessions `caller` may see (a tenant: its own), oldest first.
+    pub fn sessions(&self, caller: &Caller) -> Vec<SessionSnapshot> {
         let st = self.lock();
         let mut out: Vec<SessionSnapshot> = st
             .sessions
             .iter()
+            .filter(|(_, s)| caller.is_admin() || s.tenant.as_deref() == caller.tenant())
             .map(|(id, s)| {
                 let mut leases: Vec<(String, String, u32)> = s
                     .leases
@@ -861,6 +1063,7 @@ impl Registry {
                     id: id.clone(),
                     hello: s.hello.clone(),
                     opened_unix_ms: s.opened_unix_ms,
+                    tenant: s.tenant.clone(),
                     leases,
                 }
             })
@@ -959,6 +1162,119 @@ fn revoke_holders(st: &mut State, model: &str, version: u32, reason: &str) -> us
     holders.len()
 }
 
+/// The owner a load of `model` gets, and whether it makes a model hold memory anew; refuses a
+/// caller that may not load it.
+fn resolve_owner(
+    st: &State,
+    caller: &Caller,
+    load_for: &LoadFor,
+    model: &str,
+) -> Result<(Option<String>, bool), ServerError> {
+    Ok(match st.models.get(model) {
+        Some(rec) => {
+            if !rec.visible_to(caller) {
+                return Err(ServerError::NameTaken(model.to_owned()));
+            }
+            if !owns(rec.owner.as_deref(), caller) {
+                return Err(ServerError::PermissionDenied(format!(
+                    "model '{model}' belongs to {}; only its owner may load versions of it",
+                    owner_text(rec.owner.as_deref())
+                )));
+            }
+            if let Some(requested) = &load_for.requested_owner
+                && rec.owner.as_deref() != Some(requested.as_str())
+            {
+                return Err(ServerError::PermissionDenied(format!(
+                    "model '{model}' belongs to {}; a new version keeps its owner",
+                    owner_text(rec.owner.as_deref())
+                )));
+            }
+            (rec.owner.clone(), !rec.holds_memory())
+        }
+        None => (
+            load_for
+                .requested_owner
+                .clone()
+                .or_else(|| load_for.default_owner.clone()),
+            true,
+        ),
+    })
+}
+
+/// The model `caller` may see, else NOT_FOUND (as if it did not exist: names do not leak).
+fn visible_model<'a>(
+    st: &'a State,
+    caller: &Caller,
+    model: &str,
+) -> Result<&'a ModelRecord, ServerError> {
+    st.models
+        .get(model)
+        .filter(|rec| rec.visible_to(caller))
+        .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))
+}
+
+/// `caller`'s session, else NOT_FOUND (another tenant's session is not shown to exist).
+fn own_session<'a>(
+    st: &'a State,
+    caller: &Caller,
+    session: &str,
+) -> Result<&'a SessionRecord, ServerError> {
+    st.sessions
+        .get(session)
+        .filter(|s| s.tenant.as_deref() == caller.tenant())
+        .ok_or_else(|| ServerError::SessionNotFound(session.to_owned()))
+}
+
+/// How an owner is named in errors.
+fn owner_text(owner: Option<&str>) -> String {
+    owner.map_or_else(|| "the admin".to_owned(), |t| format!("tenant '{t}'"))
+}
+
+/// What `tenant` uses, computed from the records (so it cannot drift from them).
+fn usage(st: &State, tenant: &str) -> Usage {
+    let mut u = Usage::default();
+    for rec in st
+        .models
+        .values()
+        .filter(|r| r.owner.as_deref() == Some(tenant))
+    {
+        let bytes = rec.held_bytes();
+        u.device_bytes += bytes;
+        if rec.holds_memory() {
+            u.models += 1;
+        }
+    }
+    for s in st
+        .sessions
+        .values()
+        .filter(|s| s.tenant.as_deref() == Some(tenant))
+    {
+        u.sessions += 1;
+        u.leases += u32::try_from(s.leases.len()).unwrap_or(u32::MAX);
+    }
+    u
+}
+
+/// Refuses `requested` more of `quota` when `used + requested` would pass `limit`.
+fn check_quota(
+    tenant: &str,
+    quota: &'static str,
+    limit: Option<u64>,
+    used: u64,
+    requested: u64,
+) -> Result<(), ServerError> {
+    match limit {
+        Some(limit) if used.saturating_add(requested) > limit => Err(ServerError::QuotaExceeded {
+            tenant: tenant.to_owned(),
+            quota,
+            limit,
+            used,
+            requested,
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn version_mut<'a>(st: &'a mut State, model: &str, version: u32) -> Option<&'a mut VersionRecord> {
     st.models.get_mut(model)?.versions.get_mut(&version)
 }
@@ -1038,6 +1354,8 @@ fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapshot {
 
 fn snapshot_model(name: &str, rec: &ModelRecord) -> ModelSnapshot {
     ModelSnapshot {
+        owner: rec.owner.clone(),
+        access: rec.access.clone(),
         name: name.to_owned(),
         latest_ready: latest_ready(rec).unwrap_or(0),
         versions: rec
@@ -1143,13 +1461,23 @@ mod tests {
             payload_bytes: 0,
         };
         let job = registry
-            .begin_load("m", &source, &layout, false)
+            .begin_load(
+                &Caller::Admin,
+                &LoadFor::default(),
+                &|_| Quota::default(),
+                "m",
+                &source,
+                &layout,
+                false,
+            )
             .expect("begin");
         registry.finish_load(&job, Ok(job.manifest.clone()));
         drop(job);
-        assert_eq!(registry.stats().arenas, 1);
-        registry.unload("m", None, false).expect("unload");
-        assert_eq!(registry.stats().arenas, 0);
+        assert_eq!(registry.stats(&Caller::Admin).arenas, 1);
+        registry
+            .unload(&Caller::Admin, "m", None, false)
+            .expect("unload");
+        assert_eq!(registry.stats(&Caller::Admin).arenas, 0);
         assert_eq!(*probe.unlocked_at_drop.lock().expect("probe"), vec![true]);
     }
 }

@@ -18,24 +18,30 @@ use modelshare_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::Server;
 use tonic::transport::server::Router;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tracing::{info, warn};
 
 use crate::app::App;
-use crate::config::{BackendChoice, Config};
+use crate::config::{BackendChoice, ClientAuth, Config, TlsSettings};
 use crate::error::ServerError;
 use crate::handles;
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::metrics::{self, Metrics, MetricsState};
-use crate::registry::Registry;
+use crate::registry::{LoadFor, Registry};
 use crate::service::admin::AdminApi;
 use crate::service::worker::WorkerApi;
+use crate::tenants::auth::AuthLayer;
+use crate::tenants::{Access, Caller, TenantStore};
 
-/// The middleware stack of the gRPC server.
-type GrpcStack = tower::layer::util::Stack<GrpcMetricsLayer, tower::layer::util::Identity>;
+/// The middleware stack of the gRPC server: metrics outermost (refusals are counted too),
+/// then authentication.
+type GrpcStack = tower::layer::util::Stack<
+    AuthLayer,
+    tower::layer::util::Stack<GrpcMetricsLayer, tower::layer::util::Identity>,
+>;
 
 /// Largest gRPC message accepted or sent (manifests with metadata files can be large).
 const MAX_MESSAGE_BYTES: usize = 128 << 20;
@@ -75,6 +81,52 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error("grpc transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The tenants file could not be read or is malformed.
+    #[error(transparent)]
+    Tenants(#[from] crate::tenants::file::TenantsFileError),
+    /// A TLS file could not be read.
+    #[error("TLS {what} {path}: {source}")]
+    Tls {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: String,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// The rustls configuration of the TCP listener.
+fn tls_config(tls: &TlsSettings) -> Result<ServerTlsConfig, ServeError> {
+    let read = |what: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|source| ServeError::Tls {
+            what,
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let identity = Identity::from_pem(read("certificate", &tls.cert)?, read("key", &tls.key)?);
+    let mut config = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &tls.client_ca {
+        config = config
+            .client_ca_root(Certificate::from_pem(read("client CA", ca)?))
+            .client_auth_optional(tls.client_auth == ClientAuth::Optional);
+    }
+    Ok(config)
+}
+
+/// Sets the mode of a socket file, when one is configured.
+fn set_socket_mode(path: &Path, mode: Option<u32>) -> Result<(), ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(mode) = mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(
+            |source| ServeError::Bind {
+                what: format!("{} (setting mode {mode:o})", path.display()),
+                source,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// Picks the backend for `choice`; `device` selects the CUDA device (ordinal or UUID).
@@ -128,7 +180,11 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
     UnixListener::bind(path).map_err(bind_err)
 }
 
-fn router(app: &App, health: HealthServer<impl Health>) -> Result<Router<GrpcStack>, ServeError> {
+fn router(
+    app: &App,
+    health: HealthServer<impl Health>,
+    tls: Option<ServerTlsConfig>,
+) -> Result<Router<GrpcStack>, ServeError> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(modelshare_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -139,9 +195,15 @@ fn router(app: &App, health: HealthServer<impl Health>) -> Result<Router<GrpcSta
     let worker = WorkerServiceServer::new(WorkerApi::new(app.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    Ok(Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    Ok(builder
         // Count and time every request by service, method and status code.
         .layer(GrpcMetricsLayer::new(app.metrics.clone()))
+        // Bearer token → caller; uid binding; in-flight quota.
+        .layer(AuthLayer::new(app.tenants.clone(), app.metrics.clone()))
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)
         // Detect dead peers on idle connections (a worker host that vanished).
@@ -181,7 +243,24 @@ pub async fn run_notify(
     info!(backend = ?device.backend, device = %device.name, "backend ready");
     let registry = Arc::new(Registry::new(backend, config.registry.clone()));
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Metrics(e.to_string()))?);
-    let app = App::new(registry.clone(), config.clone(), metrics.clone());
+    let tenants = Arc::new(TenantStore::open(config.tenants_file.as_deref())?);
+    if tenants.enabled() {
+        let table = tenants.current();
+        info!(
+            tenants = table.tenants.len(),
+            admin_tokens = table.admin_hashes.len(),
+            "tenants loaded; every call needs a bearer token"
+        );
+        if config.listen.is_some() && config.tls.is_none() {
+            warn!(
+                "tenants are configured but the TCP listener has no TLS: tokens travel in clear text"
+            );
+        }
+    } else {
+        warn!("no tenants file: authentication is off and every caller is an admin");
+    }
+    let app = App::new(registry.clone(), config.clone(), metrics.clone(), tenants);
+    spawn_reload_on_sighup(&app);
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -190,6 +269,7 @@ pub async fn run_notify(
 
     let mut tasks = JoinSet::new();
     let handle_listener = bind_unix(&config.handle_socket).await?;
+    set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     {
         let (tickets, registry, stop) =
             (app.tickets.clone(), registry.clone(), app.shutdown.clone());
@@ -243,7 +323,8 @@ pub async fn run_notify(
         bound.tcp = Some(local);
         let incoming = TcpListenerStream::new(listener);
         let stop = app.shutdown.clone();
-        let r = router(&app, health.clone())?;
+        let tls = config.tls.as_ref().map(tls_config).transpose()?;
+        let r = router(&app, health.clone(), tls)?;
         tasks.spawn(async move {
             r.serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
                 .await
@@ -252,10 +333,11 @@ pub async fn run_notify(
     }
     if let Some(path) = &config.unix_socket {
         let listener = bind_unix(path).await?;
+        set_socket_mode(path, config.unix_socket_mode)?;
         bound.unix = Some(path.clone());
         let incoming = UnixListenerStream::new(listener);
         let stop = app.shutdown.clone();
-        let r = router(&app, health.clone())?;
+        let r = router(&app, health.clone(), None)?;
         tasks.spawn(async move {
             r.serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
                 .await
@@ -264,6 +346,7 @@ pub async fn run_notify(
     }
     info!(
         tcp = ?bound.tcp,
+        tls = config.tls.is_some(),
         unix = ?bound.unix,
         handle_socket = %bound.handles.display(),
         model_root = %config.model_root.display(),
@@ -335,8 +418,22 @@ async fn load_startup_models(app: &App) -> Result<(), ServeError> {
             path: m.path.clone(),
             source,
         };
+        let table = app.tenants.current();
+        for t in m.tenant.iter().chain(&m.share_with) {
+            if !table.tenants.contains_key(t) {
+                return Err(fail(ServerError::UnknownTenant(t.clone())));
+            }
+        }
+        let load_for = LoadFor {
+            requested_owner: m.tenant.clone(),
+            default_owner: None,
+            access: Some(Access {
+                shared_with: m.share_with.iter().cloned().collect(),
+                public: m.public,
+            }),
+        };
         let load = app
-            .start_load(&m.name, &m.path, false)
+            .start_load(&Caller::Admin, load_for, &m.name, &m.path, false)
             .await
             .map_err(fail)?;
         match load.done.await {
@@ -348,6 +445,36 @@ async fn load_startup_models(app: &App) -> Result<(), ServeError> {
         }
     }
     Ok(())
+}
+
+/// Reads the tenants file again on each SIGHUP, for as long as the server runs.
+fn spawn_reload_on_sighup(app: &App) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "cannot install the SIGHUP handler; reload with the ReloadTenants call");
+            return;
+        }
+    };
+    let app = app.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                got = hup.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    if app.tenants.enabled() {
+                        let _ = app.reload_tenants("sighup");
+                    } else {
+                        info!("SIGHUP: no tenants file is configured; nothing to reload");
+                    }
+                }
+                () = app.shutdown.cancelled() => return,
+            }
+        }
+    });
 }
 
 /// Waits for the first listener task to end; an end before shutdown is an error.

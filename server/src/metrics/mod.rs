@@ -45,11 +45,15 @@ pub struct Metrics {
     pub load_bytes: IntCounter,
     /// Sessions ended, by reason.
     pub sessions_ended: IntCounterVec,
+    /// Requests refused by the authentication layer, by reason.
+    auth_refusals: IntCounterVec,
+    /// Calls refused for a tenant quota, by tenant and quota.
+    quota_denials: IntCounterVec,
     versions: IntGaugeVec,
     arena_bytes: IntGaugeVec,
     models: IntGauge,
-    sessions: IntGauge,
-    leases: IntGauge,
+    sessions: IntGaugeVec,
+    leases: IntGaugeVec,
     device_total: IntGauge,
     device_used: IntGauge,
 }
@@ -120,7 +124,22 @@ impl Metrics {
             &["model", "device"],
         )?;
         registry.register(Box::new(arena_bytes.clone()))?;
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok::<_, prometheus::Error>(g)
+        };
         Ok(Self {
+            auth_refusals: counter_vec(
+                "modelshare_auth_refusals_total",
+                "Requests refused by authentication, by reason (missing, malformed, unknown_token, uid).",
+                &["reason"],
+            )?,
+            quota_denials: counter_vec(
+                "modelshare_quota_denials_total",
+                "Calls refused for a tenant quota, by tenant and quota.",
+                &["tenant", "quota"],
+            )?,
             grpc_requests: counter_vec(
                 "modelshare_grpc_requests_total",
                 "gRPC requests by service, method and status code.",
@@ -144,8 +163,16 @@ impl Metrics {
             versions,
             arena_bytes,
             models: gauge("modelshare_models", "Model names on record.")?,
-            sessions: gauge("modelshare_sessions", "Open worker sessions.")?,
-            leases: gauge("modelshare_leases", "Leases held.")?,
+            sessions: gauge_vec(
+                "modelshare_sessions",
+                "Open worker sessions, by tenant (empty: admin, or no tenants configured).",
+                &["tenant"],
+            )?,
+            leases: gauge_vec(
+                "modelshare_leases",
+                "Leases held, by tenant (empty: admin, or no tenants configured).",
+                &["tenant"],
+            )?,
             device_total: gauge(
                 "modelshare_device_memory_total_bytes",
                 "Memory of the device arenas live on (host: MemTotal).",
@@ -160,7 +187,7 @@ impl Metrics {
 
     /// Refreshes the gauges from the model registry.
     pub fn refresh(&self, models: &ModelRegistry) {
-        let stats = models.stats();
+        let stats = models.stats(&crate::tenants::Caller::Admin);
         for (state, n) in &stats.versions_by_state {
             self.versions
                 .with_label_values(&[state.as_str()])
@@ -168,7 +195,7 @@ impl Metrics {
         }
         self.arena_bytes.reset();
         let device = stats.device.uuid.clone();
-        for m in models.list() {
+        for m in models.list(&crate::tenants::Caller::Admin) {
             let held: u64 = m
                 .versions
                 .iter()
@@ -182,8 +209,19 @@ impl Metrics {
             }
         }
         self.models.set(i64::from(stats.models));
-        self.sessions.set(i64::from(stats.sessions));
-        self.leases.set(i64::from(stats.leases));
+        self.sessions.reset();
+        self.leases.reset();
+        self.sessions.with_label_values(&[""]).set(0);
+        self.leases.with_label_values(&[""]).set(0);
+        for (tenant, sessions, leases) in models.sessions_by_tenant() {
+            let tenant = tenant.as_deref().unwrap_or("");
+            self.sessions
+                .with_label_values(&[tenant])
+                .set(i64::from(sessions));
+            self.leases
+                .with_label_values(&[tenant])
+                .set(i64::from(leases));
+        }
         self.device_total
             .set(i64::try_from(stats.device.total_bytes).unwrap_or(i64::MAX));
         let used = stats.device_used_bytes.unwrap_or(stats.arena_bytes);
@@ -198,6 +236,16 @@ impl Metrics {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Counts a request refused by authentication.
+    pub fn auth_refused(&self, reason: &str) {
+        self.auth_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a call refused for `tenant`'s `quota`.
+    pub fn quota_denied(&self, tenant: &str, quota: &str) {
+        self.quota_denials.with_label_values(&[tenant, quota]).inc();
     }
 
     /// Counts a session's end.

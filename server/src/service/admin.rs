@@ -1,4 +1,8 @@
 //! `modelshare.v1.AdminService`: load, unload and inspect models.
+//!
+//! Every call runs as the [`Caller`] the authentication layer admitted: a tenant sees only the
+//! models it may see (others are NOT_FOUND), changes only the models it owns, and sees only its
+//! own sessions and usage. Loads, unloads, access changes and reloads go to the audit log.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -12,6 +16,11 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use crate::app::App;
+use crate::audit;
+use crate::error::ServerError;
+use crate::registry::LoadFor;
+use crate::tenants::Caller;
+use crate::tenants::auth::caller_of;
 
 /// How often a load's progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -26,6 +35,44 @@ impl AdminApi {
     /// The service over `app`.
     pub fn new(app: App) -> Self {
         Self { app }
+    }
+
+    /// Who a load is for: the tenant named (an admin may name any configured tenant, a tenant
+    /// only itself) or the caller's own; and the access asked for.
+    fn load_for(
+        &self,
+        caller: &Caller,
+        req: &pb::LoadModelRequest,
+    ) -> Result<LoadFor, ServerError> {
+        let table = self.app.tenants.current();
+        let requested_owner = if req.tenant.is_empty() {
+            None
+        } else {
+            match caller {
+                Caller::Tenant { name, .. } if **name != *req.tenant => {
+                    return Err(ServerError::PermissionDenied(format!(
+                        "{} may only load models for itself",
+                        caller.describe()
+                    )));
+                }
+                _ if !table.tenants.contains_key(&req.tenant) => {
+                    return Err(ServerError::UnknownTenant(
+                        req.tenant.escape_debug().to_string(),
+                    ));
+                }
+                _ => Some(req.tenant.clone()),
+            }
+        };
+        let access = req
+            .access
+            .clone()
+            .map(|a| convert::access_from(a, &table))
+            .transpose()?;
+        Ok(LoadFor {
+            requested_owner,
+            default_owner: caller.tenant().map(str::to_owned),
+            access,
+        })
     }
 }
 
@@ -43,11 +90,25 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::LoadModelRequest>,
     ) -> Result<Response<Self::LoadModelStream>, Status> {
+        let caller = caller_of(&request)?;
         let req = request.into_inner();
-        let mut load = self
-            .app
-            .start_load(&req.name, &req.path, req.keep_previous)
-            .await?;
+        let started = match self.load_for(&caller, &req) {
+            Ok(load_for) => {
+                self.app
+                    .start_load(&caller, load_for, &req.name, &req.path, req.keep_previous)
+                    .await
+            }
+            Err(e) => Err(e),
+        }
+        .map_err(|e| self.app.refuse(e));
+        audit::record(
+            &caller,
+            "load",
+            &req.name,
+            started.as_ref().map_or(0, |l| l.version),
+            &started,
+        );
+        let mut load = started?;
         let (tx, rx) = mpsc::channel(8);
         let started = pb::load_model_progress::Event::Started(pb::LoadStarted {
             version: load.version,
@@ -94,10 +155,15 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::UnloadModelRequest>,
     ) -> Result<Response<pb::UnloadModelResponse>, Status> {
+        let caller = caller_of(&request)?;
         let req = request.into_inner();
         let version = (req.version != 0).then_some(req.version);
         let registry = self.app.registry.clone();
-        let versions = registry.unload(&req.name, version, req.force)?;
+        let result = registry
+            .unload(&caller, &req.name, version, req.force)
+            .map_err(|e| self.app.refuse(e));
+        audit::record(&caller, "unload", &req.name, req.version, &result);
+        let versions = result?;
         tracing::info!(model = %req.name, version = req.version, force = req.force, "unload");
         let draining: Vec<u32> = versions
             .iter()
@@ -127,9 +193,10 @@ impl AdminService for AdminApi {
 
     async fn list_models(
         &self,
-        _request: Request<pb::ListModelsRequest>,
+        request: Request<pb::ListModelsRequest>,
     ) -> Result<Response<pb::ListModelsResponse>, Status> {
-        let models = self.app.registry.list();
+        let caller = caller_of(&request)?;
+        let models = self.app.registry.list(&caller);
         Ok(Response::new(pb::ListModelsResponse {
             models: models.iter().map(convert::model).collect(),
         }))
@@ -139,8 +206,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::DescribeModelRequest>,
     ) -> Result<Response<pb::DescribeModelResponse>, Status> {
+        let caller = caller_of(&request)?;
         let req = request.into_inner();
-        let (model, manifest) = self.app.registry.describe(&req.name, req.version)?;
+        let (model, manifest) = self
+            .app
+            .registry
+            .describe(&caller, &req.name, req.version)?;
         Ok(Response::new(pb::DescribeModelResponse {
             model: Some(convert::model(&model)),
             manifest: manifest.map(|m| convert::manifest(&m)),
@@ -149,16 +220,34 @@ impl AdminService for AdminApi {
 
     async fn get_stats(
         &self,
-        _request: Request<pb::GetStatsRequest>,
+        request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        Ok(Response::new(convert::stats(&self.app.registry.stats())))
+        let caller = caller_of(&request)?;
+        let registry = &self.app.registry;
+        let mut reply = convert::stats(&registry.stats(&caller));
+        let table = self.app.tenants.current();
+        reply.tenants = table
+            .tenants
+            .values()
+            .filter(|t| caller.is_admin() || caller.tenant() == Some(t.name.as_str()))
+            .map(|t| {
+                convert::tenant_usage(
+                    &t.name,
+                    registry.usage(&t.name),
+                    self.app.tenants.inflight(&t.name),
+                    t.quota,
+                )
+            })
+            .collect();
+        Ok(Response::new(reply))
     }
 
     async fn list_sessions(
         &self,
-        _request: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let sessions = self.app.registry.sessions();
+        let caller = caller_of(&request)?;
+        let sessions = self.app.registry.sessions(&caller);
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: sessions.iter().map(convert::session).collect(),
         }))
@@ -166,15 +255,36 @@ impl AdminService for AdminApi {
 
     async fn set_model_access(
         &self,
-        _request: Request<pb::SetModelAccessRequest>,
+        request: Request<pb::SetModelAccessRequest>,
     ) -> Result<Response<pb::SetModelAccessResponse>, Status> {
-        Err(Status::unimplemented("in progress"))
+        let caller = caller_of(&request)?;
+        let req = request.into_inner();
+        let table = self.app.tenants.current();
+        let result = convert::access_from(req.access.unwrap_or_default(), &table)
+            .and_then(|access| self.app.registry.set_access(&caller, &req.name, access))
+            .map_err(|e| self.app.refuse(e));
+        audit::record(&caller, "set_access", &req.name, 0, &result);
+        Ok(Response::new(pb::SetModelAccessResponse {
+            model: Some(convert::model(&result?)),
+        }))
     }
 
     async fn reload_tenants(
         &self,
-        _request: Request<pb::ReloadTenantsRequest>,
+        request: Request<pb::ReloadTenantsRequest>,
     ) -> Result<Response<pb::ReloadTenantsResponse>, Status> {
-        Err(Status::unimplemented("in progress"))
+        let caller = caller_of(&request)?;
+        if !caller.is_admin() {
+            let status = Status::from(ServerError::PermissionDenied(
+                "only an admin may reload the tenants".into(),
+            ));
+            audit::record::<()>(&caller, "reload_tenants", "", 0, &Err(status.clone()));
+            return Err(status);
+        }
+        let table = self.app.reload_tenants("rpc")?;
+        Ok(Response::new(pb::ReloadTenantsResponse {
+            tenants: table.tenants.keys().cloned().collect(),
+            admin_tokens: u32::try_from(table.admin_hashes.len()).unwrap_or(u32::MAX),
+        }))
     }
 }

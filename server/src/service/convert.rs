@@ -6,7 +6,8 @@ use modelshare_proto::v1 as pb;
 
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
-use crate::registry::{ModelSnapshot, SessionSnapshot, Stats, VersionSnapshot, WorkerHello};
+use crate::registry::{ModelSnapshot, SessionSnapshot, Stats, Usage, VersionSnapshot, WorkerHello};
+use crate::tenants::{Access, Quota, TenantTable};
 use crate::weights::dtype::DType;
 
 /// Longest worker name accepted in a hello.
@@ -88,7 +89,8 @@ pub fn model(m: &ModelSnapshot) -> pb::ModelInfo {
         name: m.name.clone(),
         latest_ready: m.latest_ready,
         versions: m.versions.iter().map(version).collect(),
-        ..Default::default()
+        owner: m.owner.clone().unwrap_or_default(),
+        access: Some(access(&m.access)),
     }
 }
 
@@ -146,7 +148,7 @@ pub fn stats(s: &Stats) -> pb::GetStatsResponse {
         sessions: s.sessions,
         leases: s.leases,
         device_used_bytes: s.device_used_bytes.unwrap_or(0),
-        ..Default::default()
+        tenants: Vec::new(),
     }
 }
 
@@ -172,7 +174,7 @@ pub fn session(s: &SessionSnapshot) -> pb::SessionInfo {
                 version: *version,
             })
             .collect(),
-        ..Default::default()
+        tenant: s.tenant.clone().unwrap_or_default(),
     }
 }
 
@@ -217,5 +219,57 @@ impl TryFrom<pb::Hello> for WorkerHello {
             pid: h.pid,
             labels: h.labels.into_iter().collect(),
         })
+    }
+}
+
+/// The protobuf model access.
+pub fn access(a: &Access) -> pb::ModelAccess {
+    pb::ModelAccess {
+        shared_with: a.shared_with.iter().cloned().collect(),
+        public: a.public,
+    }
+}
+
+/// A requested access, every tenant named checked against `table`.
+pub fn access_from(a: pb::ModelAccess, table: &TenantTable) -> Result<Access, ServerError> {
+    if a.shared_with.len() > crate::tenants::file::MAX_TENANTS {
+        return Err(ServerError::InvalidArgument {
+            field: "access.shared_with".into(),
+            reason: format!(
+                "{} tenants, more than the limit of {}",
+                a.shared_with.len(),
+                crate::tenants::file::MAX_TENANTS
+            ),
+        });
+    }
+    let mut shared_with = std::collections::BTreeSet::new();
+    for t in a.shared_with {
+        if !table.tenants.contains_key(&t) {
+            return Err(ServerError::UnknownTenant(t.escape_debug().to_string()));
+        }
+        shared_with.insert(t);
+    }
+    Ok(Access {
+        shared_with,
+        public: a.public,
+    })
+}
+
+/// The protobuf usage of one tenant.
+pub fn tenant_usage(name: &str, used: Usage, inflight: u32, quota: Quota) -> pb::TenantUsage {
+    pb::TenantUsage {
+        name: name.to_owned(),
+        device_bytes: used.device_bytes,
+        models: used.models,
+        sessions: used.sessions,
+        leases: used.leases,
+        inflight,
+        quota: Some(pb::TenantQuota {
+            device_bytes: quota.device_bytes.unwrap_or(0),
+            models: quota.models.unwrap_or(0),
+            sessions: quota.sessions.unwrap_or(0),
+            leases: quota.leases.unwrap_or(0),
+            inflight: quota.inflight.unwrap_or(0),
+        }),
     }
 }

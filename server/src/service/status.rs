@@ -30,6 +30,18 @@ impl From<ServerError> for Status {
             ServerError::ShuttingDown | ServerError::Starting | ServerError::Allocating { .. } => {
                 Code::Unavailable
             }
+            ServerError::Unauthenticated(_) => Code::Unauthenticated,
+            ServerError::PermissionDenied(_) => Code::PermissionDenied,
+            ServerError::NameTaken(_) => Code::AlreadyExists,
+            ServerError::QuotaExceeded { .. } => Code::ResourceExhausted,
+            ServerError::UnknownTenant(_) => Code::InvalidArgument,
+            ServerError::NoTenantsFile => Code::FailedPrecondition,
+            ServerError::TenantsFile(crate::tenants::file::TenantsFileError::Invalid {
+                ..
+            }) => Code::InvalidArgument,
+            ServerError::TenantsFile(crate::tenants::file::TenantsFileError::Read { .. }) => {
+                Code::FailedPrecondition
+            }
             ServerError::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

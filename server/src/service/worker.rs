@@ -18,8 +18,11 @@ use tracing::{debug, info, warn};
 
 use super::convert;
 use crate::app::App;
+use crate::audit;
 use crate::error::ServerError;
 use crate::registry::{ModelEvent, WorkerHello};
+use crate::tenants::Caller;
+use crate::tenants::auth::caller_of;
 
 /// The worker service.
 #[derive(Debug, Clone)]
@@ -83,6 +86,7 @@ impl WorkerService for WorkerApi {
             .and_then(|cred| cred.pid())
             .and_then(|pid| u32::try_from(pid).ok());
         let peer = PeerWatch::open(peer_pid);
+        let caller = caller_of(&request)?;
         self.app.require_ready()?;
         let mut inbound = request.into_inner();
         let deadline = self.app.config.heartbeat_interval * self.app.config.heartbeat_misses;
@@ -99,12 +103,15 @@ impl WorkerService for WorkerApi {
         };
         let registry = self.app.registry.clone();
         let mut events = registry.subscribe();
-        let opened = registry.open_session(hello.clone())?;
+        let opened = registry
+            .open_session(&caller, hello.clone())
+            .map_err(|e| self.app.refuse(e))?;
         let (id, revocation) = (opened.id, opened.revocation);
         info!(
             session = %id,
             worker = %hello.name,
             pid = hello.pid,
+            tenant = caller.tenant().unwrap_or(""),
             peer_pid = ?peer.pid(),
             pidfd = peer.is_watching(),
             "session opened"
@@ -142,7 +149,7 @@ impl WorkerService for WorkerApi {
                     },
                     ev = events.recv() => match ev {
                         Ok(ev) => {
-                            if let Some(kind) = relevant(&app, &id, ev)
+                            if let Some(kind) = relevant(&app, &caller, &id, ev)
                                 && tx.send(event(kind)).await.is_err()
                             {
                                 break EndReason::Closed;
@@ -193,8 +200,15 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let caller = caller_of(&request)?;
         let req = request.into_inner();
-        self.app.registry.release(&req.session_id, &req.lease_id)?;
+        let result = self
+            .app
+            .registry
+            .release(&caller, &req.session_id, &req.lease_id)
+            .map_err(Status::from);
+        audit::record(&caller, "release", "", 0, &result);
+        result?;
         self.app.tickets.revoke_lease(&req.lease_id);
         Ok(Response::new(pb::ReleaseResponse {}))
     }
@@ -205,10 +219,33 @@ impl WorkerApi {
         &self,
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
-        self.app.require_ready()?;
+        let caller = caller_of(&request)?;
         let req = request.into_inner();
+        let result = self.attach_as(&caller, &req);
+        audit::record(
+            &caller,
+            "attach",
+            &req.model,
+            result
+                .as_ref()
+                .ok()
+                .and_then(|r| r.manifest.as_ref())
+                .map_or(req.version, |m| m.version),
+            &result,
+        );
+        result.map(Response::new)
+    }
+
+    fn attach_as(
+        &self,
+        caller: &Caller,
+        req: &pb::AttachRequest,
+    ) -> Result<pb::AttachResponse, Status> {
+        self.app.require_ready()?;
         let registry = &self.app.registry;
-        let att = registry.attach(&req.session_id, &req.model, req.version)?;
+        let att = registry
+            .attach(caller, &req.session_id, &req.model, req.version)
+            .map_err(|e| self.app.refuse(e))?;
         let exported = att.arena.export();
         let handle = match exported {
             Ok(ExportedHandle::Fd(fd)) => {
@@ -221,7 +258,7 @@ impl WorkerApi {
                 })
             }
             Err(e) => {
-                let _ = registry.release(&req.session_id, &att.lease_id);
+                let _ = registry.release(caller, &req.session_id, &att.lease_id);
                 return Err(ServerError::Device(e).into());
             }
             Ok(ExportedHandle::CudaIpc {
@@ -234,7 +271,7 @@ impl WorkerApi {
                 device_uuid,
             }),
             Ok(other) => {
-                let _ = registry.release(&req.session_id, &att.lease_id);
+                let _ = registry.release(caller, &req.session_id, &att.lease_id);
                 return Err(ServerError::Internal(format!(
                     "the backend exported a handle this server cannot pass on: {other:?}"
                 ))
@@ -242,22 +279,29 @@ impl WorkerApi {
             }
         };
         debug!(session = %req.session_id, model = %req.model, version = att.manifest.version, lease = %att.lease_id, "attach");
-        Ok(Response::new(pb::AttachResponse {
+        Ok(pb::AttachResponse {
             lease_id: att.lease_id,
             manifest: Some(convert::manifest(&att.manifest)),
             device: Some(convert::device(&registry.device())),
             handle: Some(handle),
             loading: att.loading,
-        }))
+        })
     }
 }
 
-/// The session event for `ev`, if this session should hear of it: every new ready version,
-/// and draining only of versions it holds.
-fn relevant(app: &App, session: &str, ev: ModelEvent) -> Option<pb::session_event::Kind> {
+/// The session event for `ev`, if this session should hear of it: new ready versions of the
+/// models its tenant may see (others' names must not leak), and draining only of versions it
+/// holds.
+fn relevant(
+    app: &App,
+    caller: &Caller,
+    session: &str,
+    ev: ModelEvent,
+) -> Option<pb::session_event::Kind> {
     match ev {
         ModelEvent::VersionReady { model, version } => {
-            Some(pb::session_event::Kind::VersionReady(pb::VersionReady {
+            let visible = app.registry.visible(caller, &model);
+            visible.then_some(pb::session_event::Kind::VersionReady(pb::VersionReady {
                 model,
                 version,
             }))

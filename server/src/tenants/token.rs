@@ -17,7 +17,7 @@ pub const TOKEN_PREFIX: &str = "ms_";
 pub const MAX_TOKEN_BYTES: usize = 512;
 
 /// SHA-256 digest of a token.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenHash([u8; 32]);
 
 impl std::fmt::Debug for TokenHash {

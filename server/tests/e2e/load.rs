@@ -295,6 +295,7 @@ async fn keep_previous_keeps_the_old_version() {
             name: "m".into(),
             path: "v2".into(),
             keep_previous: true,
+            ..Default::default()
         })
         .await
         .expect("load")

@@ -1,0 +1,298 @@
+//! The tenants file: TOML, read at start-up and again on SIGHUP or `ReloadTenants`.
+//!
+//! ```toml
+//! [admin]
+//! token_hashes = ["sha256:…"]          # `modelshare token new` prints a token and its hash
+//!
+//! [[tenants]]
+//! name = "search"
+//! token_hashes = ["sha256:…", "sha256:…"]   # several, to rotate without a gap
+//! uids = [1000]                         # optional: only these Unix uids, over the Unix socket
+//! [tenants.quota]                       # optional; a missing or 0 limit is unlimited
+//! device_bytes = 8_589_934_592
+//! models = 4
+//! sessions = 64
+//! leases = 256
+//! inflight = 32
+//! ```
+//!
+//! Only hashes are ever in the file; a value that is not `sha256:<64 hex digits>` is refused
+//! with its position, never echoed (it may be a pasted token).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::Quota;
+use super::token::TokenHash;
+use crate::model::validate_name;
+
+/// Most tenants one file may define.
+pub const MAX_TENANTS: usize = 1024;
+/// Most token hashes per tenant (or for the admin).
+pub const MAX_TOKENS_PER_TENANT: usize = 16;
+/// Largest tenants file read.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
+    tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    #[serde(default)]
+    token_hashes: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: String,
+    #[serde(default)]
+    token_hashes: Vec<String>,
+    #[serde(default)]
+    uids: Vec<u32>,
+    #[serde(default)]
+    quota: RawQuota,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuota {
+    device_bytes: Option<u64>,
+    models: Option<u32>,
+    sessions: Option<u32>,
+    leases: Option<u32>,
+    inflight: Option<u32>,
+}
+
+/// One tenant, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// Name (`[a-z0-9][a-z0-9._-]{0,63}`).
+    pub name: String,
+    /// Hashes of its tokens.
+    pub token_hashes: Vec<TokenHash>,
+    /// Unix uids its calls must come from (empty: any, over any listener).
+    pub uids: Vec<u32>,
+    /// Its quota.
+    pub quota: Quota,
+}
+
+/// Every tenant and the admin tokens, validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantTable {
+    /// Tenants by name.
+    pub tenants: BTreeMap<String, TenantSpec>,
+    /// Hashes of the admin tokens.
+    pub admin_hashes: Vec<TokenHash>,
+}
+
+/// Why a tenants file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsFileError {
+    /// The file could not be read.
+    #[error("cannot read tenants file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid for the schema.
+    #[error("tenants file {path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong, and where.
+        reason: String,
+    },
+}
+
+fn nonzero<T: Default + PartialEq>(v: Option<T>) -> Option<T> {
+    v.filter(|x| *x != T::default())
+}
+
+impl TenantTable {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Self, TenantsFileError> {
+        let shown = path.display().to_string();
+        let read_err = |source| TenantsFileError::Read {
+            path: shown.clone(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(read_err)?.len();
+        if len > MAX_FILE_BYTES {
+            return Err(TenantsFileError::Invalid {
+                path: shown,
+                reason: format!("{len} bytes, more than the limit of {MAX_FILE_BYTES}"),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        Self::parse(&text).map_err(|reason| TenantsFileError::Invalid {
+            path: shown,
+            reason,
+        })
+    }
+
+    /// Parses and validates the text of a tenants file.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        if raw.tenants.len() > MAX_TENANTS {
+            return Err(format!(
+                "{} tenants, more than the limit of {MAX_TENANTS}",
+                raw.tenants.len()
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut hashes = |list: &[String], owner: &str| -> Result<Vec<TokenHash>, String> {
+            if list.len() > MAX_TOKENS_PER_TENANT {
+                return Err(format!(
+                    "{owner}: {} token hashes, more than the limit of {MAX_TOKENS_PER_TENANT}",
+                    list.len()
+                ));
+            }
+            list.iter()
+                .enumerate()
+                .map(|(i, text)| {
+                    // The value is never shown: it may be a token pasted by mistake.
+                    let h: TokenHash = text
+                        .parse()
+                        .map_err(|e| format!("{owner}: token_hashes[{i}]: {e}"))?;
+                    if !seen.insert(h) {
+                        return Err(format!(
+                            "{owner}: token_hashes[{i}] is also listed elsewhere in the file; \
+                             a token must belong to one tenant"
+                        ));
+                    }
+                    Ok(h)
+                })
+                .collect()
+        };
+        let admin_hashes = hashes(&raw.admin.token_hashes, "[admin]")?;
+        let mut tenants = BTreeMap::new();
+        for (i, t) in raw.tenants.into_iter().enumerate() {
+            let at = format!("tenants[{i}] ('{}')", t.name.escape_debug());
+            validate_name(&t.name).map_err(|e| format!("{at}: tenant name: {e}"))?;
+            let token_hashes = hashes(&t.token_hashes, &at)?;
+            let spec = TenantSpec {
+                name: t.name.clone(),
+                token_hashes,
+                uids: t.uids,
+                quota: Quota {
+                    device_bytes: nonzero(t.quota.device_bytes),
+                    models: nonzero(t.quota.models),
+                    sessions: nonzero(t.quota.sessions),
+                    leases: nonzero(t.quota.leases),
+                    inflight: nonzero(t.quota.inflight),
+                },
+            };
+            if tenants.insert(t.name.clone(), spec).is_some() {
+                return Err(format!("{at}: a tenant of that name is already defined"));
+            }
+        }
+        Ok(Self {
+            tenants,
+            admin_hashes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(t: &str) -> String {
+        TokenHash::of(t).to_string()
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let text = format!(
+            r#"
+            [admin]
+            token_hashes = ["{}"]
+            [[tenants]]
+            name = "search"
+            token_hashes = ["{}", "{}"]
+            uids = [1000]
+            [tenants.quota]
+            device_bytes = 1000
+            leases = 0
+            [[tenants]]
+            name = "ads"
+            token_hashes = ["{}"]
+            "#,
+            hash("adm"),
+            hash("s1"),
+            hash("s2"),
+            hash("a1")
+        );
+        let t = TenantTable::parse(&text).expect("valid");
+        assert_eq!(t.admin_hashes, vec![TokenHash::of("adm")]);
+        let s = &t.tenants["search"];
+        assert_eq!(s.token_hashes.len(), 2);
+        assert_eq!(s.uids, vec![1000]);
+        assert_eq!(s.quota.device_bytes, Some(1000));
+        assert_eq!(s.quota.leases, None, "0 means unlimited");
+        assert_eq!(t.tenants["ads"].quota, Quota::default());
+    }
+
+    /// A plaintext token pasted where a hash belongs must be refused without being echoed.
+    #[test]
+    fn plaintext_tokens_are_refused_and_not_echoed() {
+        let text = r#"
+            [[tenants]]
+            name = "search"
+            token_hashes = ["ms_supersecretvalue"]
+        "#;
+        let err = TenantTable::parse(text).expect_err("refused");
+        assert!(
+            err.contains("tenants[0] ('search'): token_hashes[0]"),
+            "{err}"
+        );
+        assert!(!err.contains("supersecret"), "{err}");
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_their_place() {
+        let h = hash("x");
+        let cases = [
+            (
+                format!("[[tenants]]\nname = \"Bad Name\"\ntoken_hashes = [\"{h}\"]"),
+                "tenant name",
+            ),
+            (
+                format!(
+                    "[[tenants]]\nname = \"a\"\ntoken_hashes = [\"{h}\"]\n[[tenants]]\nname = \"a\""
+                ),
+                "already defined",
+            ),
+            (
+                format!(
+                    "[admin]\ntoken_hashes = [\"{h}\"]\n[[tenants]]\nname = \"a\"\ntoken_hashes = [\"{h}\"]"
+                ),
+                "also listed elsewhere",
+            ),
+            (
+                "[[tenants]]\nname = \"a\"\nqouta = 1".to_owned(),
+                "unknown field",
+            ),
+            (
+                "[[tenants]]\nname = \"a\"\n[tenants.quota]\nleases = -1".to_owned(),
+                "leases",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = TenantTable::parse(&text).expect_err(&text);
+            assert!(err.contains(want), "{text}\n→ {err}");
+        }
+    }
+}
