@@ -1,5 +1,7 @@
 //! An example worker: attach to a model, verify every tensor against the checksum the server
 //! computed while loading, and report what it sees. Keeps the lease for `--hold-secs`.
+//! The token and TLS settings come from `MODELSHARE_TOKEN` or `MODELSHARE_TOKEN_FILE` and
+//! `MODELSHARE_TLS_*` (see `ConnectOptions::from_env`).
 //!
 //! ```sh
 //! cargo run -p modelshare-worker --example verify -- unix:/tmp/demo/grpc.sock tiny-demo

@@ -19,6 +19,15 @@ pub enum WorkerError {
         /// The cause.
         source: tonic::transport::Error,
     },
+    /// A token or TLS setting is unusable (a token is never quoted; a file is named, never
+    /// its contents).
+    #[error("{what}: {reason}")]
+    Credentials {
+        /// What was wrong: `token`, `token file '/path'`, `TLS CA file '/path'`, ...
+        what: String,
+        /// Why.
+        reason: String,
+    },
     /// The server answered with an error.
     #[error("{call}: {status}")]
     Rpc {

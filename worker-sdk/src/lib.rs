@@ -3,8 +3,12 @@
 //!
 //! # Layout
 //! - [`client`]: [`Client`], a connection to the server that opens sessions.
-//! - [`connect`]: a gRPC channel to the server, over TCP (`http://host:port`) or a Unix socket
-//!   (`unix:/path/to/socket`).
+//! - [`credentials`]: the bearer token ([`Token`], literal or a file read at every connection)
+//!   and TLS settings ([`TlsOptions`]), gathered in [`ConnectOptions`] (also from
+//!   `MODELSHARE_TOKEN`, `MODELSHARE_TOKEN_FILE`, `MODELSHARE_TLS_*`).
+//! - [`connect`]: a gRPC channel to the server, over TCP (`http://host:port`), TLS
+//!   (`https://host:port`) or a Unix socket (`unix:/path/to/socket`); [`connect::authed`] adds
+//!   the token to every call.
 //! - [`session`]: [`Session`], a worker's connection: hello, background heartbeats, model
 //!   events; it reconnects and re-attaches after a server restart; ending it (drop, or the
 //!   process dying) releases everything it held.
@@ -27,12 +31,15 @@
 
 pub mod client;
 pub mod connect;
+pub mod credentials;
 pub mod error;
 pub mod model;
 pub mod session;
 pub mod tensor;
 
 pub use client::Client;
+pub use connect::AuthChannel;
+pub use credentials::{BearerInterceptor, ConnectOptions, TlsOptions, Token, TokenSource};
 pub use error::WorkerError;
 pub use model::{ArenaView, Model};
 pub use session::{Session, SessionEvent, SessionOptions};

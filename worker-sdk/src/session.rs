@@ -5,10 +5,14 @@
 //! the server revoked the session) it reconnects with exponential backoff, opens a new session
 //! and re-attaches every model the worker still holds. Each [`Model`] then points at its new
 //! lease and mapping; tensors taken before stay valid (they keep the old mapping alive).
+//!
+//! Every connection, the first and each reconnection, is made with the session's
+//! [`ConnectOptions`]: a token file is read again each time, so a worker whose token was
+//! revoked (the server answers UNAUTHENTICATED) keeps retrying and picks up a rotated file.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::worker_service_client::WorkerServiceClient;
@@ -16,16 +20,19 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tracing::{debug, warn};
 
+use crate::WorkerError;
+use crate::connect::{self, AuthChannel};
+use crate::credentials::ConnectOptions;
 use crate::model::{Model, ModelInner};
-use crate::{WorkerError, connect};
 
 /// First delay before reconnecting; doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest delay between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Least time between two warnings about refused credentials while reconnecting.
+const AUTH_WARN_EVERY: Duration = Duration::from_secs(5);
 
 /// Something that happened to the session or to a model it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,13 +88,16 @@ pub struct SessionOptions {
     pub labels: HashMap<String, String>,
     /// Do not reconnect when the stream breaks (the session just ends).
     pub no_reconnect: bool,
+    /// Token and TLS settings, used for the first connection and every reconnection (the
+    /// default: no token; [`Session::open`] takes them from the environment).
+    pub connect: ConnectOptions,
 }
 
 /// The current connection: session id and client.
 #[derive(Debug, Clone)]
 pub(crate) struct Link {
     pub(crate) id: String,
-    pub(crate) client: WorkerServiceClient<Channel>,
+    pub(crate) client: WorkerServiceClient<AuthChannel>,
 }
 
 #[derive(Debug)]
@@ -142,19 +152,21 @@ pub struct Session {
 }
 
 impl Session {
-    /// Connects to `address` (see [`connect::channel`]) and opens a session named `worker_name`.
+    /// Connects to `address` (see [`connect::channel_with`]) with the token and TLS settings of
+    /// the environment ([`ConnectOptions::from_env`]) and opens a session named `worker_name`.
     pub async fn open(address: &str, worker_name: &str) -> Result<Self, WorkerError> {
         Self::open_with(
             address,
             SessionOptions {
                 worker_name: worker_name.to_owned(),
+                connect: ConnectOptions::from_env()?,
                 ..SessionOptions::default()
             },
         )
         .await
     }
 
-    /// Opens a session with `options`.
+    /// Opens a session with `options` (token and TLS settings: `options.connect` only).
     pub async fn open_with(address: &str, options: SessionOptions) -> Result<Self, WorkerError> {
         let (events, _) = broadcast::channel(256);
         let inner = Arc::new(SessionInner {
@@ -209,11 +221,11 @@ impl Session {
     }
 }
 
-/// Connects, says hello, and waits for the welcome.
+/// Connects (reading a token file again), says hello, and waits for the welcome.
 async fn handshake(
     inner: &SessionInner,
 ) -> Result<(Link, pb::Welcome, HeartbeatStream), WorkerError> {
-    let channel = connect::channel(&inner.address).await?;
+    let channel = connect::authed(&inner.address, &inner.options.connect).await?;
     let mut client = WorkerServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel::<pb::SessionRequest>(4);
     let hello = pb::SessionRequest {
@@ -257,6 +269,15 @@ async fn handshake(
     Ok((link, welcome, HeartbeatStream { tx, inbound }))
 }
 
+/// Whether a failed reconnection was about credentials rather than the server being away.
+fn refused_credentials(e: &WorkerError) -> bool {
+    matches!(e, WorkerError::Credentials { .. })
+        || matches!(
+            e.code(),
+            Some(tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
+        )
+}
+
 /// The two halves of a live session stream.
 struct HeartbeatStream {
     tx: mpsc::Sender<pb::SessionRequest>,
@@ -283,6 +304,7 @@ async fn supervise(
             return;
         }
         let mut backoff = MIN_BACKOFF;
+        let mut warned: Option<Instant> = None;
         let (link, w, s) = loop {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
@@ -291,7 +313,16 @@ async fn supervise(
             match handshake(&inner).await {
                 Ok(ok) => break ok,
                 Err(e) => {
-                    debug!(error = %e, "reconnect failed; retrying");
+                    // Refused credentials need an operator (a revoked token, a bad token file):
+                    // say so, but not at every attempt.
+                    if refused_credentials(&e)
+                        && warned.is_none_or(|at| at.elapsed() >= AUTH_WARN_EVERY)
+                    {
+                        warn!(error = %e, "reconnect refused: check the token; retrying");
+                        warned = Some(Instant::now());
+                    } else {
+                        debug!(error = %e, "reconnect failed; retrying");
+                    }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }

@@ -1,23 +1,50 @@
 //! The admin client commands: clients of `AdminService`, printing tables or JSON.
+//!
+//! Every call carries the bearer token of `--token` / `--token-file` (or `MODELSHARE_TOKEN` /
+//! `MODELSHARE_TOKEN_FILE`), over TLS for `https://` addresses (`--tls-*`). `token new` and
+//! `token hash` need no server: they make what goes in the tenants file.
 
 pub(crate) mod output;
 mod probe;
 
+use std::io::BufRead;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::admin_service_client::AdminServiceClient;
-use tonic::transport::Channel;
+use modelshare_worker::{AuthChannel, ConnectOptions, TlsOptions, Token, WorkerError};
+
+use crate::tenants::token::{TokenHash, generate};
 
 pub(crate) use output::say;
 pub use output::{OutputFormat, human_bytes};
 pub use probe::ProbeArgs;
 
+/// A token as given on the command line or in `MODELSHARE_TOKEN`; `Debug` does not show it.
+/// Validated when the connection is made, so that a malformed token is never echoed by clap.
+#[derive(Clone)]
+pub struct TokenArg(String);
+
+impl std::fmt::Debug for TokenArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenArg(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for TokenArg {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
 /// Options common to every client command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
-    /// Server address: `unix:/path/to/socket` or `http://host:port`.
+    /// Server address: `unix:/path/to/socket`, `http://host:port` or `https://host:port` (TLS).
     #[arg(
         long,
         short = 's',
@@ -29,6 +56,69 @@ pub struct ClientArgs {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "table", global = true)]
     pub output: OutputFormat,
+    /// Bearer token sent with every call (prefer --token-file: arguments are visible to other
+    /// users of the machine).
+    #[arg(long, env = "MODELSHARE_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<TokenArg>,
+    /// File holding the bearer token.
+    #[arg(
+        long,
+        env = "MODELSHARE_TOKEN_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) to check an https:// server against (default: the web PKI roots).
+    #[arg(long, env = "MODELSHARE_TLS_CA", value_name = "PATH", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, env = "MODELSHARE_TLS_CERT", value_name = "PATH", global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS; needs --tls-cert.
+    #[arg(long, env = "MODELSHARE_TLS_KEY", value_name = "PATH", global = true)]
+    pub tls_key: Option<PathBuf>,
+    /// Name to check the server's certificate against (default: the address's host).
+    #[arg(
+        long,
+        env = "MODELSHARE_TLS_DOMAIN",
+        value_name = "NAME",
+        global = true
+    )]
+    pub tls_domain: Option<String>,
+}
+
+impl ClientArgs {
+    /// The token and TLS settings of these flags. TLS settings are present when any `--tls-*`
+    /// flag is given (the address must then be `https://`).
+    pub fn connect_options(&self) -> Result<ConnectOptions, WorkerError> {
+        let mut options = ConnectOptions::default();
+        match (&self.token, &self.token_file) {
+            (Some(_), Some(_)) => {
+                return Err(WorkerError::Credentials {
+                    what: "token".into(),
+                    reason: "give --token (MODELSHARE_TOKEN) or --token-file \
+                             (MODELSHARE_TOKEN_FILE), not both"
+                        .into(),
+                });
+            }
+            (Some(token), None) => options = options.with_token(Token::new(token.0.clone())?),
+            (None, Some(path)) => options = options.with_token_file(path.clone()),
+            (None, None) => {}
+        }
+        if self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_key.is_some()
+            || self.tls_domain.is_some()
+        {
+            options = options.with_tls(TlsOptions::from_files(
+                self.tls_ca.as_deref(),
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+                self.tls_domain.clone(),
+            )?);
+        }
+        Ok(options)
+    }
 }
 
 /// The admin client commands.
@@ -43,6 +133,16 @@ pub enum ClientCommand {
         /// Keep older versions attachable (default: retire them once this one is ready).
         #[arg(long)]
         keep_previous: bool,
+        /// Tenant that will own the model (only an admin may name another tenant; default:
+        /// the caller's).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Tenants that may also see and attach the model (replaces the model's access).
+        #[arg(long, value_delimiter = ',', value_name = "TENANT,...")]
+        share_with: Vec<String>,
+        /// Every tenant may see and attach the model (replaces the model's access).
+        #[arg(long)]
+        public: bool,
     },
     /// Unload a model (every version, or one).
     Unload {
@@ -74,6 +174,32 @@ pub enum ClientCommand {
     Ps,
     /// Attach to a model like a worker, verify every tensor's checksum, report the mapping.
     Probe(ProbeArgs),
+    /// Set who besides its owner may see and attach a model (no flags: private to the owner).
+    Access {
+        /// Model name.
+        name: String,
+        /// Tenants that may see and attach the model.
+        #[arg(long, value_delimiter = ',', value_name = "TENANT,...")]
+        share_with: Vec<String>,
+        /// Every tenant may see and attach the model.
+        #[arg(long)]
+        public: bool,
+    },
+    /// Make the server read its tenants file again; prints the tenants now in force.
+    ReloadTenants,
+    /// Make tokens and their hashes for the tenants file (no server needed).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `modelshare token ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Print a new random token and its hash: the hash goes in the tenants file, the token to
+    /// the tenant.
+    New,
+    /// Read a token on stdin (its first line) and print its hash.
+    Hash,
 }
 
 /// Why a client command failed.
@@ -99,9 +225,42 @@ fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> CliError {
     move |status| CliError::Rpc { call, status }
 }
 
-async fn admin_client(server: &str) -> Result<AdminServiceClient<Channel>, CliError> {
-    let channel = modelshare_worker::connect::channel(server).await?;
+async fn admin_client(args: &ClientArgs) -> Result<AdminServiceClient<AuthChannel>, CliError> {
+    let channel =
+        modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
     Ok(AdminServiceClient::new(channel).max_decoding_message_size(128 << 20))
+}
+
+/// The access of `--share-with` and `--public`; `None` when neither is given.
+fn access(share_with: Vec<String>, public: bool) -> Option<pb::ModelAccess> {
+    let shared_with: Vec<String> = share_with
+        .into_iter()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .collect();
+    (public || !shared_with.is_empty()).then_some(pb::ModelAccess {
+        shared_with,
+        public,
+    })
+}
+
+/// `token new` and `token hash`: no server involved.
+fn token_command(command: TokenCommand, out: OutputFormat) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::New => {
+            let token = generate().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            let hash = TokenHash::of(&token).to_string();
+            output::new_token(&token, &hash, out);
+        }
+        TokenCommand::Hash => {
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            // Validated as a worker would send it, so the hash is of what arrives.
+            let token = Token::new(line)?;
+            output::token_hash(&TokenHash::of(token.expose_secret()).to_string(), out);
+        }
+    }
+    Ok(())
 }
 
 /// Runs one client command; `shutdown` ends a holding probe.
@@ -111,18 +270,22 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let out = args.output;
-    let admin = || admin_client(&args.server);
+    let admin = || admin_client(&args);
     match command {
         ClientCommand::Load {
             name,
             path,
             keep_previous,
+            tenant,
+            share_with,
+            public,
         } => {
             let req = pb::LoadModelRequest {
                 name,
                 path,
                 keep_previous,
-                ..Default::default()
+                tenant: tenant.unwrap_or_default(),
+                access: access(share_with, public),
             };
             load(&mut admin().await?, req, out).await?
         }
@@ -184,13 +347,45 @@ pub async fn run(
                 .into_inner();
             output::sessions(&r.sessions, out);
         }
-        ClientCommand::Probe(probe) => probe::run(&args.server, probe, out, shutdown).await?,
+        ClientCommand::Probe(probe) => {
+            let options = args.connect_options()?;
+            probe::run(&args.server, options, probe, out, shutdown).await?
+        }
+        ClientCommand::Access {
+            name,
+            share_with,
+            public,
+        } => {
+            let r = admin()
+                .await?
+                .set_model_access(pb::SetModelAccessRequest {
+                    name,
+                    access: Some(access(share_with, public).unwrap_or_default()),
+                })
+                .await
+                .map_err(rpc("SetModelAccess"))?
+                .into_inner();
+            let model = r.model.ok_or_else(|| {
+                anyhow::anyhow!("the server's SetModelAccess answer has no model")
+            })?;
+            output::access(&model, out);
+        }
+        ClientCommand::ReloadTenants => {
+            let r = admin()
+                .await?
+                .reload_tenants(pb::ReloadTenantsRequest {})
+                .await
+                .map_err(rpc("ReloadTenants"))?
+                .into_inner();
+            output::tenants_reloaded(&r, out);
+        }
+        ClientCommand::Token(command) => token_command(command, out)?,
     }
     Ok(())
 }
 
 async fn load(
-    admin: &mut AdminServiceClient<Channel>,
+    admin: &mut AdminServiceClient<AuthChannel>,
     req: pb::LoadModelRequest,
     out: OutputFormat,
 ) -> Result<(), CliError> {

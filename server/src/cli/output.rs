@@ -112,11 +112,119 @@ pub fn version_json(v: &pb::VersionInfo) -> Value {
     })
 }
 
+/// A model's owner as shown in tables: `-` for none.
+fn owner_text(owner: &str) -> &str {
+    if owner.is_empty() { "-" } else { owner }
+}
+
+/// A model's access as shown in tables: `private`, `public` or `shared: a,b`.
+pub fn access_text(access: Option<&pb::ModelAccess>) -> String {
+    match access {
+        Some(a) if a.public => "public".into(),
+        Some(a) if !a.shared_with.is_empty() => format!("shared: {}", a.shared_with.join(",")),
+        _ => "private".into(),
+    }
+}
+
+fn access_json(access: Option<&pb::ModelAccess>) -> Value {
+    let access = access.cloned().unwrap_or_default();
+    json!({"shared_with": access.shared_with, "public": access.public})
+}
+
 fn model_json(m: &pb::ModelInfo) -> Value {
     json!({
         "name": m.name,
+        "owner": m.owner,
+        "access": access_json(m.access.as_ref()),
         "latest_ready": m.latest_ready,
         "versions": m.versions.iter().map(version_json).collect::<Vec<_>>(),
+    })
+}
+
+/// `modelshare token new`.
+pub fn new_token(token: &str, hash: &str, out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({"token": token, "hash": hash})),
+        OutputFormat::Table => {
+            say!("token: {token}");
+            say!("hash:  {hash}");
+            say!("");
+            say!("Put the hash in the tenants file (a tenant's or [admin] token_hashes) and give");
+            say!("the token to the tenant. The server keeps only the hash: this is the one time");
+            say!("the token is shown.");
+        }
+    }
+}
+
+/// `modelshare token hash`.
+pub fn token_hash(hash: &str, out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({"hash": hash})),
+        OutputFormat::Table => say!("{hash}"),
+    }
+}
+
+/// `modelshare access`.
+pub fn access(m: &pb::ModelInfo, out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({"model": model_json(m)})),
+        OutputFormat::Table => say!(
+            "{}: owner {}, access {}",
+            m.name,
+            owner_text(&m.owner),
+            access_text(m.access.as_ref())
+        ),
+    }
+}
+
+/// `modelshare reload-tenants`.
+pub fn tenants_reloaded(r: &pb::ReloadTenantsResponse, out: OutputFormat) {
+    match out {
+        OutputFormat::Json => print_json(&json!({
+            "tenants": r.tenants,
+            "admin_tokens": r.admin_tokens,
+        })),
+        OutputFormat::Table => {
+            let names = if r.tenants.is_empty() {
+                "none".to_owned()
+            } else {
+                r.tenants.join(", ")
+            };
+            say!(
+                "tenants reloaded: {} tenant(s): {names}; {} admin token(s)",
+                r.tenants.len(),
+                r.admin_tokens
+            );
+        }
+    }
+}
+
+/// `used/limit`, `-` for an unlimited (0) limit.
+fn against(used: impl ToString, limit: u64, show: impl Fn(u64) -> String) -> String {
+    let limit = if limit == 0 {
+        "-".to_owned()
+    } else {
+        show(limit)
+    };
+    format!("{}/{limit}", used.to_string())
+}
+
+fn tenant_usage_json(t: &pb::TenantUsage) -> Value {
+    let q = t.quota.unwrap_or_default();
+    json!({
+        "name": t.name,
+        "device_bytes": t.device_bytes,
+        "models": t.models,
+        "sessions": t.sessions,
+        "leases": t.leases,
+        "inflight": t.inflight,
+        "quota": {
+            "device_bytes": q.device_bytes,
+            "models": q.models,
+            "sessions": q.sessions,
+            "leases": q.leases,
+            "inflight": q.inflight,
+        },
     })
 }
 
@@ -163,13 +271,17 @@ pub fn models(ms: &[pb::ModelInfo], out: OutputFormat) {
         })),
         OutputFormat::Table => {
             let mut t = table(&[
-                "MODEL", "VERSION", "STATE", "ARENA", "TENSORS", "LEASES", "SOURCE",
+                "MODEL", "OWNER", "ACCESS", "VERSION", "STATE", "ARENA", "TENSORS", "LEASES",
+                "SOURCE",
             ]);
             for m in ms {
+                let access = access_text(m.access.as_ref());
                 for v in &m.versions {
                     let mark = if v.version == m.latest_ready { "*" } else { "" };
                     t.add_row(vec![
                         Cell::new(&m.name),
+                        Cell::new(owner_text(&m.owner)),
+                        Cell::new(&access),
                         right(format!("{}{mark}", v.version)),
                         Cell::new(state_name(v.state)),
                         right(human_bytes(v.arena_bytes)),
@@ -275,6 +387,7 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
             "sessions": s.sessions,
             "leases": s.leases,
             "device_used_bytes": s.device_used_bytes,
+            "tenants": s.tenants.iter().map(tenant_usage_json).collect::<Vec<_>>(),
         })),
         OutputFormat::Table => {
             let mut t = table(&["STAT", "VALUE"]);
@@ -303,8 +416,40 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
             t.add_row(vec![Cell::new("sessions"), right(s.sessions)]);
             t.add_row(vec![Cell::new("leases"), right(s.leases)]);
             say!("{t}");
+            if !s.tenants.is_empty() {
+                say!("{}", tenant_table(&s.tenants));
+            }
         }
     }
+}
+
+/// Usage against quota per tenant (`used/limit`; `-`: unlimited).
+fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
+    let mut t = table(&[
+        "TENANT",
+        "DEVICE BYTES",
+        "MODELS",
+        "SESSIONS",
+        "LEASES",
+        "INFLIGHT",
+    ]);
+    let count = |n: u64| n.to_string();
+    for u in tenants {
+        let q = u.quota.unwrap_or_default();
+        t.add_row(vec![
+            Cell::new(&u.name),
+            right(against(
+                human_bytes(u.device_bytes),
+                q.device_bytes,
+                human_bytes,
+            )),
+            right(against(u.models, q.models.into(), count)),
+            right(against(u.sessions, q.sessions.into(), count)),
+            right(against(u.leases, q.leases.into(), count)),
+            right(against(u.inflight, q.inflight.into(), count)),
+        ]);
+    }
+    t
 }
 
 /// `modelshare ps`.
@@ -313,6 +458,7 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
         OutputFormat::Json => print_json(&json!({
             "sessions": ss.iter().map(|s| json!({
                 "session_id": s.session_id,
+                "tenant": s.tenant,
                 "worker_name": s.worker_name,
                 "pid": s.pid,
                 "labels": s.labels,
@@ -323,7 +469,7 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
             })).collect::<Vec<_>>()
         })),
         OutputFormat::Table => {
-            let mut t = table(&["SESSION", "WORKER", "PID", "LEASES"]);
+            let mut t = table(&["SESSION", "TENANT", "WORKER", "PID", "LEASES"]);
             for s in ss {
                 let leases: Vec<String> = s
                     .leases
@@ -332,6 +478,7 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
                     .collect();
                 t.add_row(vec![
                     Cell::new(&s.session_id),
+                    Cell::new(owner_text(&s.tenant)),
                     Cell::new(&s.worker_name),
                     right(s.pid),
                     Cell::new(leases.join(", ")),
@@ -356,5 +503,50 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(12 << 30), "12.0 GiB");
+    }
+
+    /// Operators read a model's access from `ls`; a shared model shown as private (or the
+    /// reverse) would mislead them.
+    #[test]
+    fn access_reads_as_private_public_or_shared() {
+        assert_eq!(access_text(None), "private");
+        assert_eq!(access_text(Some(&pb::ModelAccess::default())), "private");
+        let shared = pb::ModelAccess {
+            shared_with: vec!["a".into(), "b".into()],
+            public: false,
+        };
+        assert_eq!(access_text(Some(&shared)), "shared: a,b");
+        let public = pb::ModelAccess {
+            public: true,
+            ..shared
+        };
+        assert_eq!(access_text(Some(&public)), "public");
+    }
+
+    /// A quota of 0 is unlimited; showing it as `/0` would read as "nothing allowed".
+    #[test]
+    fn usage_against_quota() {
+        let count = |n: u64| n.to_string();
+        assert_eq!(against(3u32, 0, count), "3/-");
+        assert_eq!(against(3u32, 8, count), "3/8");
+        assert_eq!(
+            against(human_bytes(1536), 2048, human_bytes),
+            "1.5 KiB/2.0 KiB"
+        );
+        let usage = pb::TenantUsage {
+            name: "search".into(),
+            models: 2,
+            quota: Some(pb::TenantQuota {
+                models: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shown = tenant_table(std::slice::from_ref(&usage)).to_string();
+        assert!(
+            shown.contains("search") && shown.contains("2/4") && shown.contains("0/-"),
+            "{shown}"
+        );
+        assert_eq!(tenant_usage_json(&usage)["quota"]["models"], 4);
     }
 }

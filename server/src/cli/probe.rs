@@ -42,12 +42,21 @@ fn arena_mapping(model: &str, version: u32) -> Option<(String, u64, String)> {
 /// Runs the probe; fails if any checksum does not match.
 pub async fn run(
     server: &str,
+    connect: modelshare_worker::ConnectOptions,
     args: ProbeArgs,
     out: OutputFormat,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let session = modelshare_worker::Session::open(server, &args.name).await?;
+    let session = modelshare_worker::Session::open_with(
+        server,
+        modelshare_worker::SessionOptions {
+            worker_name: args.name.clone(),
+            connect,
+            ..Default::default()
+        },
+    )
+    .await?;
     // Subscribe before anything can happen that a holder should hear of.
     let mut events = session.subscribe();
     let opened_ms = started.elapsed().as_secs_f64() * 1e3;
