@@ -9,5 +9,6 @@ mod lifecycle;
 mod load;
 mod malformed;
 mod metrics;
+mod tenants;
 mod transport;
 mod workers;
