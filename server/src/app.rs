@@ -88,7 +88,19 @@ impl App {
         validate_name(name)?;
         self.registry.authorize_load(caller, &load_for, name)?;
         let permit = self.load_permit()?;
-        let root = self.config.model_root.clone();
+        // A tenant with a model directory loads from under it only (symlinks out of it are
+        // refused as they are out of the root).
+        let tenant_dir = caller.tenant().and_then(|t| {
+            self.tenants
+                .current()
+                .tenants
+                .get(t)
+                .and_then(|spec| spec.model_dir.clone())
+        });
+        let root = match &tenant_dir {
+            Some(dir) => self.config.model_root.join(dir),
+            None => self.config.model_root.clone(),
+        };
         let limits = self.config.weights.clone();
         let rel = path.to_owned();
         let registry = self.registry.clone();
@@ -97,7 +109,11 @@ impl App {
         let tenants = self.tenants.clone();
         // Validation reads files and allocation may call the device: both block.
         let (job, src, plan) = tokio::task::spawn_blocking(move || {
-            let src = source::resolve(&root, &rel, &limits)?;
+            let mut src = source::resolve(&root, &rel, &limits)?;
+            if let Some(dir) = &tenant_dir {
+                // Reported relative to the model root, like every other source.
+                src.source = format!("{dir}/{}", src.source);
+            }
             let plan = layout::plan(&src)?;
             if plan.tensors.is_empty() {
                 return Err(ServerError::InvalidArgument {

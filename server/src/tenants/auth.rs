@@ -116,17 +116,16 @@ fn peer(extensions: &http::Extensions) -> (String, Option<u32>) {
         };
         return (text, uid);
     }
-    let tcp =
-        extensions
-            .get::<tonic::transport::server::TcpConnectInfo>()
-            .and_then(|i| i.remote_addr())
-            .or_else(|| {
-                extensions
+    let tcp = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+        .or_else(|| {
+            extensions
                     .get::<tonic::transport::server::TlsConnectInfo<
                         tonic::transport::server::TcpConnectInfo,
                     >>()
                     .and_then(|i| i.get_ref().remote_addr())
-            });
+        });
     (
         tcp.map_or_else(|| "unknown".into(), |a| format!("tcp {a}")),
         None,
@@ -419,7 +418,14 @@ mod tests {
         }
         assert_eq!(store.inflight("a"), 2);
         let mut s = svc.clone();
-        let r = s.call(request(path, Some("ta"))).await.expect("ok");
+        // A third request admitted would wait on the gate: fail instead of hanging.
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            s.call(request(path, Some("ta"))),
+        )
+        .await
+        .expect("the third request must be refused at once, not admitted")
+        .expect("ok");
         assert_eq!(status_of(&r), Some(tonic::Code::ResourceExhausted));
         let msg = r
             .headers()

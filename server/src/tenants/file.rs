@@ -8,6 +8,7 @@
 //! name = "search"
 //! token_hashes = ["sha256:…", "sha256:…"]   # several, to rotate without a gap
 //! uids = [1000]                         # optional: only these Unix uids, over the Unix socket
+//! model_dir = "search"                  # optional: its load paths are under <model root>/search
 //! [tenants.quota]                       # optional; a missing or 0 limit is unlimited
 //! device_bytes = 8_589_934_592
 //! models = 4
@@ -59,6 +60,7 @@ struct RawTenant {
     token_hashes: Vec<String>,
     #[serde(default)]
     uids: Vec<u32>,
+    model_dir: Option<String>,
     #[serde(default)]
     quota: RawQuota,
 }
@@ -82,6 +84,9 @@ pub struct TenantSpec {
     pub token_hashes: Vec<TokenHash>,
     /// Unix uids its calls must come from (empty: any, over any listener).
     pub uids: Vec<u32>,
+    /// Directory under the model root that its load paths are relative to, and may not leave
+    /// (none: the whole model root).
+    pub model_dir: Option<String>,
     /// Its quota.
     pub quota: Quota,
 }
@@ -182,10 +187,19 @@ impl TenantTable {
             let at = format!("tenants[{i}] ('{}')", t.name.escape_debug());
             validate_name(&t.name).map_err(|e| format!("{at}: tenant name: {e}"))?;
             let token_hashes = hashes(&t.token_hashes, &at)?;
+            let model_dir = t
+                .model_dir
+                .as_deref()
+                .map(|d| {
+                    crate::weights::source::normalize_relative(d)
+                        .map_err(|e| format!("{at}: model_dir '{}': {e}", d.escape_debug()))
+                })
+                .transpose()?;
             let spec = TenantSpec {
                 name: t.name.clone(),
                 token_hashes,
                 uids: t.uids,
+                model_dir,
                 quota: Quota {
                     device_bytes: nonzero(t.quota.device_bytes),
                     models: nonzero(t.quota.models),
@@ -284,6 +298,10 @@ mod tests {
             (
                 "[[tenants]]\nname = \"a\"\nqouta = 1".to_owned(),
                 "unknown field",
+            ),
+            (
+                "[[tenants]]\nname = \"a\"\nmodel_dir = \"../x\"".to_owned(),
+                "model_dir '../x'",
             ),
             (
                 "[[tenants]]\nname = \"a\"\n[tenants.quota]\nleases = -1".to_owned(),

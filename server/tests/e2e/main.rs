@@ -10,5 +10,6 @@ mod load;
 mod malformed;
 mod metrics;
 mod tenants;
+mod tls;
 mod transport;
 mod workers;

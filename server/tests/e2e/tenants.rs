@@ -1113,3 +1113,38 @@ async fn uid_bound_tenants_are_refused_from_other_uids() {
     assert!(ok.running());
     drop((ok, free));
 }
+
+/// A tenant with a model directory loads only from under it: not by `..`, not by a path of
+/// another tenant's directory, not through a symlink out of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_dir_confines_a_tenants_loads() {
+    let tenants = TenantsFile::new(&abc_tenants("model_dir = \"team-a\""));
+    let server = Server::start_with(
+        &["--tenants-file", tenants.path.to_str().expect("utf-8")],
+        |root| {
+            models(&root.join("team-a"), &["mine"]);
+            models(&root.join("team-b"), &["theirs"]);
+            std::os::unix::fs::symlink(root.join("team-b/theirs"), root.join("team-a/sneaky"))
+                .expect("symlink");
+        },
+    )
+    .await;
+    let mut a = admin_as(&server, Some(TA)).await;
+    let v = load_as(&mut a, "mine", "mine", "", None)
+        .await
+        .expect("own dir");
+    assert_eq!(v.source, "team-a/mine");
+    for (path, want) in [
+        ("../team-b/theirs", Code::InvalidArgument),
+        ("team-b/theirs", Code::NotFound),
+        ("sneaky", Code::InvalidArgument),
+    ] {
+        let got = load_as(&mut a, "x", path, "", None).await;
+        assert_eq!(code(got), want, "{path}");
+    }
+    // b has no model dir: paths are relative to the root.
+    let mut b = admin_as(&server, Some(TB)).await;
+    load_as(&mut b, "theirs", "team-b/theirs", "", None)
+        .await
+        .expect("b loads from the root");
+}
