@@ -1021,19 +1021,27 @@ impl Registry {
         })
     }
 
-    /// Gives back a lease of `session`, which must be `caller`'s.
-    pub fn release(&self, caller: &Caller, session: &str, lease: &str) -> Result<(), ServerError> {
+    /// Gives back a lease of `session`, which must be `caller`'s. Returns the model and
+    /// version it held.
+    pub fn release(
+        &self,
+        caller: &Caller,
+        session: &str,
+        lease: &str,
+    ) -> Result<(String, u32), ServerError> {
         let mut st = self.lock();
         own_session(&st, caller, session)?;
-        let owned = st.leases.get(lease).is_some_and(|l| l.session == session);
-        if !owned {
-            return Err(ServerError::LeaseNotFound(lease.to_owned()));
-        }
+        let held = st
+            .leases
+            .get(lease)
+            .filter(|l| l.session == session)
+            .map(|l| (l.model.clone(), l.version))
+            .ok_or_else(|| ServerError::LeaseNotFound(lease.to_owned()))?;
         if let Some(s) = st.sessions.get_mut(session) {
             s.leases.retain(|l| l != lease);
         }
         drop_lease(&mut st, lease);
-        Ok(())
+        Ok(held)
     }
 
     /// Whether `lease` is still held (tickets are only redeemed for live leases).

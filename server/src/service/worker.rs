@@ -207,7 +207,8 @@ impl WorkerService for WorkerApi {
             .registry
             .release(&caller, &req.session_id, &req.lease_id)
             .map_err(Status::from);
-        audit::record(&caller, "release", "", 0, &result);
+        let (model, version) = result.as_ref().map_or(("", 0), |(m, v)| (m.as_str(), *v));
+        audit::record(&caller, "release", model, version, &result);
         result?;
         self.app.tickets.revoke_lease(&req.lease_id);
         Ok(Response::new(pb::ReleaseResponse {}))

@@ -315,3 +315,112 @@ async fn demo_runs_workers_on_one_arena() {
     );
     assert!(!dir.path().join("grpc.sock").exists(), "socket left behind");
 }
+
+/// The tenant workflow from the CLI alone: make tokens, write their hashes, then load for a
+/// tenant, share, list with owners, reload, and see per-tenant usage; tokens from files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_workflow_from_the_cli() {
+    let keys = tempfile::tempdir().expect("tmp");
+    let mut hashes = Vec::new();
+    let mut files = Vec::new();
+    for who in ["admin", "a", "b"] {
+        let made = json("unix:/nonexistent", &["token", "new"]).await;
+        let token = made["token"].as_str().expect("token").to_owned();
+        let hash = made["hash"].as_str().expect("hash").to_owned();
+        // `token hash` gives the same hash from stdin.
+        let mut child = Command::new(BIN)
+            .args(["token", "hash"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("token hash");
+        use std::io::Write;
+        writeln!(child.stdin.take().expect("stdin"), "{token}").expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hash);
+        let file = keys.path().join(format!("{who}.token"));
+        std::fs::write(&file, format!("{token}\n")).expect("token file");
+        files.push(file.display().to_string());
+        hashes.push(hash);
+    }
+    let tenants = keys.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        format!(
+            "[admin]\ntoken_hashes = [\"{}\"]\n[[tenants]]\nname = \"a\"\ntoken_hashes = [\"{}\"]\n[tenants.quota]\nleases = 7\n[[tenants]]\nname = \"b\"\ntoken_hashes = [\"{}\"]\n",
+            hashes[0], hashes[1], hashes[2]
+        ),
+    )
+    .expect("tenants file");
+    let server = Server::start_with(
+        &["--tenants-file", tenants.to_str().expect("utf-8")],
+        |root| {
+            write_safetensors(&root.join("tiny/model.safetensors"), &tensors());
+        },
+    )
+    .await;
+    let addr = server.address.as_str();
+    let (admin, a, b) = (&files[0], &files[1], &files[2]);
+
+    let err = fails(addr, &["ls"]).await;
+    assert!(err.to_lowercase().contains("unauthenticated"), "{err}");
+    ok(
+        addr,
+        &[
+            "--token-file",
+            admin,
+            "load",
+            "tiny",
+            "tiny",
+            "--tenant",
+            "a",
+        ],
+    )
+    .await;
+    assert_eq!(
+        json(addr, &["--token-file", b, "ls"])
+            .await
+            .to_string()
+            .contains("tiny"),
+        false
+    );
+    let mine = json(addr, &["--token-file", a, "ls"]).await.to_string();
+    assert!(mine.contains("\"owner\":\"a\""), "{mine}");
+    let err = fails(addr, &["--token-file", b, "access", "tiny", "--public"]).await;
+    assert!(err.contains("not found"), "{err}");
+    ok(
+        addr,
+        &["--token-file", a, "access", "tiny", "--share-with", "b"],
+    )
+    .await;
+    let theirs = json(addr, &["--token-file", b, "ls"]).await.to_string();
+    assert!(theirs.contains("tiny"), "{theirs}");
+    let table = ok(addr, &["--token-file", admin, "ls"]).await;
+    assert!(
+        table.contains("OWNER") && table.contains("shared: b"),
+        "{table}"
+    );
+
+    let err = fails(addr, &["--token-file", a, "reload-tenants"]).await;
+    assert!(err.to_lowercase().contains("permission"), "{err}");
+    let reloaded = ok(addr, &["--token-file", admin, "reload-tenants"]).await;
+    assert!(
+        reloaded.contains('a') && reloaded.contains('b'),
+        "{reloaded}"
+    );
+    let stats = ok(addr, &["--token-file", admin, "stats"]).await;
+    assert!(
+        stats.contains("TENANT") || stats.contains("tenant"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains("/7") || stats.contains("/ 7"),
+        "the leases quota: {stats}"
+    );
+    // No token reaches the server's log.
+    let log = server.log();
+    for f in &files {
+        let token = std::fs::read_to_string(f).expect("read");
+        assert!(!log.contains(token.trim()), "a token is in the log");
+    }
+}
