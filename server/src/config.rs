@@ -545,4 +545,61 @@ mod tests {
         assert!("tiny".parse::<StartupModel>().is_err());
         assert!("=x".parse::<StartupModel>().is_err());
     }
+
+    /// TLS needs both files and a TCP listener; the file's `[tls]` table and the flags merge.
+    #[test]
+    fn tls_settings_are_checked() {
+        let file = parse(
+            r#"
+            listen = "127.0.0.1:7000"
+            tenants_file = "/etc/ms/tenants.toml"
+            unix_socket_mode = "0660"
+            [tls]
+            cert = "/c.pem"
+            key = "/k.pem"
+            client_ca = "/ca.pem"
+            "#,
+        );
+        let c = Config::merge(ServeArgs::default(), file).expect("config");
+        let tls = c.tls.expect("tls");
+        assert_eq!(tls.client_auth, ClientAuth::Required);
+        assert_eq!(tls.client_ca, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(c.unix_socket_mode, Some(0o660));
+        assert_eq!(c.tenants_file, Some(PathBuf::from("/etc/ms/tenants.toml")));
+
+        let only_cert = ServeArgs {
+            listen: Some("127.0.0.1:1".parse().expect("addr")),
+            server_tls_cert: Some("/c.pem".into()),
+            ..ServeArgs::default()
+        };
+        assert!(Config::merge(only_cert, FileConfig::default()).is_err());
+        let no_tcp = ServeArgs {
+            unix_socket: Some("/run/ms.sock".into()),
+            server_tls_cert: Some("/c.pem".into()),
+            server_tls_key: Some("/k.pem".into()),
+            ..ServeArgs::default()
+        };
+        assert!(Config::merge(no_tcp, FileConfig::default()).is_err());
+        assert!(parse_mode("0660").is_ok());
+        assert!(parse_mode("0999").is_err());
+        assert!(parse_mode("01777").is_err());
+    }
+
+    /// The configuration shipped in the Kubernetes manifest must be one the server accepts.
+    #[test]
+    fn the_kubernetes_config_parses() {
+        let yaml = include_str!("../../deploy/k8s/server-daemonset.yaml");
+        let body: String = yaml
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("modelshare.toml: |"))
+            .skip(1)
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+            .collect();
+        assert!(body.contains("tenants_file"), "{body}");
+        let file: FileConfig = toml::from_str(&body).expect("valid config");
+        let c = Config::merge(ServeArgs::default(), file).expect("config");
+        assert!(c.tls.is_some() && c.tenants_file.is_some());
+        assert_eq!(c.unix_socket_mode, Some(0o660));
+    }
 }

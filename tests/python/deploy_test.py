@@ -57,6 +57,13 @@ def test_server_daemonset():
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "9400"
     cfg = by_kind(docs, "ConfigMap")["data"]["modelshare.toml"]
     assert 'metrics_listen = "0.0.0.0:9400"' in cfg and 'unix_socket = "/run/modelshare/grpc.sock"' in cfg
+    # The tenants file and the TLS files are where their Secrets are mounted.
+    import tomllib
+    conf = tomllib.loads(cfg)
+    assert conf["tenants_file"].startswith(mounts["tenants"] + "/"), conf["tenants_file"]
+    assert conf["tls"]["cert"].startswith(mounts["tls"] + "/")
+    assert conf["tls"]["key"].startswith(mounts["tls"] + "/")
+    assert vols["tenants"]["secret"]["secretName"] and vols["tls"]["secret"]["secretName"]
     assert by_kind(docs, "Service")["spec"]["ports"]
 
 
@@ -67,8 +74,14 @@ def test_worker_deployment():
     c = pod["containers"][0]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["MODELSHARE_SERVER"] == "unix:/run/modelshare/grpc.sock"
-    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/run/modelshare"}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["sockets"] == "/run/modelshare"
     assert pod["volumes"][0]["hostPath"]["path"] == "/run/modelshare"
+    # The tenant token comes from a Secret mounted where MODELSHARE_TOKEN_FILE points.
+    token_file = env["MODELSHARE_TOKEN_FILE"]
+    assert token_file.startswith(mounts["token"] + "/"), token_file
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["token"]["secret"]["secretName"]
 
 
 def test_compose():

@@ -313,4 +313,15 @@ mod tests {
             assert!(err.contains(want), "{text}\n→ {err}");
         }
     }
+
+    /// The example shipped in deploy/ must stay valid.
+    #[test]
+    fn the_shipped_example_parses() {
+        let t = TenantTable::parse(include_str!("../../../deploy/tenants.example.toml"))
+            .expect("deploy/tenants.example.toml");
+        assert_eq!(t.admin_hashes.len(), 1);
+        assert_eq!(t.tenants["search"].model_dir.as_deref(), Some("search"));
+        assert_eq!(t.tenants["search"].quota.leases, Some(256));
+        assert!(t.tenants.contains_key("ads"));
+    }
 }
