@@ -101,6 +101,20 @@ impl App {
             Some(dir) => self.config.model_root.join(dir),
             None => self.config.model_root.clone(),
         };
+        // Other tenants' model directories are out of bounds for a tenant, with or without a
+        // directory of its own.
+        let reserved: Vec<std::path::PathBuf> = match caller.tenant() {
+            Some(me) => self
+                .tenants
+                .current()
+                .tenants
+                .values()
+                .filter(|t| t.name != me)
+                .filter_map(|t| t.model_dir.as_ref())
+                .filter_map(|d| std::fs::canonicalize(self.config.model_root.join(d)).ok())
+                .collect(),
+            None => Vec::new(),
+        };
         let limits = self.config.weights.clone();
         let rel = path.to_owned();
         let registry = self.registry.clone();
@@ -110,6 +124,17 @@ impl App {
         // Validation reads files and allocation may call the device: both block.
         let (job, src, plan) = tokio::task::spawn_blocking(move || {
             let mut src = source::resolve(&root, &rel, &limits)?;
+            // Where the opened files really are (links followed), against the reserved dirs.
+            for shard in &src.shards {
+                use std::os::fd::AsRawFd;
+                let real = std::fs::read_link(format!("/proc/self/fd/{}", shard.file.as_raw_fd()));
+                if let Ok(real) = real
+                    && reserved.iter().any(|d| real.starts_with(d))
+                {
+                    // As if it did not exist: another tenant's files are not this tenant's to see.
+                    return Err(crate::weights::error::WeightsError::NotFound { path: rel }.into());
+                }
+            }
             if let Some(dir) = &tenant_dir {
                 // Reported relative to the model root, like every other source.
                 src.source = format!("{dir}/{}", src.source);

@@ -3,7 +3,9 @@
 //! An attach on an fd-passing backend exports the arena (a new fd), files it under a random
 //! ticket and returns the ticket in the reply. The worker connects to the handle socket, sends
 //! the ticket and receives the fd with `SCM_RIGHTS` (wire format: [`modelshare_device::handoff`]).
-//! A ticket is good once, for a short time, and only while its lease is held.
+//! A ticket is good once, for a short time, and only while its lease is held; a ticket issued to
+//! a worker on the Unix socket is good only for a peer of the same uid (the kernel says who
+//! connected, with `SO_PEERCRED`), so a leaked ticket is no use to another user.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -27,6 +29,8 @@ struct Ticket {
     fd: OwnedFd,
     lease: String,
     expires: Instant,
+    /// Uid of the worker the ticket was issued to, when known.
+    uid: Option<u32>,
 }
 
 /// Outstanding tickets.
@@ -48,6 +52,9 @@ pub enum TicketError {
     /// Its lease was released before it was redeemed.
     #[error("the ticket's lease was released")]
     LeaseGone,
+    /// Redeemed by a process of another uid than the one it was issued to.
+    #[error("the ticket was issued to another uid")]
+    WrongUid,
 }
 
 impl Tickets {
@@ -64,8 +71,9 @@ impl Tickets {
         self.ttl
     }
 
-    /// Files `fd` (for `lease`) under a new ticket and returns the ticket.
-    pub fn issue(&self, lease: &str, fd: OwnedFd) -> String {
+    /// Files `fd` (for `lease`) under a new ticket and returns the ticket. With `uid`, only a
+    /// peer of that uid may redeem it.
+    pub fn issue(&self, lease: &str, fd: OwnedFd, uid: Option<u32>) -> String {
         let ticket = uuid::Uuid::new_v4().simple().to_string();
         let now = Instant::now();
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -84,16 +92,19 @@ impl Tickets {
                 fd,
                 lease: lease.to_owned(),
                 expires: now + self.ttl,
+                uid,
             },
         );
         ticket
     }
 
-    /// Takes the fd filed under `ticket`, if the ticket is live and `lease_alive` says its lease
-    /// is still held. A ticket is consumed by any attempt.
+    /// Takes the fd filed under `ticket`, if the ticket is live, `lease_alive` says its lease
+    /// is still held, and the redeeming peer (`peer_uid`) is the uid it was issued to. A ticket
+    /// is consumed by any attempt.
     pub fn redeem(
         &self,
         ticket: &str,
+        peer_uid: Option<u32>,
         lease_alive: impl FnOnce(&str) -> bool,
     ) -> Result<OwnedFd, TicketError> {
         let t = self
@@ -105,10 +116,32 @@ impl Tickets {
         if t.expires <= Instant::now() {
             return Err(TicketError::Expired);
         }
+        if t.uid.is_some() && t.uid != peer_uid {
+            return Err(TicketError::WrongUid);
+        }
         if !lease_alive(&t.lease) {
             return Err(TicketError::LeaseGone);
         }
         Ok(t.fd)
+    }
+
+    /// Drops the tickets whose lease is gone (a session ended: its leases went with it), so that
+    /// their file descriptors are closed now rather than at expiry.
+    pub fn purge(&self, lease_alive: impl Fn(&str) -> bool) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, t| lease_alive(&t.lease));
+    }
+
+    /// Outstanding tickets.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no ticket is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Drops the tickets of a released lease.
@@ -160,7 +193,8 @@ async fn answer(
             return handoff::send_refusal(&mut stream, "timed out waiting for the ticket").await;
         }
     };
-    match tickets.redeem(&ticket, |lease| registry.lease_alive(lease)) {
+    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    match tickets.redeem(&ticket, peer_uid, |lease| registry.lease_alive(lease)) {
         Ok(fd) => {
             use std::os::fd::AsFd;
             handoff::send_fd(&stream, fd.as_fd()).await
@@ -183,25 +217,69 @@ mod tests {
     #[test]
     fn a_ticket_is_redeemed_once() {
         let t = Tickets::new(Duration::from_secs(10));
-        let id = t.issue("lease", some_fd());
-        assert!(t.redeem(&id, |_| true).is_ok());
-        assert_eq!(t.redeem(&id, |_| true).unwrap_err(), TicketError::Unknown);
+        let id = t.issue("lease", some_fd(), None);
+        assert!(t.redeem(&id, None, |_| true).is_ok());
+        assert_eq!(
+            t.redeem(&id, None, |_| true).unwrap_err(),
+            TicketError::Unknown
+        );
     }
 
     /// Expired tickets and tickets of released leases must not yield an fd.
     #[test]
     fn expired_and_orphaned_tickets_are_refused() {
         let t = Tickets::new(Duration::from_millis(0));
-        let id = t.issue("lease", some_fd());
-        assert_eq!(t.redeem(&id, |_| true).unwrap_err(), TicketError::Expired);
-        let t = Tickets::new(Duration::from_secs(10));
-        let id = t.issue("lease", some_fd());
+        let id = t.issue("lease", some_fd(), None);
         assert_eq!(
-            t.redeem(&id, |_| false).unwrap_err(),
+            t.redeem(&id, None, |_| true).unwrap_err(),
+            TicketError::Expired
+        );
+        let t = Tickets::new(Duration::from_secs(10));
+        let id = t.issue("lease", some_fd(), None);
+        assert_eq!(
+            t.redeem(&id, None, |_| false).unwrap_err(),
             TicketError::LeaseGone
         );
-        let id = t.issue("lease", some_fd());
+        let id = t.issue("lease", some_fd(), None);
         t.revoke_lease("lease");
-        assert_eq!(t.redeem(&id, |_| true).unwrap_err(), TicketError::Unknown);
+        assert_eq!(
+            t.redeem(&id, None, |_| true).unwrap_err(),
+            TicketError::Unknown
+        );
+    }
+
+    /// A ticket issued to a uid must not yield its fd to another uid, nor to a peer whose uid
+    /// is unknown.
+    #[test]
+    fn a_ticket_is_bound_to_its_uid() {
+        let t = Tickets::new(Duration::from_secs(10));
+        let id = t.issue("lease", some_fd(), Some(1000));
+        assert_eq!(
+            t.redeem(&id, Some(1001), |_| true).unwrap_err(),
+            TicketError::WrongUid
+        );
+        assert_eq!(
+            t.redeem(&id, Some(1000), |_| true).unwrap_err(),
+            TicketError::Unknown,
+            "a refused attempt consumes the ticket"
+        );
+        let id = t.issue("lease", some_fd(), Some(1000));
+        assert_eq!(
+            t.redeem(&id, None, |_| true).unwrap_err(),
+            TicketError::WrongUid
+        );
+        let id = t.issue("lease", some_fd(), Some(1000));
+        assert!(t.redeem(&id, Some(1000), |_| true).is_ok());
+    }
+
+    /// Tickets of leases that are gone must not keep their fds open until expiry.
+    #[test]
+    fn purge_drops_tickets_of_dead_leases() {
+        let t = Tickets::new(Duration::from_secs(10));
+        t.issue("live", some_fd(), None);
+        t.issue("dead", some_fd(), None);
+        t.issue("dead", some_fd(), None);
+        t.purge(|lease| lease == "live");
+        assert_eq!(t.len(), 1);
     }
 }

@@ -173,6 +173,8 @@ impl WorkerService for WorkerApi {
                 }
             };
             let released = app.registry.end_session(&id);
+            // Tickets of the session's leases (released now, or by a revocation) close their fds.
+            app.tickets.purge(|lease| app.registry.lease_alive(lease));
             app.metrics.session_ended(reason.label());
             info!(session = %id, reason = ?reason, leases_released = released, "session ended");
         });
@@ -221,8 +223,14 @@ impl WorkerApi {
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
         let caller = caller_of(&request)?;
+        // A ticket is redeemable only by the uid that attached (when the kernel told us).
+        let peer_uid = request
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .map(|cred| cred.uid());
         let req = request.into_inner();
-        let result = self.attach_as(&caller, &req);
+        let result = self.attach_as(&caller, &req, peer_uid);
         audit::record(
             &caller,
             "attach",
@@ -241,6 +249,7 @@ impl WorkerApi {
         &self,
         caller: &Caller,
         req: &pb::AttachRequest,
+        peer_uid: Option<u32>,
     ) -> Result<pb::AttachResponse, Status> {
         self.app.require_ready()?;
         let registry = &self.app.registry;
@@ -250,7 +259,7 @@ impl WorkerApi {
         let exported = att.arena.export();
         let handle = match exported {
             Ok(ExportedHandle::Fd(fd)) => {
-                let ticket = self.app.tickets.issue(&att.lease_id, fd);
+                let ticket = self.app.tickets.issue(&att.lease_id, fd, peer_uid);
                 pb::attach_response::Handle::Host(pb::HostArenaHandle {
                     ticket,
                     handle_socket: self.app.config.handle_socket.display().to_string(),

@@ -20,7 +20,7 @@
 //! Only hashes are ever in the file; a value that is not `sha256:<64 hex digits>` is refused
 //! with its position, never echoed (it may be a pasted token).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use serde::Deserialize;
@@ -91,6 +91,15 @@ pub struct TenantSpec {
     pub quota: Quota,
 }
 
+/// Whose a token is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// An admin token.
+    Admin,
+    /// A token of the named tenant.
+    Tenant(String),
+}
+
 /// Every tenant and the admin tokens, validated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantTable {
@@ -98,6 +107,8 @@ pub struct TenantTable {
     pub tenants: BTreeMap<String, TenantSpec>,
     /// Hashes of the admin tokens.
     pub admin_hashes: Vec<TokenHash>,
+    /// Every hash by its 8-byte prefix, with its holder (see [`TokenHash::prefix`]).
+    index: HashMap<u64, Vec<(TokenHash, Holder)>>,
 }
 
 /// Why a tenants file was refused.
@@ -119,6 +130,52 @@ pub enum TenantsFileError {
         /// What is wrong, and where.
         reason: String,
     },
+}
+
+/// Keys of the schema, the only words a TOML error may quote back.
+const SCHEMA_KEYS: &[&str] = &[
+    "admin",
+    "tenants",
+    "name",
+    "token_hashes",
+    "uids",
+    "model_dir",
+    "quota",
+    "device_bytes",
+    "models",
+    "sessions",
+    "leases",
+    "inflight",
+];
+
+/// A TOML error without the values it quotes or the line it shows: the line may hold a token
+/// pasted by mistake. Keeps the position, the message, and quoted words that are schema keys.
+fn redacted_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let place = e.span().map(|span| {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        format!("line {line}, column {column}: ")
+    });
+    let mut message = String::new();
+    let mut quoted: Option<(char, String)> = None;
+    for c in e.message().chars() {
+        match &mut quoted {
+            None if c == '"' || c == '`' => quoted = Some((c, String::new())),
+            None => message.push(c),
+            Some((q, word)) if c == *q => {
+                let shown = if SCHEMA_KEYS.contains(&word.as_str()) {
+                    word.as_str()
+                } else {
+                    "…"
+                };
+                message.push_str(&format!("{q}{shown}{q}"));
+                quoted = None;
+            }
+            Some((_, word)) => word.push(c),
+        }
+    }
+    format!("{}{}", place.unwrap_or_default(), message.trim())
 }
 
 fn nonzero<T: Default + PartialEq>(v: Option<T>) -> Option<T> {
@@ -149,7 +206,7 @@ impl TenantTable {
 
     /// Parses and validates the text of a tenants file.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let raw: RawFile = toml::from_str(text).map_err(|e| redacted_toml_error(text, &e))?;
         if raw.tenants.len() > MAX_TENANTS {
             return Err(format!(
                 "{} tenants, more than the limit of {MAX_TENANTS}",
@@ -212,10 +269,38 @@ impl TenantTable {
                 return Err(format!("{at}: a tenant of that name is already defined"));
             }
         }
+        let mut index: HashMap<u64, Vec<(TokenHash, Holder)>> = HashMap::new();
+        for h in &admin_hashes {
+            index
+                .entry(h.prefix())
+                .or_default()
+                .push((*h, Holder::Admin));
+        }
+        for t in tenants.values() {
+            for h in &t.token_hashes {
+                index
+                    .entry(h.prefix())
+                    .or_default()
+                    .push((*h, Holder::Tenant(t.name.clone())));
+            }
+        }
         Ok(Self {
             tenants,
             admin_hashes,
+            index,
         })
+    }
+
+    /// Who holds the token whose hash is `presented`: candidates by prefix, each compared in
+    /// full in constant time.
+    pub fn holder(&self, presented: &TokenHash) -> Option<&Holder> {
+        let mut found = None;
+        for (h, holder) in self.index.get(&presented.prefix()).into_iter().flatten() {
+            if bool::from(presented.ct_eq(h)) {
+                found = Some(holder);
+            }
+        }
+        found
     }
 }
 
@@ -275,6 +360,24 @@ mod tests {
         assert!(!err.contains("supersecret"), "{err}");
     }
 
+    /// TOML errors quote values and show the offending line: neither may reach a log when the
+    /// value is a token.
+    #[test]
+    fn toml_errors_do_not_echo_values() {
+        for text in [
+            "[[tenants]]\nname = \"a\"\ntoken_hashes = \"ms_SECRET\"\n",
+            "[[tenants]]\nname = \"a\"\ntoken_hashes = [\"ms_SECRET\"\n",
+            "[[tenants]]\nname = \"a\"\ntoken_hashes = [ms_SECRET]\n",
+            "ms_SECRET\n",
+            "ms_SECRET = 1\n",
+            "[[tenants]]\nname = \"a\"\nms_SECRET = 1\n",
+        ] {
+            let err = TenantTable::parse(text).expect_err(text);
+            assert!(!err.contains("SECRET"), "{text:?} → {err}");
+            assert!(err.contains("line "), "the position is kept: {err}");
+        }
+    }
+
     #[test]
     fn bad_files_are_refused_with_their_place() {
         let h = hash("x");
@@ -305,7 +408,7 @@ mod tests {
             ),
             (
                 "[[tenants]]\nname = \"a\"\n[tenants.quota]\nleases = -1".to_owned(),
-                "leases",
+                "line 4",
             ),
         ];
         for (text, want) in cases {

@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use subtle::Choice;
-
-use super::file::{TenantTable, TenantsFileError};
-use super::token::{TokenHash, matches_any};
+use super::file::{Holder, TenantTable, TenantsFileError};
+use super::token::TokenHash;
 use super::{Caller, Quota};
 
 /// A token's owner, as the table in force says.
@@ -71,38 +69,25 @@ impl TenantStore {
         Ok(Some(table))
     }
 
-    /// Who `token` belongs to, under the table in force. Every configured hash is compared, in
-    /// constant time, whatever matches.
+    /// Who `token` belongs to, under the table in force.
     pub fn authenticate(&self, token: &str) -> Option<Authenticated> {
         let table = self.current();
-        let presented = TokenHash::of(token);
-        let admin = matches_any(&presented, &table.admin_hashes);
-        let mut found: Option<&super::TenantSpec> = None;
-        let mut any: Choice = admin;
-        for spec in table.tenants.values() {
-            let hit = matches_any(&presented, &spec.token_hashes);
-            any |= hit;
-            // A token is in one place only (the file is validated so), so at most one hits.
-            if bool::from(hit) {
-                found = Some(spec);
-            }
-        }
-        if !bool::from(any) {
-            return None;
-        }
-        if bool::from(admin) {
-            return Some(Authenticated {
+        match table.holder(&TokenHash::of(token))? {
+            Holder::Admin => Some(Authenticated {
                 caller: Caller::Admin,
                 uids: Vec::new(),
-            });
+            }),
+            Holder::Tenant(name) => {
+                let spec = table.tenants.get(name)?;
+                Some(Authenticated {
+                    caller: Caller::Tenant {
+                        name: Arc::from(spec.name.as_str()),
+                        quota: spec.quota,
+                    },
+                    uids: spec.uids.clone(),
+                })
+            }
         }
-        found.map(|spec| Authenticated {
-            caller: Caller::Tenant {
-                name: Arc::from(spec.name.as_str()),
-                quota: spec.quota,
-            },
-            uids: spec.uids.clone(),
-        })
     }
 
     /// The quota of tenant `name` under the table in force.

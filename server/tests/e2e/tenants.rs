@@ -1126,6 +1126,8 @@ async fn a_model_dir_confines_a_tenants_loads() {
             models(&root.join("team-b"), &["theirs"]);
             std::os::unix::fs::symlink(root.join("team-b/theirs"), root.join("team-a/sneaky"))
                 .expect("symlink");
+            std::os::unix::fs::symlink(root.join("team-a/mine"), root.join("a-link"))
+                .expect("symlink");
         },
     )
     .await;
@@ -1142,11 +1144,28 @@ async fn a_model_dir_confines_a_tenants_loads() {
         let got = load_as(&mut a, "x", path, "", None).await;
         assert_eq!(code(got), want, "{path}");
     }
-    // b has no model dir: paths are relative to the root.
+    // b has no model dir: paths are relative to the root, but a's directory is out of bounds,
+    // directly or through a link, and looks like a missing path.
     let mut b = admin_as(&server, Some(TB)).await;
     load_as(&mut b, "theirs", "team-b/theirs", "", None)
         .await
         .expect("b loads from the root");
+    for path in ["team-a/mine", "a-link"] {
+        let err = load_as(&mut b, "stolen", path, "", None)
+            .await
+            .expect_err("another tenant's directory");
+        assert_eq!(err.code(), Code::NotFound, "{path}: {err:?}");
+        assert!(
+            err.message().contains("does not exist"),
+            "{}",
+            err.message()
+        );
+    }
+    // The admin may load from anywhere.
+    let mut root = admin_as(&server, Some(ADMIN)).await;
+    load_as(&mut root, "admin-copy", "team-a/mine", "", None)
+        .await
+        .expect("admin");
 }
 
 /// The audit log: one JSON event per load, set_access, attach, release, unload and refusal,
@@ -1224,4 +1243,37 @@ async fn audit_log_records_actions_and_refusals() {
         assert!(!log.contains(token), "token {token} in the log");
     }
     drop((sb, sc));
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("server fds")
+        .count()
+}
+
+/// Tickets hold a file descriptor each until redeemed: a session that attaches and goes away
+/// without redeeming must not leave them open (or a tenant could exhaust the server's fds
+/// within its leases quota, over and over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unredeemed_tickets_close_with_their_session() {
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let server = start(&tenants, &[], &["m1"]).await;
+    let mut a = admin_as(&server, Some(TA)).await;
+    load_as(&mut a, "m", "m1", "", None).await.expect("load");
+    let mut w = worker_as(&server, Some(TA)).await;
+    let s = session_as(&mut w, "leaky").await.expect("session");
+    let before = open_fds(server.pid());
+    for _ in 0..20 {
+        attach(&mut w, &s.id, "m").await.expect("attach");
+    }
+    let held = open_fds(server.pid());
+    assert!(
+        held >= before + 20,
+        "each ticket holds an fd: {before} → {held}"
+    );
+    drop(s);
+    common::eventually(Duration::from_secs(5), "ticket fds closed", || async {
+        open_fds(server.pid()) <= before
+    })
+    .await;
 }
