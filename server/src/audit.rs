@@ -68,3 +68,35 @@ pub fn tenants_reloaded(trigger: &str, result: Result<usize, &str>) {
         }
     }
 }
+
+/// Records a session opened, refused or ended (`detail`: the reason it ended or was refused).
+pub fn session(caller: &Caller, action: &'static str, session: &str, ok: bool, detail: &str) {
+    if ok {
+        tracing::info!(target: TARGET, action, caller = who(caller), session, outcome = "ok", detail);
+    } else {
+        tracing::warn!(target: TARGET, action, caller = who(caller), session, outcome = "refused", reason = detail);
+    }
+}
+
+/// Records a request refused before any service ran, for a known caller (the in-flight quota).
+pub fn call_refused(caller: &Caller, method: &str, reason: &str) {
+    tracing::warn!(
+        target: TARGET,
+        action = "call",
+        caller = who(caller),
+        method,
+        outcome = "refused",
+        reason,
+    );
+}
+
+/// Records a ticket refused on the handle socket.
+pub fn ticket_refused(reason: &str, peer_uid: Option<u32>) {
+    tracing::warn!(
+        target: TARGET,
+        action = "redeem_ticket",
+        outcome = "refused",
+        reason,
+        peer_uid = ?peer_uid,
+    );
+}

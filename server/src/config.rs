@@ -369,15 +369,21 @@ impl Config {
             args.server_tls_cert.or(file.tls.cert),
             args.server_tls_key.or(file.tls.key),
         ) {
-            (Some(cert), Some(key)) => Some(TlsSettings {
-                cert,
-                key,
-                client_ca: args.server_tls_client_ca.or(file.tls.client_ca),
-                client_auth: args
-                    .server_tls_client_auth
-                    .or(file.tls.client_auth)
-                    .unwrap_or_default(),
-            }),
+            (Some(cert), Some(key)) => {
+                let client_ca = args.server_tls_client_ca.or(file.tls.client_ca);
+                let client_auth = args.server_tls_client_auth.or(file.tls.client_auth);
+                if client_auth.is_some() && client_ca.is_none() {
+                    return Err(ConfigError::Invalid(
+                        "client_auth needs a client CA (server_tls_client_ca, or [tls] client_ca) to check client certificates against".into(),
+                    ));
+                }
+                Some(TlsSettings {
+                    cert,
+                    key,
+                    client_ca,
+                    client_auth: client_auth.unwrap_or_default(),
+                })
+            }
             (None, None) => None,
             _ => {
                 return Err(ConfigError::Invalid(
@@ -580,6 +586,15 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(Config::merge(no_tcp, FileConfig::default()).is_err());
+        let auth_without_ca = ServeArgs {
+            listen: Some("127.0.0.1:1".parse().expect("addr")),
+            server_tls_cert: Some("/c.pem".into()),
+            server_tls_key: Some("/k.pem".into()),
+            server_tls_client_auth: Some(ClientAuth::Required),
+            ..ServeArgs::default()
+        };
+        let err = Config::merge(auth_without_ca, FileConfig::default()).expect_err("no CA");
+        assert!(err.to_string().contains("client CA"), "{err}");
         assert!(parse_mode("0660").is_ok());
         assert!(parse_mode("0999").is_err());
         assert!(parse_mode("01777").is_err());

@@ -199,7 +199,10 @@ async fn answer(
             use std::os::fd::AsFd;
             handoff::send_fd(&stream, fd.as_fd()).await
         }
-        Err(e) => handoff::send_refusal(&mut stream, &e.to_string()).await,
+        Err(e) => {
+            crate::audit::ticket_refused(&e.to_string(), peer_uid);
+            handoff::send_refusal(&mut stream, &e.to_string()).await
+        }
     }
 }
 

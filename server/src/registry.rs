@@ -157,6 +157,8 @@ pub struct Usage {
     pub sessions: u32,
     /// Leases its sessions hold.
     pub leases: u32,
+    /// Its versions loading now.
+    pub loads: u32,
 }
 
 /// Registry-wide figures.
@@ -272,6 +274,9 @@ struct VersionRecord {
 
 #[derive(Debug, Default)]
 struct ModelRecord {
+    /// Distinguishes this record from an earlier one of the same name (a name can be unloaded
+    /// and loaded again, by another tenant, with version numbers starting over).
+    generation: u64,
     next_version: u32,
     versions: BTreeMap<u32, VersionRecord>,
     owner: Option<String>,
@@ -322,6 +327,8 @@ struct State {
     /// Arenas held or reserved.
     arenas: u32,
     shutting_down: bool,
+    /// Last model generation handed out.
+    generations: u64,
     /// Arenas released while the lock was held, dropped right after it is released (freeing
     /// device memory can take milliseconds: not under the lock).
     graveyard: Vec<Arc<dyn Arena>>,
@@ -488,6 +495,13 @@ impl Registry {
                     used.device_bytes,
                     bytes,
                 )?;
+                check_quota(
+                    tenant,
+                    "loads",
+                    quota.loads.map(u64::from),
+                    u64::from(used.loads),
+                    1,
+                )?;
                 if new_model {
                     check_quota(
                         tenant,
@@ -500,7 +514,20 @@ impl Registry {
             }
             st.arena_bytes += bytes;
             st.arenas += 1;
-            let rec = st.models.entry(model.to_owned()).or_default();
+            if !st.models.contains_key(model) {
+                st.generations += 1;
+                let generation = st.generations;
+                st.models.insert(
+                    model.to_owned(),
+                    ModelRecord {
+                        generation,
+                        ..ModelRecord::default()
+                    },
+                );
+            }
+            let Some(rec) = st.models.get_mut(model) else {
+                return Err(ServerError::Internal("model record vanished".into()));
+            };
             rec.owner = owner;
             if let Some(access) = &load_for.access {
                 rec.access = access.clone();
@@ -627,13 +654,15 @@ impl Registry {
     ///
     /// With `force`, the sessions still holding a lease on a targeted version are ended now
     /// (their leases go with them), so the versions are freed at once.
+    ///
+    /// Also returns the model's generation, for [`Registry::force_drained`].
     pub fn unload(
         &self,
         caller: &Caller,
         model: &str,
         version: Option<u32>,
         force: bool,
-    ) -> Result<Vec<VersionSnapshot>, ServerError> {
+    ) -> Result<(Vec<VersionSnapshot>, u64), ServerError> {
         let mut st = self.lock();
         let rec = visible_model(&st, caller, model)?;
         if !owns(rec.owner.as_deref(), caller) {
@@ -642,6 +671,7 @@ impl Registry {
                 owner_text(rec.owner.as_deref())
             )));
         }
+        let generation = rec.generation;
         let targets: Vec<u32> = match version {
             Some(v) if rec.versions.contains_key(&v) => vec![v],
             Some(v) => {
@@ -693,18 +723,20 @@ impl Registry {
         for e in events {
             let _ = self.events.send(e);
         }
-        Ok(out)
+        Ok((out, generation))
     }
 
     /// Ends the sessions still holding `versions` of `model` if those versions are still
-    /// draining (the end of an unload's drain deadline). Returns the sessions ended.
-    pub fn force_drained(&self, model: &str, versions: &[u32]) -> usize {
+    /// draining and the model is still the one unloaded (`generation`): the end of an unload's
+    /// drain deadline. Returns the sessions ended.
+    pub fn force_drained(&self, model: &str, generation: u64, versions: &[u32]) -> usize {
         let mut st = self.lock();
         let mut ended = 0;
         for v in versions {
             let draining = st
                 .models
                 .get(model)
+                .filter(|m| m.generation == generation)
                 .and_then(|m| m.versions.get(v))
                 .is_some_and(|r| r.state == VersionState::Draining);
             if draining {
@@ -1248,6 +1280,12 @@ fn usage(st: &State, tenant: &str) -> Usage {
     {
         let bytes = rec.held_bytes();
         u.device_bytes += bytes;
+        let loading = rec
+            .versions
+            .values()
+            .filter(|v| v.state == VersionState::Loading)
+            .count();
+        u.loads += u32::try_from(loading).unwrap_or(u32::MAX);
         if rec.holds_memory() {
             u.models += 1;
         }
@@ -1487,5 +1525,125 @@ mod tests {
             .expect("unload");
         assert_eq!(registry.stats(&Caller::Admin).arenas, 0);
         assert_eq!(*probe.unlocked_at_drop.lock().expect("probe"), vec![true]);
+    }
+
+    fn loaded(registry: &Registry, model: &str) {
+        let source = ModelSource {
+            source: "m".into(),
+            shards: Vec::new(),
+            header_metadata: BTreeMap::new(),
+            metadata_files: Vec::new(),
+        };
+        let layout = Layout {
+            tensors: Vec::new(),
+            arena_bytes: 0,
+            payload_bytes: 0,
+        };
+        let job = registry
+            .begin_load(
+                &Caller::Admin,
+                &LoadFor::default(),
+                &|_| Quota::default(),
+                model,
+                &source,
+                &layout,
+                false,
+            )
+            .expect("begin");
+        registry.finish_load(&job, Ok(job.manifest.clone()));
+    }
+
+    /// A drain deadline set for one incarnation of a name must not end the sessions of the
+    /// next one (the name unloaded, then loaded again — maybe by another tenant — from v1).
+    #[test]
+    fn a_drain_deadline_does_not_outlive_its_model() {
+        let probe = Arc::new(Probe::default());
+        let registry = Registry::new(Arc::new(ProbeBackend(probe)), RegistryLimits::default());
+        let admin = Caller::Admin;
+        loaded(&registry, "m");
+        let s1 = registry
+            .open_session(&admin, WorkerHello::default())
+            .expect("s1");
+        registry.attach(&admin, &s1.id, "m", 0).expect("attach");
+        let (_, old_generation) = registry.unload(&admin, "m", None, false).expect("drain");
+        registry.end_session(&s1.id);
+        registry
+            .unload(&admin, "m", None, false)
+            .expect("drop the record");
+        assert!(registry.list(&admin).is_empty());
+
+        loaded(&registry, "m");
+        let s2 = registry
+            .open_session(&admin, WorkerHello::default())
+            .expect("s2");
+        registry
+            .attach(&admin, &s2.id, "m", 1)
+            .expect("attach new v1");
+        let (_, new_generation) = registry.unload(&admin, "m", None, false).expect("drain");
+        assert_ne!(old_generation, new_generation);
+        assert_eq!(registry.force_drained("m", old_generation, &[1]), 0);
+        assert_eq!(
+            registry.sessions(&admin).len(),
+            1,
+            "the new holder keeps its session"
+        );
+        assert_eq!(registry.force_drained("m", new_generation, &[1]), 1);
+    }
+
+    /// The loads quota counts the tenant's versions still loading.
+    #[test]
+    fn the_loads_quota_counts_running_loads() {
+        let registry = Registry::new(
+            Arc::new(ProbeBackend(Arc::new(Probe::default()))),
+            RegistryLimits::default(),
+        );
+        let quota = Quota {
+            loads: Some(1),
+            ..Quota::default()
+        };
+        let tenant = Caller::Tenant {
+            name: Arc::from("t"),
+            quota,
+        };
+        let load_for = LoadFor {
+            default_owner: Some("t".into()),
+            ..LoadFor::default()
+        };
+        let source = ModelSource {
+            source: "m".into(),
+            shards: Vec::new(),
+            header_metadata: BTreeMap::new(),
+            metadata_files: Vec::new(),
+        };
+        let layout = Layout {
+            tensors: Vec::new(),
+            arena_bytes: 0,
+            payload_bytes: 0,
+        };
+        let begin = |name: &str| {
+            registry.begin_load(
+                &tenant,
+                &load_for,
+                &|_| quota,
+                name,
+                &source,
+                &layout,
+                false,
+            )
+        };
+        let first = begin("a").expect("first load");
+        match begin("b") {
+            Err(ServerError::QuotaExceeded {
+                quota: "loads",
+                limit: 1,
+                used: 1,
+                ..
+            }) => {}
+            other => panic!("expected the loads quota, got {other:?}"),
+        }
+        assert_eq!(registry.usage("t").loads, 1);
+        registry.finish_load(&first, Ok(first.manifest.clone()));
+        assert_eq!(registry.usage("t").loads, 0);
+        begin("b").expect("a slot is free again");
     }
 }

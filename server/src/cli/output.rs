@@ -218,12 +218,14 @@ fn tenant_usage_json(t: &pb::TenantUsage) -> Value {
         "sessions": t.sessions,
         "leases": t.leases,
         "inflight": t.inflight,
+        "loads": t.loads,
         "quota": {
             "device_bytes": q.device_bytes,
             "models": q.models,
             "sessions": q.sessions,
             "leases": q.leases,
             "inflight": q.inflight,
+            "loads": q.loads,
         },
     })
 }
@@ -432,6 +434,7 @@ fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
         "SESSIONS",
         "LEASES",
         "INFLIGHT",
+        "LOADS",
     ]);
     let count = |n: u64| n.to_string();
     for u in tenants {
@@ -447,6 +450,7 @@ fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
             right(against(u.sessions, q.sessions.into(), count)),
             right(against(u.leases, q.leases.into(), count)),
             right(against(u.inflight, q.inflight.into(), count)),
+            right(against(u.loads, q.loads.into(), count)),
         ]);
     }
     t

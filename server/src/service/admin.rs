@@ -163,7 +163,7 @@ impl AdminService for AdminApi {
             .unload(&caller, &req.name, version, req.force)
             .map_err(|e| self.app.refuse(e));
         audit::record(&caller, "unload", &req.name, req.version, &result);
-        let versions = result?;
+        let (versions, generation) = result?;
         tracing::info!(model = %req.name, version = req.version, force = req.force, "unload");
         let draining: Vec<u32> = versions
             .iter()
@@ -177,7 +177,7 @@ impl AdminService for AdminApi {
             tokio::spawn(async move {
                 tokio::select! {
                     () = tokio::time::sleep(deadline) => {
-                        let ended = registry.force_drained(&name, &draining);
+                        let ended = registry.force_drained(&name, generation, &draining);
                         if ended > 0 {
                             tracing::warn!(model = %name, sessions = ended, "drain deadline passed; ended the sessions still holding the model");
                         }
@@ -198,7 +198,10 @@ impl AdminService for AdminApi {
         let caller = caller_of(&request)?;
         let models = self.app.registry.list(&caller);
         Ok(Response::new(pb::ListModelsResponse {
-            models: models.iter().map(convert::model).collect(),
+            models: models
+                .iter()
+                .map(|m| convert::model_for(&caller, m))
+                .collect(),
         }))
     }
 
@@ -213,7 +216,7 @@ impl AdminService for AdminApi {
             .registry
             .describe(&caller, &req.name, req.version)?;
         Ok(Response::new(pb::DescribeModelResponse {
-            model: Some(convert::model(&model)),
+            model: Some(convert::model_for(&caller, &model)),
             manifest: manifest.map(|m| convert::manifest(&m)),
         }))
     }
@@ -265,7 +268,7 @@ impl AdminService for AdminApi {
             .map_err(|e| self.app.refuse(e));
         audit::record(&caller, "set_access", &req.name, 0, &result);
         Ok(Response::new(pb::SetModelAccessResponse {
-            model: Some(convert::model(&result?)),
+            model: Some(convert::model_for(&caller, &result?)),
         }))
     }
 

@@ -7,7 +7,7 @@ use modelshare_proto::v1 as pb;
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
 use crate::registry::{ModelSnapshot, SessionSnapshot, Stats, Usage, VersionSnapshot, WorkerHello};
-use crate::tenants::{Access, Quota, TenantTable};
+use crate::tenants::{Access, Caller, Quota, TenantTable, owns};
 use crate::weights::dtype::DType;
 
 /// Longest worker name accepted in a hello.
@@ -81,6 +81,25 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
         bytes_loaded: v.bytes_loaded,
         bytes_total: v.bytes_total,
     }
+}
+
+/// The protobuf model info as `caller` may see it: a tenant that does not own the model (it is
+/// shared with it, or public) is not shown whom else it is shared with, where its weights come
+/// from, or why a load failed.
+pub fn model_for(caller: &Caller, m: &ModelSnapshot) -> pb::ModelInfo {
+    let mut info = model(m);
+    if !owns(m.owner.as_deref(), caller) {
+        if let Some(access) = &mut info.access {
+            access
+                .shared_with
+                .retain(|t| Some(t.as_str()) == caller.tenant());
+        }
+        for v in &mut info.versions {
+            v.source.clear();
+            v.error.clear();
+        }
+    }
+    info
 }
 
 /// The protobuf model info.
@@ -264,12 +283,14 @@ pub fn tenant_usage(name: &str, used: Usage, inflight: u32, quota: Quota) -> pb:
         sessions: used.sessions,
         leases: used.leases,
         inflight,
+        loads: used.loads,
         quota: Some(pb::TenantQuota {
             device_bytes: quota.device_bytes.unwrap_or(0),
             models: quota.models.unwrap_or(0),
             sessions: quota.sessions.unwrap_or(0),
             leases: quota.leases.unwrap_or(0),
             inflight: quota.inflight.unwrap_or(0),
+            loads: quota.loads.unwrap_or(0),
         }),
     }
 }

@@ -103,9 +103,14 @@ impl WorkerService for WorkerApi {
         };
         let registry = self.app.registry.clone();
         let mut events = registry.subscribe();
-        let opened = registry
-            .open_session(&caller, hello.clone())
-            .map_err(|e| self.app.refuse(e))?;
+        let opened = match registry.open_session(&caller, hello.clone()) {
+            Ok(o) => o,
+            Err(e) => {
+                audit::session(&caller, "session_open", "", false, &e.to_string());
+                return Err(self.app.refuse(e));
+            }
+        };
+        audit::session(&caller, "session_open", &opened.id, true, &hello.name);
         let (id, revocation) = (opened.id, opened.revocation);
         info!(
             session = %id,
@@ -176,6 +181,7 @@ impl WorkerService for WorkerApi {
             // Tickets of the session's leases (released now, or by a revocation) close their fds.
             app.tickets.purge(|lease| app.registry.lease_alive(lease));
             app.metrics.session_ended(reason.label());
+            audit::session(&caller, "session_end", &id, true, reason.label());
             info!(session = %id, reason = ?reason, leases_released = released, "session ended");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

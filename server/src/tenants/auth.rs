@@ -186,7 +186,13 @@ fn admit(
     }
     let guard = match &auth.caller {
         Caller::Tenant { name, quota } if path != SESSION_PATH => {
-            Some(enter_inflight(store, metrics, name, quota)?)
+            match enter_inflight(store, metrics, name, quota) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    audit::call_refused(&auth.caller, path, &e.to_string());
+                    return Err(e);
+                }
+            }
         }
         _ => None,
     };

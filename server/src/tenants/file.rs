@@ -15,6 +15,7 @@
 //! sessions = 64
 //! leases = 256
 //! inflight = 32
+//! loads = 1
 //! ```
 //!
 //! Only hashes are ever in the file; a value that is not `sha256:<64 hex digits>` is refused
@@ -73,6 +74,7 @@ struct RawQuota {
     sessions: Option<u32>,
     leases: Option<u32>,
     inflight: Option<u32>,
+    loads: Option<u32>,
 }
 
 /// One tenant, validated.
@@ -146,6 +148,7 @@ const SCHEMA_KEYS: &[&str] = &[
     "sessions",
     "leases",
     "inflight",
+    "loads",
 ];
 
 /// A TOML error without the values it quotes or the line it shows: the line may hold a token
@@ -263,6 +266,7 @@ impl TenantTable {
                     sessions: nonzero(t.quota.sessions),
                     leases: nonzero(t.quota.leases),
                     inflight: nonzero(t.quota.inflight),
+                    loads: nonzero(t.quota.loads),
                 },
             };
             if tenants.insert(t.name.clone(), spec).is_some() {

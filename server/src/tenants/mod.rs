@@ -33,8 +33,10 @@ pub struct Quota {
     pub sessions: Option<u32>,
     /// Leases held by the tenant's sessions.
     pub leases: Option<u32>,
-    /// Requests served at once (session streams not counted).
+    /// Requests handled at once, each up to its response head (session streams not counted).
     pub inflight: Option<u32>,
+    /// Loads of its models running at once (the server's `max_concurrent_loads` is shared).
+    pub loads: Option<u32>,
 }
 
 /// Who is calling: the admin, or a tenant (with its quota as it stood when the call arrived).

@@ -376,6 +376,27 @@ async fn three_tenants_see_and_attach_only_what_they_may() {
     );
     a.set_model_access(share_c).await.expect("owner shares");
     assert_eq!(code(attach(&mut wc, &sc.id, "a-shared").await), Code::Ok);
+    // A tenant it is shared with does not learn with whom else, nor where the weights are.
+    let describe = |name: &str| pb::DescribeModelRequest {
+        name: name.into(),
+        version: 0,
+    };
+    let seen_by_c = c
+        .describe_model(describe("a-shared"))
+        .await
+        .expect("c")
+        .into_inner();
+    let m = seen_by_c.model.expect("model");
+    assert_eq!(m.access.expect("access").shared_with, ["c"]);
+    assert_eq!(m.versions[0].source, "");
+    let seen_by_a = a
+        .describe_model(describe("a-shared"))
+        .await
+        .expect("a")
+        .into_inner();
+    let m = seen_by_a.model.expect("model");
+    assert_eq!(m.access.expect("access").shared_with, ["b", "c"]);
+    assert_eq!(m.versions[0].source, "m2");
 
     // Sessions: each tenant sees its own; the admin all.
     let sessions = |s: pb::ListSessionsResponse| -> Vec<(String, String)> {
@@ -1201,6 +1222,11 @@ async fn audit_log_records_actions_and_refusals() {
     })
     .await
     .expect("unload");
+    drop((sb, sc));
+    common::eventually(Duration::from_secs(5), "session ends audited", || async {
+        server.log().matches("\"session_end\"").count() >= 2
+    })
+    .await;
 
     let events: Vec<serde_json::Value> = server
         .log()
@@ -1238,11 +1264,13 @@ async fn audit_log_records_actions_and_refusals() {
         "{auth}"
     );
     assert!(find("unload", "a", "ok").is_some());
+    assert!(find("session_open", "b", "ok").is_some());
+    let ended = find("session_end", "c", "ok").expect("session end audited");
+    assert_eq!(ended["detail"], "closed");
     let log = server.log();
     for token in [TA, TB, TC, "ms_bogus"] {
         assert!(!log.contains(token), "token {token} in the log");
     }
-    drop((sb, sc));
 }
 
 fn open_fds(pid: u32) -> usize {
