@@ -289,6 +289,63 @@ class Check:
         self.row("remap", bool(r.get("ok")), f"worker with CUDA_VISIBLE_DEVICES={uuid[:12]}... found the device by UUID "
                  "(one GPU: the ordinal stays 0)")
 
+    def tenants(self):
+        """A server with a tenants file: a tenant's worker checks the model over CUDA IPC with its
+        token, a worker without one is refused, and attach latency is compared with the open
+        server's (the `attach` row)."""
+        import hashlib
+        admin, token = "ms_gpu_check_admin", "ms_gpu_check_tenant"
+        h = lambda t: "sha256:" + hashlib.sha256(t.encode()).hexdigest()  # noqa: E731
+        tf = os.path.join(self.work, "tenants.toml")
+        with open(tf, "w") as f:
+            f.write(f'[admin]\ntoken_hashes = ["{h(admin)}"]\n[[tenants]]\nname = "gpu"\n'
+                    f'token_hashes = ["{h(token)}"]\n[tenants.quota]\nleases = 4\n')
+        sock = os.path.join(self.work, "tenants.sock")
+        address = f"unix:{sock}"
+        with open(os.path.join(self.out, "tenants-server.log"), "w") as lf:
+            srv = subprocess.Popen(
+                [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--unix-socket", sock, "--handle-socket",
+                 os.path.join(self.work, "tenants-handles.sock"), "--model-root", os.path.join(self.work, "models"),
+                 "--tenants-file", tf, "--log-format", "json"], stdout=lf, stderr=lf, env=self.env)
+            try:
+                for _ in range(600):
+                    if os.path.exists(sock):
+                        break
+                    time.sleep(0.1)
+                cli = lambda tok, *a: self.run([f"{self.bin}/modelshare", "--server", address, "--output", "json", *a],  # noqa: E731
+                                               env=dict(self.env, MODELSHARE_TOKEN=tok), timeout=900)
+                loaded = cli(admin, "load", "m", "m", "--tenant", "gpu").returncode == 0
+
+                def worker(tok, *a):
+                    env = dict(self.env)
+                    env.pop("MODELSHARE_TOKEN", None)
+                    if tok:
+                        env["MODELSHARE_TOKEN"] = tok
+                    p = subprocess.Popen([f"{self.bin}/gpu_worker", *a, "--server", address], stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, env=env)
+                    o, e = p.communicate(timeout=900)
+                    return p.returncode, last_json(o) or {}, e
+
+                rc, ok_report, _ = worker(token, "check", "--model", "m")
+                rc_none, out_none, err_none = worker(None, "check", "--model", "m")
+                refused = rc_none != 0 and "unauthenticated" in (json.dumps(out_none) + err_none).lower()
+                _, bench, _ = worker(token, "attach-bench", "--model", "m", "--n", "1000")
+                open_p50 = (self.results.get("attach") or {}).get("p50_ms") or 0
+                self.results["tenants"] = {"check": ok_report, "attach": bench, "refused_without_token": refused,
+                                           "open_attach_p50_ms": open_p50}
+                good = loaded and rc == 0 and bool(ok_report.get("ok")) and refused and bench.get("p50_ms", 99) < 2.0
+                self.row("tenants", good,
+                         f"tenant worker with a token: GEMV/ms64 {'ok' if ok_report.get('ok') else 'FAILED'}; without: "
+                         f"{'UNAUTHENTICATED' if refused else 'NOT refused'}; attach p50 "
+                         f"{bench.get('p50_ms') or 0:.3f} ms, p99 {bench.get('p99_ms') or 0:.3f} ms with auth vs "
+                         f"{open_p50:.3f} ms open")
+            finally:
+                srv.terminate()
+                try:
+                    srv.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    srv.kill()
+
     def sweep(self):
         """Warm loads of the same file by servers with 4, 8, 12 and 16 load threads."""
         figures = []
@@ -373,6 +430,8 @@ def main():
         c.attach_bench()
         c.remap()
         c.stop_server()
+        if want("tenants") or not steps:
+            c.tenants()
         c.sweep()
     except Exception as e:  # noqa: BLE001
         import traceback
