@@ -8,6 +8,7 @@ Prints "N passed, M failed" last; exits non-zero on any failure.
 """
 
 import argparse
+import hashlib
 import json
 import mmap
 import os
@@ -72,11 +73,11 @@ def redeem(handle_socket, ticket):
 class Session:
     """A bidirectional Session stream: hello, then heartbeats from a queue."""
 
-    def __init__(self, stub, worker_pb2, name):
+    def __init__(self, stub, worker_pb2, name, metadata=None):
         self.requests = queue.Queue()
         self.worker_pb2 = worker_pb2
         self.requests.put(worker_pb2.SessionRequest(hello=worker_pb2.Hello(worker_name=name, pid=os.getpid(), labels={"client": "python"})))
-        self.responses = stub.Session(self._iter())
+        self.responses = stub.Session(self._iter(), metadata=metadata)
         first = next(self.responses)
         assert first.WhichOneof("kind") == "welcome", first
         self.welcome = first.welcome
@@ -245,6 +246,75 @@ def main():
             log.close()
             if any(not ok for _, ok in results):
                 print(open(os.path.join(tmp, "server.log")).read()[-4000:])
+
+        # The same contract with tenants: the hash format and the bearer header, from an
+        # independent implementation (hashlib, grpcio metadata).
+        admin_tok, alice, bob = "ms_py_admin", "ms_py_alice", "ms_py_bob"
+        digest = lambda t: "sha256:" + hashlib.sha256(t.encode()).hexdigest()  # noqa: E731
+        tenants = os.path.join(tmp, "tenants.toml")
+        with open(tenants, "w") as f:
+            f.write(f'[admin]\ntoken_hashes = ["{digest(admin_tok)}"]\n'
+                    f'[[tenants]]\nname = "alice"\ntoken_hashes = ["{digest(alice)}"]\n'
+                    f'[[tenants]]\nname = "bob"\ntoken_hashes = ["{digest(bob)}"]\n')
+        sock2 = os.path.join(tmp, "grpc2.sock")
+        log2 = open(os.path.join(tmp, "server2.log"), "wb")
+        server2 = subprocess.Popen(
+            [opts.bin, "serve", "--backend", "host", "--unix-socket", sock2, "--handle-socket",
+             os.path.join(tmp, "handles2.sock"), "--model-root", root, "--tenants-file", tenants],
+            stdout=log2, stderr=log2,
+        )
+        bearer = lambda t: [("authorization", f"Bearer {t}")]  # noqa: E731
+        try:
+            channel = grpc.insecure_channel(f"unix:{sock2}", options=[("grpc.default_authority", "localhost")])
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            worker = worker_pb2_grpc.WorkerServiceStub(channel)
+            deadline = time.time() + 20
+            while not os.path.exists(sock2):
+                assert time.time() < deadline, "second server did not start"
+                time.sleep(0.05)
+
+            def refused_without_a_token():
+                for md in [None, bearer("ms_wrong"), [("authorization", f"Basic {alice}")]]:
+                    try:
+                        admin.ListModels(admin_pb2.ListModelsRequest(), metadata=md, timeout=5)
+                        raise AssertionError(f"accepted {md}")
+                    except grpc.RpcError as e:
+                        assert e.code() == grpc.StatusCode.UNAUTHENTICATED, (e.code(), e.details())
+
+            def tenant_attaches_its_own_model_only():
+                for msg in admin.LoadModel(admin_pb2.LoadModelRequest(name="py", path="py", tenant="alice"),
+                                           metadata=bearer(admin_tok)):
+                    pass
+                names = [m.name for m in admin.ListModels(admin_pb2.ListModelsRequest(), metadata=bearer(alice)).models]
+                assert names == ["py"], names
+                assert not admin.ListModels(admin_pb2.ListModelsRequest(), metadata=bearer(bob)).models
+                s = Session(worker, worker_pb2, "alice-worker", metadata=bearer(alice))
+                try:
+                    sid = s.welcome.session_id
+                    reply = worker.Attach(worker_pb2.AttachRequest(session_id=sid, model="py"), metadata=bearer(alice))
+                    msg, fds = redeem(reply.host.handle_socket, reply.host.ticket)
+                    assert msg == b"OK\n" and len(fds) == 1, msg
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        worker.Attach(worker_pb2.AttachRequest(session_id=sid, model="py"), metadata=bearer(bob))
+                        raise AssertionError("bob used alice's session")
+                    except grpc.RpcError as e:
+                        assert e.code() == grpc.StatusCode.NOT_FOUND, (e.code(), e.details())
+                finally:
+                    s.close()
+
+            check("tenants_refuse_missing_and_wrong_tokens", refused_without_a_token)
+            check("tenants_attach_with_a_bearer_token", tenant_attaches_its_own_model_only)
+        finally:
+            server2.terminate()
+            try:
+                server2.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server2.kill()
+            log2.close()
+            if any(not ok for _, ok in results):
+                print(open(os.path.join(tmp, "server2.log")).read()[-4000:])
 
     passed = sum(ok for _, ok in results)
     failed = len(results) - passed
