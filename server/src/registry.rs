@@ -1482,6 +1482,22 @@ mod tests {
         }
     }
 
+    /// A model of no tensors (the registry does not look inside).
+    fn empty_model() -> (ModelSource, Layout) {
+        let source = ModelSource {
+            source: "m".into(),
+            shards: Vec::new(),
+            header_metadata: BTreeMap::new(),
+            metadata_files: Vec::new(),
+        };
+        let layout = Layout {
+            tensors: Vec::new(),
+            arena_bytes: 0,
+            payload_bytes: 0,
+        };
+        (source, layout)
+    }
+
     /// Freeing device memory can take milliseconds: arenas must be dropped after the registry's
     /// lock is released, or every other call would wait on it.
     #[test]
@@ -1495,17 +1511,7 @@ mod tests {
             .registry
             .set(Arc::downgrade(&registry))
             .expect("set once");
-        let source = ModelSource {
-            source: "m".into(),
-            shards: Vec::new(),
-            header_metadata: BTreeMap::new(),
-            metadata_files: Vec::new(),
-        };
-        let layout = Layout {
-            tensors: Vec::new(),
-            arena_bytes: 0,
-            payload_bytes: 0,
-        };
+        let (source, layout) = empty_model();
         let job = registry
             .begin_load(
                 &Caller::Admin,
@@ -1528,17 +1534,7 @@ mod tests {
     }
 
     fn loaded(registry: &Registry, model: &str) {
-        let source = ModelSource {
-            source: "m".into(),
-            shards: Vec::new(),
-            header_metadata: BTreeMap::new(),
-            metadata_files: Vec::new(),
-        };
-        let layout = Layout {
-            tensors: Vec::new(),
-            arena_bytes: 0,
-            payload_bytes: 0,
-        };
+        let (source, layout) = empty_model();
         let job = registry
             .begin_load(
                 &Caller::Admin,
@@ -1609,17 +1605,7 @@ mod tests {
             default_owner: Some("t".into()),
             ..LoadFor::default()
         };
-        let source = ModelSource {
-            source: "m".into(),
-            shards: Vec::new(),
-            header_metadata: BTreeMap::new(),
-            metadata_files: Vec::new(),
-        };
-        let layout = Layout {
-            tensors: Vec::new(),
-            arena_bytes: 0,
-            payload_bytes: 0,
-        };
+        let (source, layout) = empty_model();
         let begin = |name: &str| {
             registry.begin_load(
                 &tenant,

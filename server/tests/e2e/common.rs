@@ -140,6 +140,19 @@ impl Server {
         }
     }
 
+    /// The TCP address the server logged it listens on.
+    pub fn tcp_address(&self) -> String {
+        self.log()
+            .lines()
+            .find_map(|l| {
+                l.split("tcp=Some(")
+                    .nth(1)
+                    .and_then(|r| r.split(')').next())
+                    .map(str::to_owned)
+            })
+            .expect("tcp address in the log")
+    }
+
     /// An admin client.
     pub async fn admin(&self) -> AdminServiceClient<Channel> {
         let ch = modelshare_worker::connect::channel(&self.address)

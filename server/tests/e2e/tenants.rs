@@ -1109,16 +1109,7 @@ async fn uid_bound_tenants_are_refused_from_other_uids() {
     assert_eq!(free.report["verified"], true);
 
     // Over TCP the uid is unknown: a bound tenant is refused there.
-    let tcp = server
-        .log()
-        .lines()
-        .find_map(|l| {
-            l.split("tcp=Some(")
-                .nth(1)
-                .and_then(|r| r.split(')').next())
-                .map(str::to_owned)
-        })
-        .expect("tcp address in the log");
+    let tcp = server.tcp_address();
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{tcp}"))
         .expect("url")
         .connect()

@@ -87,20 +87,6 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
-/// The TCP address the server logged.
-fn tcp_address(server: &Server) -> String {
-    server
-        .log()
-        .lines()
-        .find_map(|l| {
-            l.split("tcp=Some(")
-                .nth(1)
-                .and_then(|r| r.split(')').next())
-                .map(str::to_owned)
-        })
-        .expect("tcp address in the log")
-}
-
 async fn start(pki: &Pki, tenants: &TenantsFile, client_auth: &str) -> Server {
     let args = [
         "--listen",
@@ -155,7 +141,7 @@ async fn tls_with_required_client_certificates() {
     let pki = Pki::new();
     let tenants = TenantsFile::new(&abc_tenants(""));
     let server = start(&pki, &tenants, "required").await;
-    let addr = tcp_address(&server);
+    let addr = server.tcp_address();
     let mut root = crate::tenants::admin_as(&server, Some(ADMIN)).await;
     crate::tenants::load_as(&mut root, "m", "m1", "a", public())
         .await
@@ -255,7 +241,7 @@ async fn tls_with_optional_client_certificates() {
     let pki = Pki::new();
     let tenants = TenantsFile::new(&abc_tenants(""));
     let server = start(&pki, &tenants, "optional").await;
-    let addr = tcp_address(&server);
+    let addr = server.tcp_address();
     assert!(list(&addr, pki.read("ca.pem"), None, TA).await.is_ok());
     let me = Some((pki.read("client.pem"), pki.read("client.key")));
     assert!(list(&addr, pki.read("ca.pem"), me, TA).await.is_ok());
