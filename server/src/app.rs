@@ -89,31 +89,26 @@ impl App {
         self.registry.authorize_load(caller, &load_for, name)?;
         let permit = self.load_permit()?;
         // A tenant with a model directory loads from under it only (symlinks out of it are
-        // refused as they are out of the root).
-        let tenant_dir = caller.tenant().and_then(|t| {
-            self.tenants
-                .current()
-                .tenants
-                .get(t)
-                .and_then(|spec| spec.model_dir.clone())
-        });
+        // refused as they are out of the root); other tenants' model directories are out of
+        // bounds for a tenant, with or without a directory of its own.
+        let (tenant_dir, reserved) = match caller.tenant() {
+            Some(me) => {
+                let table = self.tenants.current();
+                let own = table.tenants.get(me).and_then(|t| t.model_dir.clone());
+                let others: Vec<std::path::PathBuf> = table
+                    .tenants
+                    .values()
+                    .filter(|t| t.name != me)
+                    .filter_map(|t| t.model_dir.as_ref())
+                    .map(|d| self.config.model_root.join(d))
+                    .collect();
+                (own, others)
+            }
+            None => (None, Vec::new()),
+        };
         let root = match &tenant_dir {
             Some(dir) => self.config.model_root.join(dir),
             None => self.config.model_root.clone(),
-        };
-        // Other tenants' model directories are out of bounds for a tenant, with or without a
-        // directory of its own.
-        let reserved: Vec<std::path::PathBuf> = match caller.tenant() {
-            Some(me) => self
-                .tenants
-                .current()
-                .tenants
-                .values()
-                .filter(|t| t.name != me)
-                .filter_map(|t| t.model_dir.as_ref())
-                .filter_map(|d| std::fs::canonicalize(self.config.model_root.join(d)).ok())
-                .collect(),
-            None => Vec::new(),
         };
         let limits = self.config.weights.clone();
         let rel = path.to_owned();
@@ -124,6 +119,10 @@ impl App {
         // Validation reads files and allocation may call the device: both block.
         let (job, src, plan) = tokio::task::spawn_blocking(move || {
             let mut src = source::resolve(&root, &rel, &limits)?;
+            let reserved: Vec<std::path::PathBuf> = reserved
+                .iter()
+                .filter_map(|d| std::fs::canonicalize(d).ok())
+                .collect();
             // Where the opened files really are (links followed), against the reserved dirs.
             for shard in &src.shards {
                 use std::os::fd::AsRawFd;

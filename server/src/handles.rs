@@ -7,7 +7,7 @@
 //! a worker on the Unix socket is good only for a peer of the same uid (the kernel says who
 //! connected, with `SO_PEERCRED`), so a leaked ticket is no use to another user.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -126,22 +126,27 @@ impl Tickets {
     }
 
     /// Drops the tickets whose lease is gone (a session ended: its leases went with it), so that
-    /// their file descriptors are closed now rather than at expiry.
-    pub fn purge(&self, lease_alive: impl Fn(&str) -> bool) {
+    /// their file descriptors are closed now rather than at expiry. `gone` gets the leases of
+    /// the outstanding tickets and returns those no longer held; it runs without this lock held.
+    pub fn purge(&self, gone: impl FnOnce(Vec<String>) -> HashSet<String>) {
+        let leases: Vec<String> = {
+            let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            map.values().map(|t| t.lease.clone()).collect()
+        };
+        if leases.is_empty() {
+            return;
+        }
+        let gone = gone(leases);
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, t| lease_alive(&t.lease));
+            .retain(|_, t| !gone.contains(&t.lease));
     }
 
     /// Outstanding tickets.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Whether no ticket is outstanding.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Drops the tickets of a released lease.
@@ -282,7 +287,7 @@ mod tests {
         t.issue("live", some_fd(), None);
         t.issue("dead", some_fd(), None);
         t.issue("dead", some_fd(), None);
-        t.purge(|lease| lease == "live");
+        t.purge(|leases| leases.into_iter().filter(|l| l != "live").collect());
         assert_eq!(t.len(), 1);
     }
 }

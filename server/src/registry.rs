@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
 use crate::model::{Manifest, TensorMeta, VersionState};
-use crate::tenants::{Access, Caller, Quota, owns};
+use crate::tenants::{Access, Caller, Quota, Resource, owns};
 use crate::weights::layout::{ALIGNMENT, Layout};
 use crate::weights::source::ModelSource;
 
@@ -488,28 +488,10 @@ impl Registry {
             if let Some(tenant) = &owner {
                 let quota = quota_of(tenant);
                 let used = usage(&st, tenant);
-                check_quota(
-                    tenant,
-                    "device_bytes",
-                    quota.device_bytes,
-                    used.device_bytes,
-                    bytes,
-                )?;
-                check_quota(
-                    tenant,
-                    "loads",
-                    quota.loads.map(u64::from),
-                    u64::from(used.loads),
-                    1,
-                )?;
+                quota.check(tenant, Resource::DeviceBytes, used.device_bytes, bytes)?;
+                quota.check(tenant, Resource::Loads, u64::from(used.loads), 1)?;
                 if new_model {
-                    check_quota(
-                        tenant,
-                        "models",
-                        quota.models.map(u64::from),
-                        u64::from(used.models),
-                        1,
-                    )?;
+                    quota.check(tenant, Resource::Models, u64::from(used.models), 1)?;
                 }
             }
             st.arena_bytes += bytes;
@@ -906,14 +888,8 @@ impl Registry {
             return Err(ServerError::ShuttingDown);
         }
         if let Caller::Tenant { name, quota } = caller {
-            let used = usage(&st, name);
-            check_quota(
-                name,
-                "sessions",
-                quota.sessions.map(u64::from),
-                u64::from(used.sessions),
-                1,
-            )?;
+            let used = usage(&st, name).sessions;
+            quota.check(name, Resource::Sessions, u64::from(used), 1)?;
         }
         if st.sessions.len() >= self.limits.max_sessions {
             return Err(ServerError::LimitExceeded {
@@ -987,6 +963,14 @@ impl Registry {
         } else {
             version
         };
+        // Checked now (it reads the whole state), reported after the version's own refusals.
+        let within_quota = match caller {
+            Caller::Tenant { name, quota } => {
+                let used = usage(&st, name).leases;
+                quota.check(name, Resource::Leases, u64::from(used), 1)
+            }
+            Caller::Admin => Ok(()),
+        };
         let v =
             version_mut(&mut st, model, version).ok_or_else(|| ServerError::VersionNotFound {
                 model: model.to_owned(),
@@ -1010,24 +994,10 @@ impl Registry {
                 });
             }
         };
-        if let Caller::Tenant { name, quota } = caller {
-            let used = usage(&st, name);
-            check_quota(
-                name,
-                "leases",
-                quota.leases.map(u64::from),
-                u64::from(used.leases),
-                1,
-            )?;
-        }
-        let Some(v) = version_mut(&mut st, model, version) else {
-            return Err(ServerError::VersionNotFound {
-                model: model.to_owned(),
-                version,
-            });
-        };
+        within_quota?;
         v.leases += 1;
         let manifest = v.manifest.clone();
+        let loading = v.state == VersionState::Loading;
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
         st.leases.insert(
             lease_id.clone(),
@@ -1040,11 +1010,6 @@ impl Registry {
         if let Some(s) = st.sessions.get_mut(session) {
             s.leases.push(lease_id.clone());
         }
-        let loading = st
-            .models
-            .get(model)
-            .and_then(|m| m.versions.get(&version))
-            .is_some_and(|v| v.state == VersionState::Loading);
         Ok(Attachment {
             lease_id,
             manifest,
@@ -1074,6 +1039,15 @@ impl Registry {
         }
         drop_lease(&mut st, lease);
         Ok(held)
+    }
+
+    /// Those of `leases` no longer held (one lock for all of them).
+    pub fn gone_leases(&self, leases: Vec<String>) -> std::collections::HashSet<String> {
+        let st = self.lock();
+        leases
+            .into_iter()
+            .filter(|l| !st.leases.contains_key(l))
+            .collect()
     }
 
     /// Whether `lease` is still held (tickets are only redeemed for live leases).
@@ -1299,26 +1273,6 @@ fn usage(st: &State, tenant: &str) -> Usage {
         u.leases += u32::try_from(s.leases.len()).unwrap_or(u32::MAX);
     }
     u
-}
-
-/// Refuses `requested` more of `quota` when `used + requested` would pass `limit`.
-fn check_quota(
-    tenant: &str,
-    quota: &'static str,
-    limit: Option<u64>,
-    used: u64,
-    requested: u64,
-) -> Result<(), ServerError> {
-    match limit {
-        Some(limit) if used.saturating_add(requested) > limit => Err(ServerError::QuotaExceeded {
-            tenant: tenant.to_owned(),
-            quota,
-            limit,
-            used,
-            requested,
-        }),
-        _ => Ok(()),
-    }
 }
 
 fn version_mut<'a>(st: &'a mut State, model: &str, version: u32) -> Option<&'a mut VersionRecord> {

@@ -22,7 +22,7 @@ use crate::audit;
 use crate::error::ServerError;
 use crate::registry::{ModelEvent, WorkerHello};
 use crate::tenants::Caller;
-use crate::tenants::auth::caller_of;
+use crate::tenants::auth::{caller_of, peer_uid};
 
 /// The worker service.
 #[derive(Debug, Clone)]
@@ -179,7 +179,7 @@ impl WorkerService for WorkerApi {
             };
             let released = app.registry.end_session(&id);
             // Tickets of the session's leases (released now, or by a revocation) close their fds.
-            app.tickets.purge(|lease| app.registry.lease_alive(lease));
+            app.tickets.purge(|leases| app.registry.gone_leases(leases));
             app.metrics.session_ended(reason.label());
             audit::session(&caller, "session_end", &id, true, reason.label());
             info!(session = %id, reason = ?reason, leases_released = released, "session ended");
@@ -230,11 +230,7 @@ impl WorkerApi {
     ) -> Result<Response<pb::AttachResponse>, Status> {
         let caller = caller_of(&request)?;
         // A ticket is redeemable only by the uid that attached (when the kernel told us).
-        let peer_uid = request
-            .extensions()
-            .get::<tonic::transport::server::UdsConnectInfo>()
-            .and_then(|info| info.peer_cred)
-            .map(|cred| cred.uid());
+        let peer_uid = peer_uid(request.extensions());
         let req = request.into_inner();
         let result = self.attach_as(&caller, &req, peer_uid);
         audit::record(

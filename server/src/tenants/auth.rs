@@ -23,7 +23,7 @@ use tower::{Layer, Service};
 
 use super::store::TenantStore;
 use super::token::MAX_TOKEN_BYTES;
-use super::{Caller, Quota};
+use super::{Caller, Quota, Resource};
 use crate::audit;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
@@ -103,33 +103,36 @@ fn bearer(headers: &http::HeaderMap) -> Result<&str, &'static str> {
     Ok(token)
 }
 
-/// Where the request came from, for the audit log.
-fn peer(extensions: &http::Extensions) -> (String, Option<u32>) {
+/// The uid of the peer process, as the kernel reported it for a Unix-socket connection
+/// (`SO_PEERCRED`); `None` over TCP.
+pub fn peer_uid(extensions: &http::Extensions) -> Option<u32> {
+    extensions
+        .get::<UdsConnectInfo>()
+        .and_then(|uds| uds.peer_cred)
+        .map(|c| c.uid())
+}
+
+/// Where the request came from, for the audit log (formatted on refusals only).
+fn peer_text(extensions: &http::Extensions) -> String {
     if let Some(uds) = extensions.get::<UdsConnectInfo>() {
         let cred = uds.peer_cred;
-        let uid = cred.map(|c| c.uid());
-        let pid = cred.and_then(|c| c.pid());
-        let text = match (uid, pid) {
+        return match (cred.map(|c| c.uid()), cred.and_then(|c| c.pid())) {
             (Some(u), Some(p)) => format!("unix uid={u} pid={p}"),
             (Some(u), None) => format!("unix uid={u}"),
             _ => "unix".into(),
         };
-        return (text, uid);
     }
     let tcp = extensions
         .get::<tonic::transport::server::TcpConnectInfo>()
         .and_then(|i| i.remote_addr())
         .or_else(|| {
             extensions
-                    .get::<tonic::transport::server::TlsConnectInfo<
-                        tonic::transport::server::TcpConnectInfo,
-                    >>()
-                    .and_then(|i| i.get_ref().remote_addr())
+                .get::<tonic::transport::server::TlsConnectInfo<
+                    tonic::transport::server::TcpConnectInfo,
+                >>()
+                .and_then(|i| i.get_ref().remote_addr())
         });
-    (
-        tcp.map_or_else(|| "unknown".into(), |a| format!("tcp {a}")),
-        None,
-    )
+    tcp.map_or_else(|| "unknown".into(), |a| format!("tcp {a}"))
 }
 
 /// Admits or refuses one request; on admission, the caller and its in-flight guard.
@@ -141,7 +144,7 @@ fn admit(
     extensions: &http::Extensions,
 ) -> Result<(Caller, Option<InflightGuard>), ServerError> {
     let refuse = |reason: &'static str, err: ServerError| {
-        let (from, _) = peer(extensions);
+        let from = peer_text(extensions);
         metrics.auth_refused(reason);
         audit::auth_refused(path, reason, &from);
         err
@@ -161,7 +164,7 @@ fn admit(
         ));
     };
     if !auth.uids.is_empty() {
-        let (_, uid) = peer(extensions);
+        let uid = peer_uid(extensions);
         let tenant = auth.caller.describe();
         match uid {
             Some(u) if auth.uids.contains(&u) => {}
@@ -209,18 +212,10 @@ fn enter_inflight(
     let counter = store.inflight_counter(name);
     let before = counter.fetch_add(1, Ordering::SeqCst);
     let guard = InflightGuard(counter);
-    if let Some(limit) = quota.inflight
-        && before >= limit
-    {
+    if let Err(e) = quota.check(name, Resource::Inflight, u64::from(before), 1) {
         drop(guard);
-        metrics.quota_denied(name, "inflight");
-        return Err(ServerError::QuotaExceeded {
-            tenant: name.to_owned(),
-            quota: "inflight",
-            limit: u64::from(limit),
-            used: u64::from(before),
-            requested: 1,
-        });
+        metrics.quota_denied(name, Resource::Inflight.name());
+        return Err(e);
     }
     Ok(guard)
 }

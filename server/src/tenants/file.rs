@@ -26,8 +26,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::Quota;
+use std::sync::Arc;
+
 use super::token::TokenHash;
+use super::{Caller, Quota};
 use crate::model::validate_name;
 
 /// Most tenants one file may define.
@@ -93,13 +95,13 @@ pub struct TenantSpec {
     pub quota: Quota,
 }
 
-/// Whose a token is.
+/// Who holds a token, built once per table so that authenticating a call allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
-    /// An admin token.
-    Admin,
-    /// A token of the named tenant.
-    Tenant(String),
+pub struct Holder {
+    /// Who is calling.
+    pub caller: Caller,
+    /// Unix uids the tenant is bound to (empty: not bound).
+    pub uids: Arc<[u32]>,
 }
 
 /// Every tenant and the admin tokens, validated.
@@ -274,18 +276,29 @@ impl TenantTable {
             }
         }
         let mut index: HashMap<u64, Vec<(TokenHash, Holder)>> = HashMap::new();
+        let admin = Holder {
+            caller: Caller::Admin,
+            uids: Arc::from([]),
+        };
         for h in &admin_hashes {
             index
                 .entry(h.prefix())
                 .or_default()
-                .push((*h, Holder::Admin));
+                .push((*h, admin.clone()));
         }
         for t in tenants.values() {
+            let holder = Holder {
+                caller: Caller::Tenant {
+                    name: Arc::from(t.name.as_str()),
+                    quota: t.quota,
+                },
+                uids: Arc::from(t.uids.as_slice()),
+            };
             for h in &t.token_hashes {
                 index
                     .entry(h.prefix())
                     .or_default()
-                    .push((*h, Holder::Tenant(t.name.clone())));
+                    .push((*h, holder.clone()));
             }
         }
         Ok(Self {

@@ -9,18 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::Quota;
 use super::file::{Holder, TenantTable, TenantsFileError};
 use super::token::TokenHash;
-use super::{Caller, Quota};
-
-/// A token's owner, as the table in force says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Authenticated {
-    /// Who is calling.
-    pub caller: Caller,
-    /// Unix uids the tenant is bound to (empty: not bound).
-    pub uids: Vec<u32>,
-}
 
 /// The tenant table in force.
 #[derive(Debug)]
@@ -70,24 +61,8 @@ impl TenantStore {
     }
 
     /// Who `token` belongs to, under the table in force.
-    pub fn authenticate(&self, token: &str) -> Option<Authenticated> {
-        let table = self.current();
-        match table.holder(&TokenHash::of(token))? {
-            Holder::Admin => Some(Authenticated {
-                caller: Caller::Admin,
-                uids: Vec::new(),
-            }),
-            Holder::Tenant(name) => {
-                let spec = table.tenants.get(name)?;
-                Some(Authenticated {
-                    caller: Caller::Tenant {
-                        name: Arc::from(spec.name.as_str()),
-                        quota: spec.quota,
-                    },
-                    uids: spec.uids.clone(),
-                })
-            }
-        }
+    pub fn authenticate(&self, token: &str) -> Option<Holder> {
+        self.current().holder(&TokenHash::of(token)).cloned()
     }
 
     /// The quota of tenant `name` under the table in force.
@@ -98,6 +73,9 @@ impl TenantStore {
     /// The in-flight counter of tenant `name` (kept across reloads).
     pub fn inflight_counter(&self, name: &str) -> Arc<AtomicU32> {
         let mut map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(name) {
+            return c.clone();
+        }
         map.entry(name.to_owned()).or_default().clone()
     }
 
@@ -114,6 +92,7 @@ impl TenantStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenants::Caller;
 
     fn write(dir: &Path, text: &str) -> PathBuf {
         let p = dir.join("tenants.toml");

@@ -153,6 +153,16 @@ impl Server {
             .expect("tcp address in the log")
     }
 
+    /// The metrics address the server logged (it listens on port 0).
+    pub fn metrics_address(&self) -> String {
+        let log = self.log();
+        let at = log
+            .find("metrics=Some(")
+            .unwrap_or_else(|| panic!("no metrics address in log:\n{log}"));
+        let rest = &log[at + "metrics=Some(".len()..];
+        rest[..rest.find(')').expect("paren")].to_owned()
+    }
+
     /// An admin client.
     pub async fn admin(&self) -> AdminServiceClient<Channel> {
         let ch = modelshare_worker::connect::channel(&self.address)
@@ -194,6 +204,31 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
+}
+
+/// A plain HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*), never all zeros.

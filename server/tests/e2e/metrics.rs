@@ -1,46 +1,12 @@
 //! The metrics port: `/metrics`, `/healthz`, `/readyz`, and series that move as they should.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
 use safetensors::Dtype;
 
-use crate::common::{self, Server, t};
-
-/// The metrics address the server logged (it listens on port 0).
-fn metrics_addr(server: &Server) -> String {
-    let log = server.log();
-    let at = log
-        .find("metrics=Some(")
-        .unwrap_or_else(|| panic!("no metrics address in log:\n{log}"));
-    let rest = &log[at + "metrics=Some(".len()..];
-    rest[..rest.find(')').expect("paren")].to_owned()
-}
-
-/// A plain HTTP/1.1 GET: (status, body).
-fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics port");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
+use crate::common::{self, Server, http_get, t};
 
 /// The value of the series `name` (with its exact label set, as exposed), or 0 when absent.
 fn value(body: &str, series: &str) -> f64 {
@@ -61,10 +27,10 @@ async fn series_follow_loads_sessions_and_attaches() {
         );
     })
     .await;
-    let addr = metrics_addr(&server);
-    assert_eq!(get(&addr, "/healthz").0, 200);
-    assert_eq!(get(&addr, "/readyz").0, 200);
-    assert_eq!(get(&addr, "/nope").0, 404);
+    let addr = server.metrics_address();
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    assert_eq!(http_get(&addr, "/readyz").0, 200);
+    assert_eq!(http_get(&addr, "/nope").0, 404);
 
     let mut admin = server.admin().await;
     let v = common::load(&mut admin, "m", "m").await.expect("load");
@@ -75,7 +41,7 @@ async fn series_follow_loads_sessions_and_attaches() {
         })
         .await
         .expect_err("unknown model");
-    let (status, body) = get(&addr, "/metrics");
+    let (status, body) = http_get(&addr, "/metrics");
     assert_eq!(status, 200);
     assert_eq!(
         value(&body, r#"modelshare_arena_bytes{device="host",model="m"}"#),
@@ -120,7 +86,7 @@ async fn series_follow_loads_sessions_and_attaches() {
     // A real worker process attaches and holds its lease.
     let mut worker = common::Worker::start(&server, "m", "metrics-worker");
     assert_eq!(worker.report["verified"], true, "{}", worker.report);
-    let body = get(&addr, "/metrics").1;
+    let body = http_get(&addr, "/metrics").1;
     assert_eq!(value(&body, r#"modelshare_sessions{tenant=""}"#), 1.0);
     assert_eq!(value(&body, r#"modelshare_leases{tenant=""}"#), 1.0);
     assert_eq!(
@@ -140,14 +106,14 @@ async fn series_follow_loads_sessions_and_attaches() {
         || {
             let addr = addr.clone();
             async move {
-                let body = get(&addr, "/metrics").1;
+                let body = http_get(&addr, "/metrics").1;
                 value(&body, r#"modelshare_sessions{tenant=""}"#) == 0.0
                     && value(&body, r#"modelshare_leases{tenant=""}"#) == 0.0
             }
         },
     )
     .await;
-    let body = get(&addr, "/metrics").1;
+    let body = http_get(&addr, "/metrics").1;
     assert_eq!(
         value(
             &body,
@@ -202,7 +168,7 @@ async fn exposition_passes_promtool() {
         .await
         .expect("session");
     let _model = session.attach("m").await.expect("attach");
-    let body = get(&metrics_addr(&server), "/metrics").1;
+    let body = http_get(&server.metrics_address(), "/metrics").1;
     let mut child = tool("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -253,7 +219,7 @@ fn shipped_alert_rules_pass_promtool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_the_server() {
     let server = Server::start_with(&["--metrics-listen", "127.0.0.1:0"], |_| {}).await;
-    let target = metrics_addr(&server);
+    let target = server.metrics_address();
     let _session = modelshare_worker::Session::open(&server.address, "w")
         .await
         .expect("session");
@@ -296,7 +262,7 @@ async fn a_real_prometheus_scrapes_the_server() {
     let mut last = String::new();
     let found = loop {
         if std::net::TcpStream::connect(&api).is_ok() {
-            let (status, body) = get(&api, "/api/v1/query?query=modelshare_sessions");
+            let (status, body) = http_get(&api, "/api/v1/query?query=modelshare_sessions");
             last = body.clone();
             if status == 200 && body.contains(r#""__name__":"modelshare_sessions""#) {
                 break body;

@@ -789,15 +789,7 @@ async fn concurrent_attaches_race_the_leases_quota() {
         .expect("attach after release");
 
     // Refusals are counted by tenant and quota.
-    let log = server.log();
-    let metrics_addr = log
-        .lines()
-        .find(|l| l.contains("metrics listening"))
-        .and_then(|l| l.split("Some(").nth(1))
-        .and_then(|r| r.split(')').next())
-        .expect("metrics address in the log")
-        .to_owned();
-    let body = reqwest_lite(&metrics_addr, "/metrics");
+    let body = common::http_get(&server.metrics_address(), "/metrics").1;
     assert!(
         body.contains(r#"modelshare_quota_denials_total{quota="leases",tenant="a"} 35"#),
         "{body}"
@@ -806,22 +798,6 @@ async fn concurrent_attaches_race_the_leases_quota() {
     assert!(body.contains(r#"modelshare_sessions{tenant="a"} 1"#));
     assert!(body.contains(r#"modelshare_leases{tenant="a"} 1"#));
     drop(s);
-}
-
-/// A plain HTTP GET of `path` on `addr`, the body.
-fn reqwest_lite(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
 }
 
 /// Device bytes and models quotas, with concurrent loads racing the bytes quota.
