@@ -1,18 +1,24 @@
-//! The backend interface: a [`Backend`] allocates [`Arena`]s; an arena is written, sealed, then
-//! exported as an [`ExportedHandle`] for a worker process. The host backend implements it now,
-//! the CUDA backends (legacy IPC, VMM) later, without change to callers.
+//! The backend interface, as the device thread sees it: a [`Backend`] allocates [`Arena`]s; an
+//! arena is written (through [`ArenaWriter`]s), sealed, then exported as an
+//! [`Export`](crate::Export) for a worker process.
+//!
+//! Every method of these traits runs on the backend's device thread
+//! ([`crate::DeviceThread`]); the server reaches them only through the thread's handles. The
+//! one exception is an [`ArenaWriter`], made on the device thread and used by a loading
+//! thread: a writer that needs the device submits its work back to the device thread.
 
 use crate::error::{DeviceError, Result};
+use crate::export::Export;
+use crate::thread::ArenaHandle;
 
 /// Which kind of memory a backend hands out, and so which handle a worker gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
     /// Shared host memory (`memfd`), passed as a file descriptor.
     Host,
-    /// CUDA legacy IPC (`cuMemAlloc` + `CUipcMemHandle`).
+    /// CUDA legacy IPC (`cuMemAlloc` + `CUipcMemHandle`): bytes in the attach reply. Mappings
+    /// of this kind are writable by the worker.
     CudaIpc,
-    /// CUDA virtual memory management (`cuMemCreate` with a POSIX-fd handle).
-    CudaVmm,
 }
 
 /// What a backend says about its device.
@@ -28,21 +34,22 @@ pub struct DeviceInfo {
     pub total_bytes: u64,
 }
 
-/// A device that allocates arenas.
-pub trait Backend: Send + Sync + std::fmt::Debug {
+/// A device that allocates arenas. Lives on its device thread.
+pub trait Backend: std::fmt::Debug {
     /// Describes the device.
     fn info(&self) -> DeviceInfo;
 
     /// Allocates a zero-filled arena of `len` bytes (`len` may be 0: the arena is still valid),
     /// writable until sealed. `label` names it (e.g. `"llama-7b@3"`) for debugging (the memfd's
     /// name on the host backend).
-    fn allocate(&self, len: u64, label: &str) -> Result<Box<dyn Arena>>;
+    fn allocate(&mut self, len: u64, label: &str) -> Result<Box<dyn Arena>>;
 
     /// Device memory in use as the device reports it; `None` where unknown (host).
-    fn used_bytes(&self) -> Option<u64>;
+    fn used_bytes(&mut self) -> Option<u64>;
 }
 
-/// One allocation: written, then sealed, then exported to workers.
+/// One allocation: written, then sealed, then exported to workers. Its methods run on its
+/// device thread; it is dropped there too.
 pub trait Arena: Send + Sync + std::fmt::Debug {
     /// The arena's length in bytes.
     fn len(&self) -> u64;
@@ -52,25 +59,26 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
         self.len() == 0
     }
 
-    /// Copies `bytes` into the arena at `offset`. Callable from several threads at once for
-    /// disjoint ranges. Fails if the range runs past the end or the arena is sealed.
+    /// Copies `bytes` into the arena at `offset`. Fails if the range runs past the end or the
+    /// arena is sealed.
     fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()>;
 
     /// Ends writing: the contents become immutable (host: adds `F_SEAL_WRITE`). Idempotent.
     fn seal(&self) -> Result<()>;
 
     /// A handle to hand to a worker process. The host backend exports only sealed arenas.
-    fn export(&self) -> Result<ExportedHandle>;
+    fn export(&self) -> Result<Export>;
 
     /// Reads back `buf.len()` bytes at `offset` (server-side checks and tests).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
 
-    /// A writer for loading: it may stage bytes and queue copies asynchronously (the CUDA
-    /// backend uses pinned buffers and a copy stream). One writer per loading thread; each is
-    /// finished before [`Arena::seal`]. The default writes through [`Arena::write_at`].
-    fn writer(&self) -> Result<Box<dyn ArenaWriter + '_>> {
-        Ok(Box::new(DirectWriter {
-            arena: self,
+    /// A writer for one loading thread (`this` is the server's handle to this arena). It may
+    /// stage bytes and queue copies asynchronously (CUDA: pinned buffers and a copy stream,
+    /// copies submitted to the device thread). The default sends every chunk to the device
+    /// thread's [`Arena::write_at`].
+    fn writer(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
+        Ok(Box::new(ThreadWriter {
+            arena: this.clone(),
             buf: Vec::new(),
         }))
     }
@@ -92,7 +100,7 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     fn abandon(&self) {}
 }
 
-/// Streams bytes into an arena during a load.
+/// Streams bytes into an arena during a load, from a loading thread.
 pub trait ArenaWriter {
     /// A buffer of at most `max` bytes (possibly fewer; never empty when `max > 0`). Fill a
     /// prefix of it, then [`ArenaWriter::submit`] that prefix.
@@ -105,13 +113,13 @@ pub trait ArenaWriter {
     fn finish(self: Box<Self>) -> Result<()>;
 }
 
-/// The default writer: a plain buffer written through [`Arena::write_at`].
-struct DirectWriter<'a, A: Arena + ?Sized> {
-    arena: &'a A,
+/// The default writer: a plain buffer, each chunk written by the device thread.
+struct ThreadWriter {
+    arena: ArenaHandle,
     buf: Vec<u8>,
 }
 
-impl<A: Arena + ?Sized> ArenaWriter for DirectWriter<'_, A> {
+impl ArenaWriter for ThreadWriter {
     fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
         if self.buf.len() < max {
             self.buf.resize(max, 0);
@@ -126,31 +134,12 @@ impl<A: Arena + ?Sized> ArenaWriter for DirectWriter<'_, A> {
             len: len as u64,
             arena_len: self.buf.len() as u64,
         })?;
-        self.arena.write_at(offset, bytes)
+        self.arena.write_at(offset, bytes.to_vec()).wait()
     }
 
     fn finish(self: Box<Self>) -> Result<()> {
         Ok(())
     }
-}
-
-/// A handle to an arena, to give to a worker process.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ExportedHandle {
-    /// Host: a new descriptor (a `dup`) of the sealed memfd, to pass with `SCM_RIGHTS`
-    /// (see [`crate::handoff`]) and map with [`crate::HostMapping::map`].
-    Fd(std::os::fd::OwnedFd),
-    /// CUDA legacy IPC: the memory handle of the arena's allocation and the handle of its
-    /// ready event, for the device named by UUID.
-    CudaIpc {
-        /// `CUipcMemHandle` bytes.
-        mem: [u8; 64],
-        /// `CUipcEventHandle` bytes of the ready event.
-        event: [u8; 64],
-        /// The device, `GPU-<uuid>`.
-        device_uuid: String,
-    },
 }
 
 /// Checks that `len` bytes at `offset` lie within an arena of `arena_len` bytes.

@@ -87,6 +87,12 @@ pub enum DeviceError {
     /// A device kernel (checksum) failed.
     #[error("kernel: {0}")]
     Kernel(String),
+    /// The device thread has stopped (the server is shutting down), or never started.
+    #[error("the device thread has stopped")]
+    ThreadGone,
+    /// A device-owned object was touched off its device thread (a bug in the caller).
+    #[error("a device object was used off its device thread")]
+    WrongThread,
     /// The backend cannot do this.
     #[error("{what} is not supported by this backend")]
     Unsupported {
@@ -112,7 +118,9 @@ impl DeviceError {
             | DeviceError::Cuda { .. }
             | DeviceError::LibraryMissing { .. }
             | DeviceError::NoSuchDevice { .. }
-            | DeviceError::Kernel(_) => false,
+            | DeviceError::Kernel(_)
+            | DeviceError::ThreadGone
+            | DeviceError::WrongThread => false,
         }
     }
 

@@ -332,7 +332,7 @@ mod tests {
 
     use super::*;
     use crate::test_util::random_bytes;
-    use crate::{Arena, ExportedHandle, HostArena, HostMapping};
+    use crate::{Arena, HostArena, HostMapping};
 
     fn socket_path(dir: &tempfile::TempDir) -> PathBuf {
         dir.path().join("handles.sock")
@@ -357,7 +357,7 @@ mod tests {
             let (mut stream, _) = listener.accept().await.unwrap();
             let ticket = read_ticket(&mut stream).await.unwrap();
             assert_eq!(ticket, "t-0123456789abcdef");
-            let ExportedHandle::Fd(fd) = arena.export().unwrap() else {
+            let Some(fd) = arena.export().unwrap().fd else {
                 panic!("a host arena exports an fd")
             };
             send_fd(&stream, fd.as_fd()).await.unwrap();
@@ -477,7 +477,7 @@ mod tests {
             }
             let (mut stream, _) = listener.accept().await.unwrap();
             assert_eq!(read_ticket(&mut stream).await.unwrap(), "good");
-            let ExportedHandle::Fd(fd) = arena.export().unwrap() else {
+            let Some(fd) = arena.export().unwrap().fd else {
                 panic!("a host arena exports an fd")
             };
             send_fd(&stream, fd.as_fd()).await.unwrap();
@@ -525,7 +525,7 @@ mod tests {
 
     fn some_fd() -> OwnedFd {
         let arena = sealed_arena(b"x");
-        let ExportedHandle::Fd(fd) = arena.export().unwrap() else {
+        let Some(fd) = arena.export().unwrap().fd else {
             panic!("a host arena exports an fd")
         };
         fd

@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 
-use crate::backend::{Arena, Backend, BackendKind, DeviceInfo, ExportedHandle, check_range};
+use crate::backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo, check_range};
+use crate::export::{Export, Import};
+use crate::mapping::{Mapped, Mapping};
+use crate::thread::ArenaHandle;
 use crate::error::{DeviceError, Result};
 use crate::sys::SealedMapping;
 
@@ -52,11 +55,11 @@ impl Backend for HostBackend {
         self.info.clone()
     }
 
-    fn allocate(&self, len: u64, label: &str) -> Result<Box<dyn Arena>> {
+    fn allocate(&mut self, len: u64, label: &str) -> Result<Box<dyn Arena>> {
         Ok(Box::new(HostArena::new(len, label)?))
     }
 
-    fn used_bytes(&self) -> Option<u64> {
+    fn used_bytes(&mut self) -> Option<u64> {
         None
     }
 }
@@ -117,6 +120,81 @@ impl HostArena {
     }
 }
 
+impl HostArena {
+    /// A new descriptor of the memfd.
+    fn dup(&self) -> Result<OwnedFd> {
+        self.fd
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| match source.raw_os_error() {
+                Some(code) if code == Errno::MFILE.raw_os_error() => DeviceError::AllocationFailed {
+                    bytes: self.len,
+                    reason: format!("dup of the arena's memfd: {source}"),
+                },
+                _ => DeviceError::Io {
+                    op: "dup of the arena's memfd",
+                    source,
+                },
+            })
+    }
+}
+
+/// `pwrite` of all of `bytes` at `offset` of an arena of `len` bytes.
+fn pwrite_all(fd: &OwnedFd, offset: u64, bytes: &[u8], len: u64) -> Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        match rustix::io::pwrite(fd, &bytes[done..], offset + done as u64) {
+            Ok(0) => {
+                return Err(DeviceError::io("pwrite to the arena", Errno::IO));
+            }
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            // A seal raced with this write.
+            Err(Errno::PERM) => return Err(DeviceError::Sealed),
+            Err(e @ (Errno::NOSPC | Errno::NOMEM | Errno::FBIG)) => {
+                return Err(DeviceError::AllocationFailed {
+                    bytes: len,
+                    reason: format!("pwrite of {} bytes at offset {offset}: {e}", bytes.len()),
+                });
+            }
+            Err(e) => return Err(DeviceError::io("pwrite to the arena", e)),
+        }
+    }
+    Ok(())
+}
+
+/// A loading thread's writer of a host arena: a buffer and its own descriptor of the memfd.
+#[derive(Debug)]
+struct HostWriter {
+    fd: OwnedFd,
+    len: u64,
+    buf: Vec<u8>,
+}
+
+impl ArenaWriter for HostWriter {
+    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
+        if self.buf.len() < max {
+            self.buf.resize(max, 0);
+        }
+        Ok(&mut self.buf[..max])
+    }
+
+    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
+        let bytes = self.buf.get(..len).ok_or(DeviceError::OutOfRange {
+            op: "submit",
+            offset,
+            len: len as u64,
+            arena_len: self.buf.len() as u64,
+        })?;
+        check_range("write", offset, len, self.len)?;
+        pwrite_all(&self.fd, offset, bytes, self.len)
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// `modelshare:<label>`, cut to the kernel's limit at a character boundary, without NULs.
 fn memfd_name(label: &str) -> String {
     let mut name = String::with_capacity(MEMFD_NAME_MAX);
@@ -158,26 +236,7 @@ impl Arena for HostArena {
         if self.is_sealed() {
             return Err(DeviceError::Sealed);
         }
-        let mut done = 0;
-        while done < bytes.len() {
-            match rustix::io::pwrite(&self.fd, &bytes[done..], offset + done as u64) {
-                Ok(0) => {
-                    return Err(DeviceError::io("pwrite to the arena", Errno::IO));
-                }
-                Ok(n) => done += n,
-                Err(Errno::INTR) => {}
-                // A seal raced with this write.
-                Err(Errno::PERM) => return Err(DeviceError::Sealed),
-                Err(e @ (Errno::NOSPC | Errno::NOMEM | Errno::FBIG)) => {
-                    return Err(DeviceError::AllocationFailed {
-                        bytes: self.len,
-                        reason: format!("pwrite of {} bytes at offset {offset}: {e}", bytes.len()),
-                    });
-                }
-                Err(e) => return Err(DeviceError::io("pwrite to the arena", e)),
-            }
-        }
-        Ok(())
+        pwrite_all(&self.fd, offset, bytes, self.len)
     }
 
     fn seal(&self) -> Result<()> {
@@ -196,27 +255,26 @@ impl Arena for HostArena {
         Ok(())
     }
 
-    fn export(&self) -> Result<ExportedHandle> {
+    fn export(&self) -> Result<Export> {
         if !self.is_sealed() {
             return Err(DeviceError::NotSealed);
         }
-        let fd =
-            self.fd
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| match source.raw_os_error() {
-                    Some(code) if code == Errno::MFILE.raw_os_error() => {
-                        DeviceError::AllocationFailed {
-                            bytes: self.len,
-                            reason: format!("dup of the arena's memfd: {source}"),
-                        }
-                    }
-                    _ => DeviceError::Io {
-                        op: "dup of the arena's memfd",
-                        source,
-                    },
-                })?;
-        Ok(ExportedHandle::Fd(fd))
+        Ok(Export {
+            kind: BackendKind::Host,
+            device_uuid: "host".into(),
+            handles: Vec::new(),
+            fd: Some(self.dup()?),
+        })
+    }
+
+    /// Loading threads write with `pwrite` on their own descriptor of the memfd: plain file
+    /// writes, nothing for the device thread to do. Once the arena is sealed they fail.
+    fn writer(&self, _this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
+        Ok(Box::new(HostWriter {
+            fd: self.dup()?,
+            len: self.len,
+            buf: Vec::new(),
+        }))
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -268,6 +326,52 @@ impl HostMapping {
     }
 }
 
+impl Mapped for HostMapping {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn len(&self) -> u64 {
+        HostMapping::len(self)
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn device_uuid(&self) -> &str {
+        "host"
+    }
+    fn host_bytes(&self) -> Option<&[u8]> {
+        Some(self.as_slice())
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        None
+    }
+    fn context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
+        None
+    }
+    fn wait_ready(&self, _stream: &cudarc::driver::CudaStream) -> Result<()> {
+        Ok(())
+    }
+    fn is_ready(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        check_range("read", offset, dst.len(), HostMapping::len(self))?;
+        let start = offset as usize;
+        dst.copy_from_slice(&self.as_slice()[start..start + dst.len()]);
+        Ok(())
+    }
+}
+
+/// Maps a received host handle: the descriptor, checked and mapped read-only.
+pub(crate) fn import(import: Import) -> Result<Mapping> {
+    let fd = import.fd.ok_or_else(|| DeviceError::BadHandle {
+        reason: "a host arena handle carries a descriptor, and none came".into(),
+    })?;
+    Ok(Mapping::new(std::sync::Arc::new(HostMapping::map(
+        fd, import.len,
+    )?)))
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
@@ -279,16 +383,15 @@ mod tests {
     use crate::test_util::random_bytes;
 
     fn exported_fd(arena: &dyn Arena) -> OwnedFd {
-        match arena.export().unwrap() {
-            ExportedHandle::Fd(fd) => fd,
-            other => panic!("a host arena exported {other:?}"),
-        }
+        let export = arena.export().unwrap();
+        assert_eq!(export.kind, BackendKind::Host);
+        export.fd.expect("a host export carries a descriptor")
     }
 
     /// Several MiB written from several threads, sealed, exported and mapped come back intact.
     #[test]
     fn write_seal_export_map_round_trips() {
-        let backend: Box<dyn Backend> = Box::new(HostBackend::new());
+        let mut backend: Box<dyn Backend> = Box::new(HostBackend::new());
         let data = random_bytes(5 * 1024 * 1024 + 123, 7);
         let arena = backend.allocate(data.len() as u64, "round-trip@1").unwrap();
         assert_eq!(arena.len(), data.len() as u64);
@@ -494,7 +597,7 @@ mod tests {
     /// The host backend describes itself as host memory with the machine's total.
     #[test]
     fn host_info() {
-        let backend = HostBackend::new();
+        let mut backend = HostBackend::new();
         let info = backend.info();
         assert_eq!(info.backend, BackendKind::Host);
         assert_eq!(info.uuid, "host");

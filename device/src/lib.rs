@@ -1,45 +1,69 @@
-//! Arenas of shared memory, their export to worker processes, and the handle passing between.
+//! Arenas of shared memory, the one thread per device that makes every driver call, their
+//! export to worker processes, the handle passing between, and the mappings workers hold.
 //!
 //! # Layout
 //!
-//! - [`backend`]: the interface every backend implements. A [`Backend`] allocates an
-//!   [`Arena`]; the server writes the arena (from several threads at once), seals it, and
-//!   exports an [`ExportedHandle`] for each worker that attaches.
-//! - [`host`]: the host backend. [`HostBackend`] / [`HostArena`] (server side: a sealable
-//!   memfd written with `pwrite`) and [`HostMapping`] (worker side: the received descriptor,
-//!   checked and mapped read-only).
-//! - [`handoff`]: how a descriptor travels. The worker [`redeem`](handoff::redeem)s a one-time
-//!   ticket on the server's Unix handle socket; the server [`read_ticket`](handoff::read_ticket)s
-//!   and answers with [`send_fd`](handoff::send_fd) (`SCM_RIGHTS`) or
-//!   [`send_refusal`](handoff::send_refusal).
-//! - [`cuda`]: the CUDA backend (legacy IPC): [`cuda::CudaBackend`] on the server,
-//!   [`cuda::CudaMapping`] in a worker, and the gated ready event that orders a worker's first
-//!   kernels after the load.
+//! - [`thread`]: [`DeviceThread`], one per device: it owns the backend and runs every
+//!   allocation, copy submission, event record, export, checksum, free and memory query, fed
+//!   by a channel; callers `.await` (or [`wait`](Reply::wait) for) a [`Reply`]. The server
+//!   holds arenas as [`ArenaHandle`]s; the last handle's drop frees the arena on the thread.
+//! - [`backend`]: the traits a backend implements on its thread: [`Backend`] allocates
+//!   [`Arena`]s, written by [`ArenaWriter`]s from loading threads, sealed, then exported.
+//! - [`export`]: what crosses to a worker, backend-neutral: [`Export`] (server side: handle
+//!   bytes for the attach reply, and/or a descriptor for the handle socket) and [`Import`]
+//!   (worker side).
+//! - [`mapping`]: [`Mapping`], a worker's view of an attached arena whatever its kind (base
+//!   address, length, read-only or not; unmapped when the last clone goes).
+//! - [`host`]: the host backend: a sealable memfd written with `pwrite`; mapped read-only by
+//!   workers ([`HostMapping`]).
+//! - [`cuda`]: the CUDA backend (legacy IPC), one module per concern: contexts, arenas and
+//!   their writer, the gated ready event, the ms64 kernel, the worker-side import.
+//! - [`checksum`]: ms64, the device-friendly checksum: definition (CPU) and CUDA C source.
+//! - [`handoff`]: how a descriptor travels: the worker [`redeem`](handoff::redeem)s a one-time
+//!   ticket on the server's Unix handle socket; the server answers with
+//!   [`send_fd`](handoff::send_fd) (`SCM_RIGHTS`) or [`send_refusal`](handoff::send_refusal).
 //! - [`peer`]: [`PeerWatch`], a pidfd on a worker process, to notice its exit at once.
 //! - [`error`]: [`DeviceError`], the crate's one error type.
-//! - `sys` (private): the only `unsafe` code, the read-only mapping of a sealed file.
+//! - `sys`, `cuda::sys` (private): the only `unsafe` code.
 //!
-//! Data flow on the host backend: `HostBackend::allocate` → `Arena::write_at`… →
-//! `Arena::seal` → `Arena::export` → `handoff::send_fd` ⇢ `handoff::redeem` →
-//! `HostMapping::map` → `HostMapping::as_slice`.
+//! Data flow of a load: `DeviceThread::allocate` → `ArenaHandle::writer` (one per loading
+//! thread) → `ArenaWriter::buffer`/`submit`… → `finish` → `ArenaHandle::checksums` →
+//! `ArenaHandle::seal`. Of an attach: `ArenaHandle::export` → (handle bytes in the reply; the
+//! descriptor by `handoff`) ⇢ worker: `Mapping::import` → `Mapping::host_bytes` /
+//! `Mapping::device_ptr`.
 //!
-//! The CUDA backends (legacy IPC, VMM) will plug in behind the same traits.
+//! Adding a handle kind (VMM, say) means one module here (its arena's `export` and its
+//! `import`), one arm in [`Mapping::import`], and one `oneof` arm in the protocol.
 
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod checksum;
 pub mod cuda;
 pub mod error;
+pub mod export;
 pub mod handoff;
 pub mod host;
+pub mod mapping;
 pub mod peer;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
 mod sys;
+pub mod thread;
 
-pub use backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo, ExportedHandle};
+pub use backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo};
 pub use error::{DeviceError, Result};
+pub use export::{Export, Import};
 pub use host::{HostArena, HostBackend, HostMapping};
+pub use mapping::Mapping;
 pub use peer::PeerWatch;
+pub use thread::{ArenaHandle, DeviceCtx, DeviceThread, Reply};
+
+impl HostBackend {
+    /// A device thread serving host memory.
+    pub fn thread() -> Result<DeviceThread> {
+        DeviceThread::start("host-mem", || Ok(Box::new(HostBackend::new()) as Box<dyn Backend>))
+    }
+}
 
 #[cfg(test)]
 mod test_util {

@@ -1,4 +1,4 @@
-//! The ms64 launcher (`cuda/checksum.cu`): the checksum of device bytes, to compare with the
+//! The ms64 launcher (`modelshare_device::checksum::CUDA_SOURCE`): the checksum of device bytes, to compare with the
 //! manifest's value that [`crate::reference::ms64`] computed on the host.
 
 use std::sync::Arc;
@@ -10,26 +10,7 @@ use crate::error::KernelError;
 use crate::gemv::check_range;
 use crate::reference::MS64_LEN_MUL;
 
-const BLOCK_THREADS: u32 = 256;
-/// Loads in flight per thread in the kernel's main loop (`MS_UNROLL`).
-const UNROLL: u64 = 4;
-const BLOCKS_PER_SM: u64 = 8;
-
-/// Blocks for an ms64 of `len` bytes at `ptr` on a device of `multiprocessors` SMs: enough
-/// for one trip of the unrolled loop per thread, at most `BLOCKS_PER_SM` per SM.
-pub fn ms64_blocks(ptr: u64, len: u64, multiprocessors: u32) -> u32 {
-    let words = len / 8;
-    // 16-byte aligned data is read two words per load.
-    let items = if ptr.is_multiple_of(16) {
-        words / 2
-    } else {
-        words
-    };
-    let cap = u64::from(multiprocessors.max(1)) * BLOCKS_PER_SM;
-    items
-        .div_ceil(u64::from(BLOCK_THREADS) * UNROLL)
-        .clamp(1, cap) as u32
-}
+pub use modelshare_device::checksum::{BLOCK_THREADS, ms64_blocks};
 
 /// The ms64 of the `len` bytes at device pointer `ptr`, computed on `stream`'s device.
 ///
@@ -73,21 +54,4 @@ pub unsafe fn ms64(
         KernelError::bad("ms64: the device returned an empty sum buffer".to_owned())
     })?;
     Ok(len.wrapping_mul(MS64_LEN_MUL).wrapping_add(words))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The grid is empty (an invalid launch) or larger than the device holds.
-    #[test]
-    fn grid_is_never_empty_nor_oversized() {
-        assert_eq!(ms64_blocks(0x1000, 1, 132), 1);
-        assert_eq!(ms64_blocks(0x1000, 7, 132), 1);
-        assert_eq!(ms64_blocks(0x1000, 16 * 1024, 132), 1);
-        assert_eq!(ms64_blocks(0x1000, 16 * 1024 + 16, 132), 2);
-        assert_eq!(ms64_blocks(0x1001, 8 * 1024 + 8, 132), 2);
-        assert_eq!(ms64_blocks(0x1000, 1 << 30, 132), 132 * 8);
-        assert_eq!(ms64_blocks(0x1000, u64::MAX, 0), 8);
-    }
 }

@@ -38,10 +38,11 @@ pub const GEMV_SOURCE: KernelSource = KernelSource {
     code: include_str!("../cuda/gemv.cu"),
 };
 
-/// `cuda/checksum.cu`: the ms64 kernel, see [`crate::checksum`].
+/// `device/cuda/checksum.cu` (defined with ms64 in `modelshare_device::checksum`): the ms64
+/// kernel, see [`crate::checksum`].
 pub const CHECKSUM_SOURCE: KernelSource = KernelSource {
     name: "checksum.cu",
-    code: include_str!("../cuda/checksum.cu"),
+    code: modelshare_device::checksum::CUDA_SOURCE,
 };
 
 /// The environment variable naming the on-disk cache directory (empty: no disk cache).

@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //!
-//! - `cuda/gemv.cu`, `cuda/checksum.cu`: the kernels, plain CUDA C with no header, compiled
+//! - `cuda/gemv.cu` (and `device/cuda/checksum.cu`, owned by `modelshare-device`): the kernels, plain CUDA C with no header, compiled
 //!   for the device's own architecture.
 //! - [`compile`]: [`KernelCache`], NVRTC compilation cached in memory per context and on
 //!   disk as PTX (`$MODELSHARE_KERNEL_CACHE`, else `$XDG_CACHE_HOME/modelshare/kernels`, else
@@ -47,6 +47,8 @@
 //! two words changes it), and the length term tells real trailing zero bytes from padding.
 //! It is an integrity check against corruption and mix-ups, **not** a cryptographic hash:
 //! anyone can construct collisions on purpose.
+
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod checksum;
 pub mod compile;

@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::sys::{self, IPC_HANDLE_BYTES};
-use crate::error::{DeviceError, Result};
+use crate::backend::BackendKind;
+use crate::error::Result;
+use crate::export::Import;
+use crate::mapping::{Mapped, Mapping, handle_bytes};
 
 type Key = [u8; IPC_HANDLE_BYTES];
 
@@ -33,7 +36,7 @@ impl CudaMapping {
     /// device `device_uuid`.
     pub fn open(mem: &Key, event: &Key, device_uuid: &str, len: u64) -> Result<Self> {
         let ordinal = super::ordinal_of(device_uuid)?;
-        let ctx = super::context(ordinal)?;
+        let ctx = super::context::primary(ordinal)?;
         let mem = {
             let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
             let map = open.get_or_insert_with(HashMap::new);
@@ -100,9 +103,44 @@ impl CudaMapping {
     }
 }
 
-/// Refuses a handle of the wrong size.
-pub fn handle_from(bytes: &[u8], what: &str) -> Result<Key> {
-    bytes.try_into().map_err(|_| DeviceError::BadHandle {
-        reason: format!("{what} is {} bytes, not {IPC_HANDLE_BYTES}", bytes.len()),
-    })
+impl Mapped for CudaMapping {
+    fn kind(&self) -> BackendKind {
+        BackendKind::CudaIpc
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn read_only(&self) -> bool {
+        // Legacy IPC maps another process's allocation read-write: nothing stops a write.
+        false
+    }
+    fn device_uuid(&self) -> &str {
+        &self.device_uuid
+    }
+    fn host_bytes(&self) -> Option<&[u8]> {
+        None
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.mem.ptr())
+    }
+    fn context(&self) -> Option<&Arc<CudaContext>> {
+        Some(&self.ctx)
+    }
+    fn wait_ready(&self, stream: &CudaStream) -> Result<()> {
+        CudaMapping::wait_ready(self, stream)
+    }
+    fn is_ready(&self) -> Result<bool> {
+        CudaMapping::is_ready(self)
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        CudaMapping::read(self, offset, dst)
+    }
+}
+
+/// Opens a received legacy IPC handle: handles `[memory, ready event]`, 64 bytes each.
+pub(crate) fn import(import: Import) -> Result<Mapping> {
+    let mem: Key = handle_bytes(&import, 0, "the memory handle")?;
+    let event: Key = handle_bytes(&import, 1, "the event handle")?;
+    let mapping = CudaMapping::open(&mem, &event, &import.device_uuid, import.len)?;
+    Ok(Mapping::new(Arc::new(mapping)))
 }

@@ -24,6 +24,13 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Whether NVRTC (`libnvrtc.so`) can be loaded; checked before compiling (cudarc panics when
+/// the library is missing).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the library with dlopen; no symbol is called.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
 /// `cuInit`.
 pub fn init() -> Result<()> {
     result::init().map_err(driver("cuInit"))
@@ -115,6 +122,11 @@ impl DeviceMemory {
     /// The device address.
     pub fn ptr(&self) -> CUdeviceptr {
         self.ptr
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
     }
 
     /// Synchronous copy of `src` to `offset`.
@@ -468,16 +480,41 @@ impl Drop for Pinned {
     }
 }
 
-/// ms64 (see `modelshare_kernels`) of `len` bytes at `offset` of `mem`, on the device.
-pub fn ms64(
-    kernels: &modelshare_kernels::KernelCache,
+/// Runs the `ms64_sum` kernel `func` over `len` bytes at `offset` of `mem` on `stream` in
+/// `blocks` blocks, waits for it, and returns the word sum (ms64 without its length term).
+pub fn launch_ms64(
     stream: &Arc<CudaStream>,
+    func: &cudarc::driver::CudaFunction,
+    blocks: u32,
     mem: &DeviceMemory,
     offset: u64,
-    len: usize,
+    len: u64,
 ) -> Result<u64> {
-    check("checksum", offset, len, mem.len)?;
-    // SAFETY: the range lies inside the live allocation (checked above), on the stream's device.
-    unsafe { modelshare_kernels::checksum::ms64(kernels, stream, mem.ptr + offset, len) }
-        .map_err(|e| DeviceError::Kernel(e.to_string()))
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let n = usize::try_from(len).map_err(|_| DeviceError::OutOfRange {
+        op: "checksum",
+        offset,
+        len,
+        arena_len: mem.len,
+    })?;
+    check("checksum", offset, n, mem.len)?;
+    let kernel = |e: DriverError| DeviceError::Kernel(format!("ms64: {e}"));
+    let mut sum = stream.alloc_zeros::<u64>(1).map_err(kernel)?;
+    let ptr = mem.ptr + offset;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.max(1), 1, 1),
+        block_dim: (crate::checksum::BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch.arg(&ptr).arg(&len).arg(&mut sum);
+    // SAFETY: the arguments match `ms64_sum(const unsigned char*, unsigned long long,
+    // unsigned long long*)`; `sum` is a live one-element allocation on this stream, and the
+    // range `[ptr, ptr + len)` lies inside the live allocation `mem` (checked above).
+    unsafe { launch.launch(cfg) }.map_err(kernel)?;
+    let host = stream.clone_dtoh(&sum).map_err(kernel)?;
+    stream.synchronize().map_err(kernel)?;
+    host.first()
+        .copied()
+        .ok_or_else(|| DeviceError::Kernel("ms64: the device returned an empty sum buffer".into()))
 }

@@ -1,0 +1,335 @@
+//! Server side of the CUDA backend: one `cuMemAlloc` arena per version with its gated ready
+//! event, exported as legacy IPC handles, and the writer that loads it.
+//!
+//! # Loading
+//! A loading thread gets a [`CudaWriter`] holding pinned staging buffers (each with an event).
+//! It fills a buffer from the file (plain host memory: no driver call), then *submits* it: the
+//! device thread enqueues `cuMemcpyHtoDAsync` on the writer's stream, records the buffer's
+//! event, and watches the event; when the copy is done the buffer travels back to the loading
+//! thread on a channel. So a file read overlaps up to [`STAGING_SLOTS`] copies per thread, and
+//! every driver call happens on the device thread, none of them blocking it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::checksum::Ms64Kernel;
+use super::event::ReadyEvent;
+use super::sys;
+use crate::backend::{Arena, ArenaWriter, BackendKind, check_range};
+use crate::error::{DeviceError, Result};
+use crate::export::Export;
+use crate::thread::{ArenaHandle, DeviceCtx, Executor, OnDevice};
+
+/// Bytes of one pinned staging buffer.
+pub const STAGING_BYTES: usize = 16 << 20;
+/// Staging buffers per writer (copies in flight per loading thread).
+pub const STAGING_SLOTS: usize = 4;
+
+/// A pinned staging buffer and the event that says its last copy is done.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    buf: sys::Pinned,
+    done: sys::Event,
+}
+
+impl Staging {
+    /// A new buffer of [`STAGING_BYTES`] for `ctx` (on the device thread).
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        Ok(Self {
+            buf: sys::Pinned::new(ctx, STAGING_BYTES)?,
+            done: sys::Event::plain(ctx)?,
+        })
+    }
+}
+
+/// Staging buffers not in use, shared by the arenas of one backend (device thread only).
+pub(crate) type StagingPool = Arc<Mutex<Vec<Staging>>>;
+
+fn cuda(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
+    move |e| DeviceError::Cuda { op, source: e }
+}
+
+/// One arena in device memory, with its gated ready event.
+#[derive(Debug)]
+pub(crate) struct CudaArena {
+    ctx: Arc<CudaContext>,
+    mem: Arc<sys::DeviceMemory>,
+    len: u64,
+    ready: ReadyEvent,
+    sealed: Arc<AtomicBool>,
+    staging: StagingPool,
+    ms64: Option<Arc<Ms64Kernel>>,
+    device_uuid: String,
+}
+
+impl CudaArena {
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        gate_ctx: &Arc<CudaContext>,
+        len: u64,
+        staging: StagingPool,
+        ms64: Option<Arc<Ms64Kernel>>,
+        device_uuid: String,
+    ) -> Result<Self> {
+        let mem = Arc::new(sys::DeviceMemory::alloc(ctx, len)?);
+        let ready = ReadyEvent::gated(gate_ctx)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            mem,
+            len,
+            ready,
+            sealed: Arc::new(AtomicBool::new(false)),
+            staging,
+            ms64,
+            device_uuid,
+        })
+    }
+}
+
+impl Arena for CudaArena {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+        check_range("write", offset, bytes.len(), self.len)?;
+        if self.sealed.load(Ordering::SeqCst) {
+            return Err(DeviceError::Sealed);
+        }
+        self.mem.write(offset, bytes)
+    }
+
+    fn seal(&self) -> Result<()> {
+        if !self.sealed.swap(true, Ordering::SeqCst) {
+            self.ready.open();
+        }
+        Ok(())
+    }
+
+    fn export(&self) -> Result<Export> {
+        Ok(Export {
+            kind: BackendKind::CudaIpc,
+            device_uuid: self.device_uuid.clone(),
+            handles: vec![
+                self.mem.ipc_handle()?.to_vec(),
+                self.ready.ipc_handle()?.to_vec(),
+            ],
+            fd: None,
+        })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range("read", offset, buf.len(), self.len)?;
+        self.mem.read(offset, buf)
+    }
+
+    fn writer(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        let mut idle = Vec::with_capacity(STAGING_SLOTS);
+        for _ in 0..STAGING_SLOTS {
+            let pooled = self
+                .staging
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop();
+            match pooled.map_or_else(|| Staging::new(&self.ctx), Ok) {
+                Ok(s) => idle.push(s),
+                Err(e) => {
+                    self.staging
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend(idle);
+                    return Err(e);
+                }
+            }
+        }
+        let exec = this.executor().clone();
+        let (back_tx, back_rx) = mpsc::channel();
+        Ok(Box::new(CudaWriter {
+            target: Arc::new(OnDevice::new(
+                CopyTarget {
+                    mem: self.mem.clone(),
+                    stream,
+                    sealed: self.sealed.clone(),
+                },
+                exec.clone(),
+            )),
+            pool: Arc::new(OnDevice::new(self.staging.clone(), exec.clone())),
+            exec,
+            idle,
+            current: None,
+            in_flight: 0,
+            back_tx,
+            back_rx,
+        }))
+    }
+
+    fn attach_while_loading(&self) -> bool {
+        true
+    }
+
+    fn device_checksums(&self, ranges: &[(u64, u64)]) -> Result<Option<Vec<u64>>> {
+        let Some(ms64) = &self.ms64 else {
+            return Ok(None);
+        };
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        ranges
+            .iter()
+            .map(|&(offset, len)| ms64.run(&stream, &self.mem, offset, len))
+            .collect::<Result<Vec<u64>>>()
+            .map(Some)
+    }
+
+    fn abandon(&self) {
+        self.ready.open();
+    }
+}
+
+/// Where a writer's copies go: the arena's memory, on the writer's own stream.
+#[derive(Debug)]
+struct CopyTarget {
+    mem: Arc<sys::DeviceMemory>,
+    stream: Arc<CudaStream>,
+    sealed: Arc<AtomicBool>,
+}
+
+/// A staging buffer coming back from the device thread, with how its copy went.
+type Returned = (Staging, Result<()>);
+
+/// Loads through pinned staging buffers: a read fills one buffer while earlier buffers are
+/// being copied to the device (see the module docs).
+#[derive(Debug)]
+struct CudaWriter {
+    exec: Executor,
+    target: Arc<OnDevice<CopyTarget>>,
+    pool: Arc<OnDevice<StagingPool>>,
+    idle: Vec<Staging>,
+    current: Option<Staging>,
+    in_flight: usize,
+    back_tx: mpsc::Sender<Returned>,
+    back_rx: mpsc::Receiver<Returned>,
+}
+
+impl CudaWriter {
+    /// Waits for one buffer in flight to come back; its copy's error, if any, is returned
+    /// after the buffer is idle again.
+    fn reclaim_one(&mut self) -> Result<()> {
+        let (staging, result) = self.back_rx.recv().map_err(|_| DeviceError::ThreadGone)?;
+        self.in_flight -= 1;
+        self.idle.push(staging);
+        result
+    }
+}
+
+impl ArenaWriter for CudaWriter {
+    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
+        if self.current.is_none() {
+            while self.idle.is_empty() {
+                if self.in_flight == 0 {
+                    return Err(DeviceError::Protocol {
+                        reason: "a writer lost its staging buffers".into(),
+                    });
+                }
+                self.reclaim_one()?;
+            }
+            self.current = self.idle.pop();
+        }
+        let staging = self.current.as_mut().ok_or(DeviceError::Protocol {
+            reason: "no staging buffer".into(),
+        })?;
+        let buf = staging.buf.as_mut_slice();
+        let n = max.min(buf.len());
+        Ok(&mut buf[..n])
+    }
+
+    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
+        let staging = self.current.take().ok_or(DeviceError::Protocol {
+            reason: "submit without a buffer".into(),
+        })?;
+        let target = self.target.clone();
+        let back = self.back_tx.clone();
+        self.in_flight += 1;
+        let queued = self.exec.call(move |ctx: &mut DeviceCtx| {
+            let enqueue = |staging: &Staging| -> Result<()> {
+                let t = target.get()?;
+                if t.sealed.load(Ordering::SeqCst) {
+                    return Err(DeviceError::Sealed);
+                }
+                t.mem.write_async(offset, &staging.buf, len, &t.stream)?;
+                staging.done.record(&t.stream)
+            };
+            match enqueue(&staging) {
+                Ok(()) => {
+                    let mut pending = Some(staging);
+                    ctx.watch(Box::new(move || {
+                        let Some(s) = pending.as_ref() else {
+                            return true;
+                        };
+                        let result = match s.done.is_done() {
+                            Ok(false) => return false,
+                            Ok(true) => Ok(()),
+                            Err(e) => Err(e),
+                        };
+                        if let Some(s) = pending.take() {
+                            let _ = back.send((s, result));
+                        }
+                        true
+                    }));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = back.send((staging, Ok(())));
+                    Err(e)
+                }
+            }
+        });
+        queued.wait()
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        let mut first = Ok(());
+        while self.in_flight > 0 {
+            if let Err(e) = self.reclaim_one()
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+}
+
+impl Drop for CudaWriter {
+    fn drop(&mut self) {
+        while self.in_flight > 0 {
+            if self.reclaim_one().is_err() && self.in_flight > 0 {
+                // The device thread is gone: what is in flight will not come back.
+                break;
+            }
+        }
+        let mut bufs: Vec<Staging> = std::mem::take(&mut self.idle);
+        bufs.extend(self.current.take());
+        if bufs.is_empty() {
+            return;
+        }
+        // Back to the backend's pool, on the device thread (freeing pinned memory is a driver
+        // call); if the thread is gone, the process is exiting: leak them.
+        let pool = self.pool.clone();
+        let slot = Arc::new(Mutex::new(Some(bufs)));
+        let moved = slot.clone();
+        let posted = self.exec.post(move |_| {
+            let bufs = moved.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let (Ok(pool), Some(bufs)) = (pool.get(), bufs) {
+                pool.lock().unwrap_or_else(|e| e.into_inner()).extend(bufs);
+            }
+        });
+        if !posted && let Some(bufs) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            std::mem::forget(bufs);
+        }
+    }
+}

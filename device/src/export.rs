@@ -1,0 +1,37 @@
+//! What crosses from the server to a worker for one arena, whatever the backend: an
+//! [`Export`] on the server side, an [`Import`] on the worker side. A handle kind says which
+//! parts it uses: bytes that travel inside the attach reply, and/or one file descriptor that
+//! travels by `SCM_RIGHTS` over the handle socket (see [`crate::handoff`]).
+
+use std::os::fd::OwnedFd;
+
+use crate::backend::BackendKind;
+
+/// What the server hands over for one attach.
+#[derive(Debug)]
+pub struct Export {
+    /// Which kind of handle this is.
+    pub kind: BackendKind,
+    /// The device the arena lives on (`"host"` for host memory).
+    pub device_uuid: String,
+    /// Opaque handle bytes that travel in the attach reply, in the order the kind defines
+    /// (CUDA IPC: the memory handle, then the ready event's handle; host: none).
+    pub handles: Vec<Vec<u8>>,
+    /// A descriptor that travels by `SCM_RIGHTS` (host: a `dup` of the sealed memfd).
+    pub fd: Option<OwnedFd>,
+}
+
+/// What a worker received for one attach, to [`import`](crate::Mapping::import).
+#[derive(Debug)]
+pub struct Import {
+    /// Which kind of handle this is.
+    pub kind: BackendKind,
+    /// The device the arena lives on, by UUID (the worker maps it to its own ordinal).
+    pub device_uuid: String,
+    /// The handle bytes of the attach reply, in the kind's order.
+    pub handles: Vec<Vec<u8>>,
+    /// The descriptor received over the handle socket, for kinds that pass one.
+    pub fd: Option<OwnedFd>,
+    /// The arena's length as the manifest gives it; the mapping is checked against it.
+    pub len: u64,
+}
