@@ -35,3 +35,21 @@ pub struct Import {
     /// The arena's length as the manifest gives it; the mapping is checked against it.
     pub len: u64,
 }
+
+impl Import {
+    /// Handle bytes `i`, which must be `N` bytes long (`what` names it in errors).
+    pub(crate) fn handle<const N: usize>(&self, i: usize, what: &str) -> crate::Result<[u8; N]> {
+        let bytes = self
+            .handles
+            .get(i)
+            .ok_or_else(|| crate::DeviceError::BadHandle {
+                reason: format!("{what} is missing"),
+            })?;
+        bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| crate::DeviceError::BadHandle {
+                reason: format!("{what} is {} bytes, not {N}", bytes.len()),
+            })
+    }
+}

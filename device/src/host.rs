@@ -14,10 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 
-use crate::backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo, check_range};
+use crate::backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, check_range};
 use crate::export::{Export, Import};
-use crate::mapping::{Mapped, Mapping};
-use crate::thread::ArenaHandle;
+use crate::thread::{Arena, ArenaHandle, Backend};
 use crate::error::{DeviceError, Result};
 use crate::sys::SealedMapping;
 
@@ -363,13 +362,11 @@ impl Mapped for HostMapping {
 }
 
 /// Maps a received host handle: the descriptor, checked and mapped read-only.
-pub(crate) fn import(import: Import) -> Result<Mapping> {
+pub(crate) fn import(import: Import) -> Result<std::sync::Arc<dyn Mapped>> {
     let fd = import.fd.ok_or_else(|| DeviceError::BadHandle {
         reason: "a host arena handle carries a descriptor, and none came".into(),
     })?;
-    Ok(Mapping::new(std::sync::Arc::new(HostMapping::map(
-        fd, import.len,
-    )?)))
+    Ok(std::sync::Arc::new(HostMapping::map(fd, import.len)?))
 }
 
 #[cfg(test)]

@@ -7,8 +7,10 @@
 //!   allocation, copy submission, event record, export, checksum, free and memory query, fed
 //!   by a channel; callers `.await` (or [`wait`](Reply::wait) for) a [`Reply`]. The server
 //!   holds arenas as [`ArenaHandle`]s; the last handle's drop frees the arena on the thread.
-//! - [`backend`]: the traits a backend implements on its thread: [`Backend`] allocates
-//!   [`Arena`]s, written by [`ArenaWriter`]s from loading threads, sealed, then exported.
+//! - [`backend`]: the vocabulary backends share: [`BackendKind`], [`DeviceInfo`], the
+//!   [`ArenaWriter`] a loading thread streams bytes with, the [`Mapped`] trait of mappings.
+//!   The traits a backend implements on its thread ([`Backend`] allocates [`Arena`]s,
+//!   written, sealed, then exported) live in [`thread`].
 //! - [`export`]: what crosses to a worker, backend-neutral: [`Export`] (server side: handle
 //!   bytes for the attach reply, and/or a descriptor for the handle socket) and [`Import`]
 //!   (worker side).
@@ -50,13 +52,13 @@ pub mod peer;
 mod sys;
 pub mod thread;
 
-pub use backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo};
+pub use backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped};
 pub use error::{DeviceError, Result};
 pub use export::{Export, Import};
 pub use host::{HostArena, HostBackend, HostMapping};
 pub use mapping::Mapping;
 pub use peer::PeerWatch;
-pub use thread::{ArenaHandle, DeviceCtx, DeviceThread, Reply};
+pub use thread::{Arena, ArenaHandle, Backend, DeviceCtx, DeviceThread, Reply};
 
 impl HostBackend {
     /// A device thread serving host memory.

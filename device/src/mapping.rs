@@ -10,26 +10,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::backend::BackendKind;
-use crate::error::{DeviceError, Result};
+use crate::backend::{BackendKind, Mapped};
+use crate::error::Result;
 use crate::export::Import;
-
-/// What each kind of mapping provides.
-pub(crate) trait Mapped: Send + Sync + std::fmt::Debug {
-    fn kind(&self) -> BackendKind;
-    fn len(&self) -> u64;
-    fn read_only(&self) -> bool;
-    fn device_uuid(&self) -> &str;
-    /// The bytes, where they are mapped into this process's address space.
-    fn host_bytes(&self) -> Option<&[u8]>;
-    /// The device address in this process, where the arena is in device memory.
-    fn device_ptr(&self) -> Option<u64>;
-    fn context(&self) -> Option<&Arc<CudaContext>>;
-    fn wait_ready(&self, stream: &CudaStream) -> Result<()>;
-    fn is_ready(&self) -> Result<bool>;
-    /// Copies `dst.len()` bytes at `offset` to the host (after the load completed).
-    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
-}
 
 /// An attached arena as a worker holds it: base address, length, whether it is read-only.
 /// Cheap to clone; closed (unmapped) when the last clone goes.
@@ -41,13 +24,9 @@ impl Mapping {
     /// call it from a blocking thread in async code.
     pub fn import(import: Import) -> Result<Self> {
         match import.kind {
-            BackendKind::Host => crate::host::import(import),
-            BackendKind::CudaIpc => crate::cuda::import(import),
+            BackendKind::Host => crate::host::import(import).map(Self),
+            BackendKind::CudaIpc => crate::cuda::import(import).map(Self),
         }
-    }
-
-    pub(crate) fn new(inner: Arc<dyn Mapped>) -> Self {
-        Self(inner)
     }
 
     /// The kind of handle it was imported from.
@@ -122,14 +101,4 @@ impl Mapping {
         let end = start.checked_add(usize::try_from(len).ok()?)?;
         all.get(start..end)
     }
-}
-
-/// The one handle-bytes accessor the kinds share: element `i` of an import, of `len` bytes.
-pub(crate) fn handle_bytes<const N: usize>(import: &Import, i: usize, what: &str) -> Result<[u8; N]> {
-    let bytes = import.handles.get(i).ok_or_else(|| DeviceError::BadHandle {
-        reason: format!("{what} is missing"),
-    })?;
-    bytes.as_slice().try_into().map_err(|_| DeviceError::BadHandle {
-        reason: format!("{what} is {} bytes, not {N}", bytes.len()),
-    })
 }

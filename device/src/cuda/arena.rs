@@ -18,10 +18,10 @@ use cudarc::driver::{CudaContext, CudaStream};
 use super::checksum::Ms64Kernel;
 use super::event::ReadyEvent;
 use super::sys;
-use crate::backend::{Arena, ArenaWriter, BackendKind, check_range};
+use crate::backend::{ArenaWriter, BackendKind, check_range};
 use crate::error::{DeviceError, Result};
 use crate::export::Export;
-use crate::thread::{ArenaHandle, DeviceCtx, Executor, OnDevice};
+use crate::thread::{Arena, ArenaHandle, DeviceCtx, Executor, OnDevice};
 
 /// Bytes of one pinned staging buffer.
 pub const STAGING_BYTES: usize = 16 << 20;

@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::sys::{self, IPC_HANDLE_BYTES};
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, Mapped};
 use crate::error::Result;
 use crate::export::Import;
-use crate::mapping::{Mapped, Mapping, handle_bytes};
 
 type Key = [u8; IPC_HANDLE_BYTES];
 
@@ -138,9 +137,13 @@ impl Mapped for CudaMapping {
 }
 
 /// Opens a received legacy IPC handle: handles `[memory, ready event]`, 64 bytes each.
-pub(crate) fn import(import: Import) -> Result<Mapping> {
-    let mem: Key = handle_bytes(&import, 0, "the memory handle")?;
-    let event: Key = handle_bytes(&import, 1, "the event handle")?;
-    let mapping = CudaMapping::open(&mem, &event, &import.device_uuid, import.len)?;
-    Ok(Mapping::new(Arc::new(mapping)))
+pub(crate) fn import(import: Import) -> Result<Arc<dyn Mapped>> {
+    let mem: Key = import.handle(0, "the memory handle")?;
+    let event: Key = import.handle(1, "the event handle")?;
+    Ok(Arc::new(CudaMapping::open(
+        &mem,
+        &event,
+        &import.device_uuid,
+        import.len,
+    )?))
 }

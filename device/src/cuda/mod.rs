@@ -34,9 +34,9 @@ pub(crate) use import::import;
 
 use self::arena::{CudaArena, Staging, StagingPool};
 use self::checksum::Ms64Kernel;
-use crate::backend::{Arena, Backend, BackendKind, DeviceInfo};
+use crate::backend::{BackendKind, DeviceInfo};
 use crate::error::{DeviceError, Result};
-use crate::thread::DeviceThread;
+use crate::thread::{Arena, Backend, DeviceThread};
 
 /// The CUDA backend on one device. Lives on its device thread.
 #[derive(Debug)]
