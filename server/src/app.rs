@@ -1,5 +1,5 @@
-//! The application state shared by every service, and the one path a load takes (used both by
-//! `LoadModel` and by the start-up models).
+//! The application state shared by every service, the one path a load takes (used both by
+//! `LoadModel` and by the start-up models), and what each expiry of the timer does.
 
 use std::sync::Arc;
 
@@ -8,21 +8,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::devices::Devices;
 use crate::error::ServerError;
-use crate::handles::Tickets;
 use crate::loader;
 use crate::model::validate_name;
 use crate::registry::{LoadFor, LoadProgress, Registry, VersionSnapshot};
+use crate::sessions::Hub;
 use crate::tenants::{Caller, TenantStore};
+use crate::timer::{Expiry, Timer};
 use crate::weights::{layout, source};
 
 /// State shared by the gRPC services.
 #[derive(Debug, Clone)]
 pub struct App {
-    /// Models, versions, sessions, leases.
+    /// The devices, each behind its device thread.
+    pub devices: Arc<Devices>,
+    /// Models, versions, sessions, leases and their tickets.
     pub registry: Arc<Registry>,
-    /// Outstanding fd-passing tickets.
-    pub tickets: Arc<Tickets>,
+    /// Live worker sessions.
+    pub hub: Arc<Hub>,
+    /// Every expiry: tickets, heartbeats, drain deadlines.
+    pub timer: Arc<Timer>,
     /// The whole configuration.
     pub config: Arc<Config>,
     /// Cancelled when the server starts shutting down.
@@ -52,17 +58,19 @@ pub struct RunningLoad {
 }
 
 impl App {
-    /// Application state over `registry`.
+    /// Application state over `devices`, with an empty registry.
     pub fn new(
-        registry: Arc<Registry>,
+        devices: Arc<Devices>,
         config: Arc<Config>,
         metrics: Arc<crate::metrics::Metrics>,
         tenants: Arc<TenantStore>,
     ) -> Self {
         Self {
             tenants,
-            registry,
-            tickets: Arc::new(Tickets::new(config.ticket_ttl)),
+            registry: Arc::new(Registry::new(config.registry.clone())),
+            devices,
+            hub: Arc::new(Hub::new()),
+            timer: Arc::new(Timer::new()),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
             shutdown: CancellationToken::new(),
             ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -116,8 +124,10 @@ impl App {
         let model = name.to_owned();
         let caller = caller.clone();
         let tenants = self.tenants.clone();
-        // Validation reads files and allocation may call the device: both block.
-        let (job, src, plan) = tokio::task::spawn_blocking(move || {
+        let device = self.devices.primary().clone();
+        let uuid = device.uuid().to_owned();
+        // Validation reads files: it blocks.
+        let (reservation, src, plan) = tokio::task::spawn_blocking(move || {
             let mut src = source::resolve(&root, &rel, &limits)?;
             let reserved: Vec<std::path::PathBuf> = reserved
                 .iter()
@@ -145,67 +155,100 @@ impl App {
                     reason: format!("'{rel}' holds no tensors: nothing to share"),
                 });
             }
+            let manifest = loader::manifest(&model, &src, &plan);
             let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
-            let job = registry.begin_load(
+            let reservation = registry.reserve(
                 &caller,
                 &load_for,
                 &quota_of,
-                &model,
-                &src,
-                &plan,
+                manifest,
+                &src.source,
+                plan.payload_bytes,
+                &uuid,
                 keep_previous,
             )?;
-            Ok::<_, ServerError>((job, src, plan))
+            Ok::<_, ServerError>((reservation, src, plan))
         })
         .await
         .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
 
         let (tx, done) = oneshot::channel();
         let running = RunningLoad {
-            version: job.version,
+            version: reservation.version,
             bytes_total: plan.payload_bytes,
             tensor_count: u32::try_from(plan.tensors.len()).unwrap_or(u32::MAX),
-            progress: job.progress.clone(),
+            progress: reservation.progress.clone(),
             done,
         };
-        let registry = self.registry.clone();
-        let threads = self.config.load_threads;
-        let metrics = self.metrics.clone();
-        tokio::task::spawn_blocking(move || {
-            let _permit: OwnedSemaphorePermit = permit;
-            let started = std::time::Instant::now();
-            let reply = match loader::copy_into(&job, &src, &plan, threads) {
-                Ok(manifest) => {
-                    registry.finish_load(&job, Ok(manifest));
-                    let secs = started.elapsed().as_secs_f64();
-                    metrics.loads.with_label_values(&["ok"]).inc();
-                    metrics.load_seconds.observe(secs);
-                    metrics.load_bytes.inc_by(plan.payload_bytes);
-                    info!(
-                        model = %job.model,
-                        version = job.version,
-                        bytes = plan.payload_bytes,
-                        seconds = secs,
-                        gb_per_s = plan.payload_bytes as f64 / secs.max(1e-9) / 1e9,
-                        "model loaded"
-                    );
-                    registry
-                        .version_snapshot(&job.model, job.version)
-                        .ok_or_else(|| ServerError::LoadCancelled {
-                            model: job.model.clone(),
-                            version: job.version,
-                        })
-                }
+        // From here the load runs to its end whether or not the caller still listens: the
+        // arena is allocated on the device thread (outside the registry's lock), then filled.
+        let (allocated_tx, allocated) = oneshot::channel();
+        let copy = Copy {
+            registry: self.registry.clone(),
+            metrics: self.metrics.clone(),
+            threads: self.config.load_threads,
+            reservation,
+            src,
+            plan,
+            permit,
+        };
+        tokio::spawn(async move {
+            let label = format!("{}@{}", copy.reservation.model, copy.reservation.version);
+            let arena = match device
+                .allocate(copy.reservation.manifest.arena_bytes, &label)
+                .await
+            {
+                Ok(arena) => arena,
                 Err(e) => {
-                    metrics.loads.with_label_values(&["error"]).inc();
-                    warn!(model = %job.model, version = job.version, error = %e, "load failed");
-                    registry.finish_load(&job, Err(e.to_string()));
-                    Err(e)
+                    let err = ServerError::Device(e);
+                    let r = &copy.reservation;
+                    copy.registry
+                        .finish_load(&r.model, r.version, Err(err.to_string()));
+                    let _ = allocated_tx.send(Err(err));
+                    return;
                 }
             };
-            let _ = tx.send(reply);
+            let r = &copy.reservation;
+            copy.registry.set_arena(&r.model, r.version, arena.clone());
+            let _ = allocated_tx.send(Ok(()));
+            let _ = tokio::task::spawn_blocking(move || {
+                let reply = copy.run(&arena);
+                // The loader's handle goes before the reply, so a failed load's arena is
+                // released by the time its caller hears of it.
+                drop(arena);
+                let _ = tx.send(reply);
+            })
+            .await;
         });
+        allocated
+            .await
+            .map_err(|_| ServerError::Internal("the load task vanished".into()))??;
         Ok(running)
+    }
+
+    /// What the timer does when `expiry` is due; returns when to look at it again.
+    pub fn on_expiry(&self, expiry: &Expiry) -> Option<tokio::time::Instant> {
+        match expiry {
+            Expiry::Ticket { lease, ticket } => {
+                self.registry.expire_ticket(lease, ticket);
+                None
+            }
+            Expiry::Heartbeat { session } => {
+                let deadline = self.config.heartbeat_interval * self.config.heartbeat_misses;
+                crate::sessions::run::heartbeat_due(self, session, deadline)
+            }
+            Expiry::Drain {
+                model,
+                generation,
+                versions,
+            } => {
+                let ended = self.registry.force_drained(model, *generation, versions);
+                if ended > 0 {
+                    warn!(model = %model, sessions = ended, "drain deadline passed; ended the sessions still holding the model");
+                }
+                None
+            }
+        }
     }
 
     /// Refuses worker calls until the start-up models are loaded, so that a worker reconnecting
@@ -263,5 +306,62 @@ impl App {
                 limit: self.config.max_concurrent_loads as u64,
                 requested: self.config.max_concurrent_loads as u64 + 1,
             })
+    }
+}
+
+/// A load whose arena is allocated: what the copy needs, on its blocking thread.
+struct Copy {
+    registry: Arc<Registry>,
+    metrics: Arc<crate::metrics::Metrics>,
+    threads: usize,
+    reservation: crate::registry::Reservation,
+    src: source::ModelSource,
+    plan: layout::Layout,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Copy {
+    /// Fills `arena`, records the outcome, and returns the version as it then stands.
+    fn run(self, arena: &modelshare_device::ArenaHandle) -> Result<VersionSnapshot, ServerError> {
+        let Copy {
+            registry,
+            metrics,
+            threads,
+            reservation: job,
+            src,
+            plan,
+            permit,
+        } = self;
+        let _permit = permit;
+        let started = std::time::Instant::now();
+        match loader::copy_into(&job, arena, &src, &plan, threads) {
+            Ok(manifest) => {
+                registry.finish_load(&job.model, job.version, Ok(manifest));
+                let secs = started.elapsed().as_secs_f64();
+                metrics.loads.with_label_values(&["ok"]).inc();
+                metrics.load_seconds.observe(secs);
+                metrics.load_bytes.inc_by(plan.payload_bytes);
+                info!(
+                    model = %job.model,
+                    version = job.version,
+                    bytes = plan.payload_bytes,
+                    seconds = secs,
+                    gb_per_s = plan.payload_bytes as f64 / secs.max(1e-9) / 1e9,
+                    "model loaded"
+                );
+                registry
+                    .version_snapshot(&job.model, job.version)
+                    .ok_or_else(|| ServerError::LoadCancelled {
+                        model: job.model.clone(),
+                        version: job.version,
+                    })
+            }
+            Err(e) => {
+                metrics.loads.with_label_values(&["error"]).inc();
+                warn!(model = %job.model, version = job.version, error = %e, "load failed");
+                registry.finish_load(&job.model, job.version, Err(e.to_string()));
+                Err(e)
+            }
+        }
     }
 }

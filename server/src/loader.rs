@@ -1,23 +1,25 @@
-//! Copies validated weights into a version's arena.
+//! Plans a version's manifest, and copies validated weights into its arena.
 //!
-//! Runs on blocking threads: tensors are handed out largest first to `threads` workers; each
-//! has its own [`modelshare_device::ArenaWriter`] (on CUDA: pinned staging buffers and a copy
-//! stream, so file reads overlap device copies) and reads its tensors' byte ranges from the
-//! (already open, already validated) shard files in chunks, hashing them (XXH3-64) on the way.
+//! [`manifest`] builds the manifest from the validated source and its layout (the registry gets
+//! it finished). [`copy_into`] runs on blocking threads: tensors are handed out largest first to
+//! `threads` workers; each has its own [`modelshare_device::ArenaWriter`] (on CUDA: pinned
+//! staging buffers whose copies the device thread submits, so file reads overlap device copies)
+//! and reads its tensors' byte ranges from the (already open, already validated) shard files in
+//! chunks, hashing them (XXH3-64) on the way.
 //! Progress goes to the shared [`LoadProgress`]; an unload sets its `cancel` flag, checked
 //! between chunks; the first error stops the other threads. The arena is sealed at the end.
 
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use modelshare_device::ArenaWriter;
+use modelshare_device::{ArenaHandle, ArenaWriter};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::ServerError;
-use crate::model::Manifest;
-use crate::registry::LoadJob;
+use crate::model::{Manifest, TensorMeta};
+use crate::registry::Reservation;
 use crate::weights::error::WeightsError;
-use crate::weights::layout::{Layout, PlannedTensor};
+use crate::weights::layout::{ALIGNMENT, Layout, PlannedTensor};
 use crate::weights::source::ModelSource;
 
 /// Bytes read and written per step (one staging buffer on CUDA).
@@ -33,10 +35,37 @@ pub fn default_threads() -> usize {
         .min(32)
 }
 
-/// Fills `job`'s arena from `source` as `layout` plans it, with up to `threads` threads, seals
-/// it, and returns the manifest with every tensor's checksum.
+/// The manifest of `model` as `layout` places `source`'s tensors (version 0 and checksums 0:
+/// the registry numbers it, the copy fills the checksums in).
+pub fn manifest(model: &str, source: &ModelSource, layout: &Layout) -> Manifest {
+    Manifest {
+        model: model.to_owned(),
+        version: 0,
+        arena_bytes: layout.arena_bytes,
+        alignment: ALIGNMENT,
+        tensors: layout
+            .tensors
+            .iter()
+            .map(|t| TensorMeta {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                offset: t.arena_offset,
+                byte_length: t.byte_length,
+                xxh3: 0,
+                ms64: 0,
+            })
+            .collect(),
+        header_metadata: source.header_metadata.clone(),
+        files: source.metadata_files.clone(),
+    }
+}
+
+/// Fills `arena` (the arena of `job`) from `source` as `layout` plans it, with up to `threads`
+/// threads, seals it, and returns the manifest with every tensor's checksum.
 pub fn copy_into(
-    job: &LoadJob,
+    job: &Reservation,
+    arena: &ArenaHandle,
     source: &ModelSource,
     layout: &Layout,
     threads: usize,
@@ -52,7 +81,7 @@ pub fn copy_into(
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
-                    let r = copy_some(job, source, layout, &order, &next, &failed);
+                    let r = copy_some(job, arena, source, layout, &order, &next, &failed);
                     if r.is_err() {
                         failed.store(true, Ordering::SeqCst);
                     }
@@ -100,12 +129,12 @@ pub fn copy_into(
         .iter()
         .map(|t| (t.offset, t.byte_length))
         .collect();
-    if let Some(sums) = job.arena.device_checksums(&ranges)? {
+    if let Some(sums) = arena.checksums(ranges).wait()? {
         for (t, sum) in manifest.tensors.iter_mut().zip(sums) {
             t.ms64 = sum;
         }
     }
-    job.arena.seal()?;
+    arena.seal().wait()?;
     tracing::info!(
         model = %job.model,
         version = job.version,
@@ -119,14 +148,15 @@ pub fn copy_into(
 
 /// One thread's share: takes tensors until none are left.
 fn copy_some(
-    job: &LoadJob,
+    job: &Reservation,
+    arena: &ArenaHandle,
     source: &ModelSource,
     layout: &Layout,
     order: &[usize],
     next: &AtomicUsize,
     failed: &AtomicBool,
 ) -> Result<Vec<(usize, u64)>, ServerError> {
-    let mut writer = job.arena.writer()?;
+    let mut writer = arena.writer().wait()?;
     let mut sums = Vec::new();
     loop {
         if failed.load(Ordering::SeqCst) {
@@ -146,7 +176,7 @@ fn copy_some(
 }
 
 fn copy_tensor(
-    job: &LoadJob,
+    job: &Reservation,
     source: &ModelSource,
     planned: &PlannedTensor,
     writer: &mut dyn ArenaWriter,
@@ -190,7 +220,7 @@ fn copy_tensor(
     Ok(hasher.digest())
 }
 
-fn check_cancel(job: &LoadJob) -> Result<(), ServerError> {
+fn check_cancel(job: &Reservation) -> Result<(), ServerError> {
     if job.progress.cancel.load(Ordering::SeqCst) {
         return Err(ServerError::LoadCancelled {
             model: job.model.clone(),

@@ -11,8 +11,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use modelshare_device::cuda::CudaBackend;
-use modelshare_device::{Backend, HostBackend};
 use modelshare_proto::v1::admin_service_server::AdminServiceServer;
 use modelshare_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio::net::{TcpListener, UnixListener};
@@ -25,12 +23,13 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use tracing::{info, warn};
 
 use crate::app::App;
-use crate::config::{BackendChoice, ClientAuth, Config, TlsSettings};
+use crate::config::{ClientAuth, Config, TlsSettings};
+use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::handles;
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::metrics::{self, Metrics, MetricsState};
-use crate::registry::{LoadFor, Registry};
+use crate::registry::LoadFor;
 use crate::service::admin::AdminApi;
 use crate::service::worker::WorkerApi;
 use crate::tenants::auth::AuthLayer;
@@ -129,35 +128,6 @@ fn set_socket_mode(path: &Path, mode: Option<u32>) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Picks the backend for `choice`; `device` selects the CUDA device (ordinal or UUID).
-/// `auto` takes CUDA when a driver and a device are found at run time, else host memory.
-pub fn backend(
-    choice: BackendChoice,
-    device: &str,
-    load_threads: usize,
-) -> Result<Arc<dyn Backend>, ServeError> {
-    let cuda = || {
-        CudaBackend::open(device, load_threads)
-            .map(|b| Arc::new(b) as Arc<dyn Backend>)
-            .map_err(|e| ServeError::Backend(format!("cuda: {e}")))
-    };
-    match choice {
-        BackendChoice::Host => Ok(Arc::new(HostBackend::new())),
-        BackendChoice::Cuda => cuda(),
-        BackendChoice::Auto => match modelshare_device::cuda::device_count() {
-            Ok(n) if n > 0 => cuda(),
-            Ok(_) => {
-                info!("backend auto: the CUDA driver sees no device; using host memory");
-                Ok(Arc::new(HostBackend::new()))
-            }
-            Err(e) => {
-                info!(reason = %e, "backend auto: no CUDA; using host memory");
-                Ok(Arc::new(HostBackend::new()))
-            }
-        },
-    }
-}
-
 /// Binds a Unix socket at `path`, replacing a stale socket file left by a dead server but
 /// refusing to take over one that a live server still answers on.
 pub async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
@@ -238,10 +208,12 @@ pub async fn run_notify(
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
-    let backend = backend(config.backend, &config.device, config.load_threads)?;
-    let device = backend.info();
-    info!(backend = ?device.backend, device = %device.name, "backend ready");
-    let registry = Arc::new(Registry::new(backend, config.registry.clone()));
+    let devices = Devices::open(config.backend, &config.device, config.load_threads)
+        .map_err(|e| ServeError::Backend(e.to_string()))?;
+    for device in devices.infos() {
+        info!(backend = ?device.backend, device = %device.name, uuid = %device.uuid, "device ready");
+    }
+    let devices = Arc::new(devices);
     let metrics = Arc::new(Metrics::new().map_err(|e| ServeError::Metrics(e.to_string()))?);
     let tenants = Arc::new(TenantStore::open(config.tenants_file.as_deref())?);
     if tenants.enabled() {
@@ -259,8 +231,20 @@ pub async fn run_notify(
     } else {
         warn!("no tenants file: authentication is off and every caller is an admin");
     }
-    let app = App::new(registry.clone(), config.clone(), metrics.clone(), tenants);
+    let app = App::new(devices, config.clone(), metrics.clone(), tenants);
+    let registry = app.registry.clone();
     spawn_reload_on_sighup(&app);
+    // One timer for every expiry, one dispatcher of model events to the live sessions.
+    {
+        let app2 = app.clone();
+        tokio::spawn(async move {
+            let timer = app2.timer.clone();
+            timer
+                .run(app2.shutdown.clone(), |e| app2.on_expiry(e))
+                .await;
+        });
+        tokio::spawn(crate::sessions::run::dispatch_events(app.clone()));
+    }
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -271,10 +255,9 @@ pub async fn run_notify(
     let handle_listener = bind_unix(&config.handle_socket).await?;
     set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     {
-        let (tickets, registry, stop) =
-            (app.tickets.clone(), registry.clone(), app.shutdown.clone());
+        let (registry, stop) = (registry.clone(), app.shutdown.clone());
         tasks.spawn(async move {
-            handles::serve(handle_listener, tickets, registry, stop).await;
+            handles::serve(handle_listener, registry, stop).await;
             Ok(())
         });
     }
@@ -291,6 +274,7 @@ pub async fn run_notify(
         let state = MetricsState {
             metrics: metrics.clone(),
             registry: registry.clone(),
+            devices: app.devices.clone(),
             ready: app.ready.clone(),
         };
         let stop = app.shutdown.clone();

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use modelshare_device::cuda::{CudaMapping, import::handle_from};
+use modelshare_device::cuda::CudaMapping;
 use modelshare_device::{HostMapping, handoff};
 use modelshare_proto::v1 as pb;
 
@@ -344,4 +344,13 @@ async fn release(link: &Link, lease_id: &str) -> Result<(), WorkerError> {
             status,
         })?;
     Ok(())
+}
+
+/// Refuses a handle of the wrong size.
+fn handle_from(bytes: &[u8], what: &str) -> Result<[u8; 64], modelshare_device::DeviceError> {
+    bytes
+        .try_into()
+        .map_err(|_| modelshare_device::DeviceError::BadHandle {
+            reason: format!("{what} is {} bytes, not 64", bytes.len()),
+        })
 }

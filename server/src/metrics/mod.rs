@@ -185,8 +185,13 @@ impl Metrics {
         })
     }
 
-    /// Refreshes the gauges from the model registry.
-    pub fn refresh(&self, models: &ModelRegistry) {
+    /// Refreshes the gauges from the model registry and the device's figures.
+    pub fn refresh(
+        &self,
+        models: &ModelRegistry,
+        device: &modelshare_device::DeviceInfo,
+        device_used: Option<u64>,
+    ) {
         let stats = models.stats(&crate::tenants::Caller::Admin);
         for (state, n) in &stats.versions_by_state {
             self.versions
@@ -194,18 +199,15 @@ impl Metrics {
                 .set(i64::from(*n));
         }
         self.arena_bytes.reset();
-        let device = stats.device.uuid.clone();
         for m in models.list(&crate::tenants::Caller::Admin) {
-            let held: u64 = m
-                .versions
-                .iter()
-                .filter(|v| v.state.holds_arena())
-                .map(|v| v.arena_bytes)
-                .sum();
-            if held > 0 {
+            let mut held: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+            for v in m.versions.iter().filter(|v| v.state.holds_arena()) {
+                *held.entry(v.device.as_str()).or_default() += v.arena_bytes;
+            }
+            for (dev, bytes) in held.into_iter().filter(|(_, b)| *b > 0) {
                 self.arena_bytes
-                    .with_label_values(&[m.name.as_str(), device.as_str()])
-                    .set(i64::try_from(held).unwrap_or(i64::MAX));
+                    .with_label_values(&[m.name.as_str(), dev])
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
         }
         self.models.set(i64::from(stats.models));
@@ -223,8 +225,8 @@ impl Metrics {
                 .set(i64::from(leases));
         }
         self.device_total
-            .set(i64::try_from(stats.device.total_bytes).unwrap_or(i64::MAX));
-        let used = stats.device_used_bytes.unwrap_or(stats.arena_bytes);
+            .set(i64::try_from(device.total_bytes).unwrap_or(i64::MAX));
+        let used = device_used.unwrap_or(stats.arena_bytes);
         self.device_used
             .set(i64::try_from(used).unwrap_or(i64::MAX));
     }
@@ -261,6 +263,8 @@ pub struct MetricsState {
     pub metrics: Arc<Metrics>,
     /// The model registry (for gauges).
     pub registry: Arc<ModelRegistry>,
+    /// The devices (for their memory gauges).
+    pub devices: Arc<crate::devices::Devices>,
     /// Set once the start-up models are loaded.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -268,7 +272,9 @@ pub struct MetricsState {
 async fn metrics(
     State(s): State<MetricsState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    s.metrics.refresh(&s.registry);
+    let device = s.devices.primary();
+    let used = s.devices.used_bytes(device.uuid()).await;
+    s.metrics.refresh(&s.registry, device.info(), used);
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],

@@ -158,8 +158,9 @@ impl AdminService for AdminApi {
         let caller = caller_of(&request)?;
         let req = request.into_inner();
         let version = (req.version != 0).then_some(req.version);
-        let registry = self.app.registry.clone();
-        let result = registry
+        let result = self
+            .app
+            .registry
             .unload(&caller, &req.name, version, req.force)
             .map_err(|e| self.app.refuse(e));
         audit::record(&caller, "unload", &req.name, req.version, &result);
@@ -172,19 +173,14 @@ impl AdminService for AdminApi {
             .collect();
         if req.drain_timeout_ms > 0 && !draining.is_empty() {
             let deadline = Duration::from_millis(u64::from(req.drain_timeout_ms));
-            let name = req.name.clone();
-            let stop = self.app.shutdown.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(deadline) => {
-                        let ended = registry.force_drained(&name, generation, &draining);
-                        if ended > 0 {
-                            tracing::warn!(model = %name, sessions = ended, "drain deadline passed; ended the sessions still holding the model");
-                        }
-                    }
-                    () = stop.cancelled() => {}
-                }
-            });
+            self.app.timer.schedule(
+                tokio::time::Instant::now() + deadline,
+                crate::timer::Expiry::Drain {
+                    model: req.name.clone(),
+                    generation,
+                    versions: draining,
+                },
+            );
         }
         Ok(Response::new(pb::UnloadModelResponse {
             versions: versions.iter().map(convert::version).collect(),
@@ -227,7 +223,11 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
         let caller = caller_of(&request)?;
         let registry = &self.app.registry;
-        let mut reply = convert::stats(&registry.stats(&caller));
+        // The registry's figures (no device call), then the device's own, from its thread.
+        let stats = registry.stats(&caller);
+        let device = self.app.devices.primary();
+        let used = self.app.devices.used_bytes(device.uuid()).await;
+        let mut reply = convert::stats(&stats, device.info(), used);
         let table = self.app.tenants.current();
         reply.tenants = table
             .tenants

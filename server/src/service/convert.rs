@@ -1,7 +1,7 @@
 //! Conversions between the domain types and the generated protobuf types. Requests that fail
 //! to convert are `InvalidArgument`.
 
-use modelshare_device::{BackendKind, DeviceInfo};
+use modelshare_device::{BackendKind, DeviceInfo, Export};
 use modelshare_proto::v1 as pb;
 
 use crate::error::ServerError;
@@ -56,7 +56,6 @@ pub fn device(d: &DeviceInfo) -> pb::DeviceInfo {
     let backend = match d.backend {
         BackendKind::Host => pb::BackendKind::Host,
         BackendKind::CudaIpc => pb::BackendKind::CudaIpc,
-        BackendKind::CudaVmm => pb::BackendKind::CudaVmm,
     };
     pb::DeviceInfo {
         backend: backend.into(),
@@ -149,10 +148,55 @@ pub fn manifest(m: &Manifest) -> pb::Manifest {
     }
 }
 
-/// The protobuf stats.
-pub fn stats(s: &Stats) -> pb::GetStatsResponse {
+/// A ticket filed for an export's descriptor, and where to redeem it.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    /// The one-time ticket.
+    pub ticket: String,
+    /// The handle socket's path.
+    pub handle_socket: String,
+    /// How long the ticket is good for.
+    pub ttl: std::time::Duration,
+}
+
+/// The attach reply's handle for `export` (whose descriptor, if any, was filed under
+/// `ticket`): the one place that knows which `oneof` arm each kind of handle takes.
+pub fn attach_handle(
+    export: Export,
+    ticket: Option<Ticket>,
+) -> Result<pb::attach_response::Handle, ServerError> {
+    let missing = |what: &str| {
+        ServerError::Internal(format!(
+            "the backend exported a {:?} handle without {what}",
+            export.kind
+        ))
+    };
+    Ok(match export.kind {
+        BackendKind::Host => {
+            let t = ticket.ok_or_else(|| missing("a descriptor"))?;
+            pb::attach_response::Handle::Host(pb::HostArenaHandle {
+                ticket: t.ticket,
+                handle_socket: t.handle_socket,
+                ticket_ttl_ms: u32::try_from(t.ttl.as_millis()).unwrap_or(u32::MAX),
+            })
+        }
+        BackendKind::CudaIpc => {
+            let [mem, event] = <[Vec<u8>; 2]>::try_from(export.handles)
+                .map_err(|_| missing("its memory and event handles"))?;
+            pb::attach_response::Handle::CudaIpc(pb::CudaIpcArenaHandle {
+                mem_handle: mem,
+                event_handle: event,
+                device_uuid: export.device_uuid,
+            })
+        }
+    })
+}
+
+/// The protobuf stats: the registry's figures, with the device's (`used`: as the device
+/// reports it, where known).
+pub fn stats(s: &Stats, dev: &DeviceInfo, used: Option<u64>) -> pb::GetStatsResponse {
     pb::GetStatsResponse {
-        device: Some(device(&s.device)),
+        device: Some(device(dev)),
         arena_bytes: s.arena_bytes,
         arenas: s.arenas,
         models: s.models,
@@ -166,7 +210,7 @@ pub fn stats(s: &Stats) -> pb::GetStatsResponse {
             .collect(),
         sessions: s.sessions,
         leases: s.leases,
-        device_used_bytes: s.device_used_bytes.unwrap_or(0),
+        device_used_bytes: used.unwrap_or(0),
         tenants: Vec::new(),
     }
 }

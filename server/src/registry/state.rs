@@ -1,0 +1,236 @@
+//! The registry's state behind its one lock: model, version and session records, the lease
+//! store, and the queries every section shares (visibility, ownership, usage, snapshots).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use modelshare_device::ArenaHandle;
+
+use super::graveyard::{Buries, Graveyard};
+use super::leases::Leases;
+use super::types::{
+    LoadFor, LoadProgress, ModelSnapshot, Revocation, Usage, VersionSnapshot, WorkerHello,
+};
+use crate::error::ServerError;
+use crate::model::{Manifest, VersionState};
+use crate::tenants::{Access, Caller, owns};
+
+#[derive(Debug)]
+pub(super) struct VersionRecord {
+    pub(super) state: VersionState,
+    pub(super) source: String,
+    pub(super) created_unix_ms: i64,
+    pub(super) finished_unix_ms: i64,
+    pub(super) error: Option<String>,
+    pub(super) arena_bytes: u64,
+    pub(super) manifest: Arc<Manifest>,
+    pub(super) arena: Option<ArenaHandle>,
+    pub(super) device: String,
+    pub(super) progress: Arc<LoadProgress>,
+    pub(super) leases: u32,
+    pub(super) keep_previous: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct ModelRecord {
+    /// Distinguishes this record from an earlier one of the same name (a name can be unloaded
+    /// and loaded again, by another tenant, with version numbers starting over).
+    pub(super) generation: u64,
+    pub(super) next_version: u32,
+    pub(super) versions: BTreeMap<u32, VersionRecord>,
+    pub(super) owner: Option<String>,
+    pub(super) access: Access,
+}
+
+impl ModelRecord {
+    pub(super) fn visible_to(&self, caller: &Caller) -> bool {
+        self.access.visible_to(self.owner.as_deref(), caller)
+    }
+
+    pub(super) fn holds_memory(&self) -> bool {
+        self.versions.values().any(|v| v.state.holds_arena())
+    }
+
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.versions
+            .values()
+            .filter(|v| v.state.holds_arena())
+            .map(|v| v.arena_bytes)
+            .sum()
+    }
+
+    pub(super) fn latest_ready(&self) -> Option<u32> {
+        self.versions
+            .iter()
+            .rev()
+            .find(|(_, v)| v.state == VersionState::Ready)
+            .map(|(n, _)| *n)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct SessionRecord {
+    pub(super) tenant: Option<String>,
+    pub(super) hello: WorkerHello,
+    pub(super) opened_unix_ms: i64,
+    pub(super) leases: Vec<String>,
+    pub(super) revocation: Arc<Revocation>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct State {
+    pub(super) models: BTreeMap<String, ModelRecord>,
+    pub(super) sessions: BTreeMap<String, SessionRecord>,
+    pub(super) leases: Leases,
+    /// Bytes of arenas held or reserved.
+    pub(super) arena_bytes: u64,
+    /// Arenas held or reserved.
+    pub(super) arenas: u32,
+    pub(super) shutting_down: bool,
+    /// Last model generation handed out.
+    pub(super) generations: u64,
+    /// What sections release, dropped right after the lock is.
+    pub(super) graveyard: Graveyard,
+}
+
+impl Buries for State {
+    fn graveyard(&mut self) -> &mut Graveyard {
+        &mut self.graveyard
+    }
+}
+
+impl State {
+    pub(super) fn version_mut(&mut self, model: &str, version: u32) -> Option<&mut VersionRecord> {
+        self.models.get_mut(model)?.versions.get_mut(&version)
+    }
+
+    /// The model `caller` may see, else NOT_FOUND (as if it did not exist: names do not leak).
+    pub(super) fn visible_model(
+        &self,
+        caller: &Caller,
+        model: &str,
+    ) -> Result<&ModelRecord, ServerError> {
+        self.models
+            .get(model)
+            .filter(|rec| rec.visible_to(caller))
+            .ok_or_else(|| ServerError::ModelNotFound(model.to_owned()))
+    }
+
+    /// `caller`'s session, else NOT_FOUND (another tenant's session is not shown to exist).
+    pub(super) fn own_session(
+        &self,
+        caller: &Caller,
+        session: &str,
+    ) -> Result<&SessionRecord, ServerError> {
+        self.sessions
+            .get(session)
+            .filter(|s| s.tenant.as_deref() == caller.tenant())
+            .ok_or_else(|| ServerError::SessionNotFound(session.to_owned()))
+    }
+
+    /// What `tenant` uses, computed from the records (so it cannot drift from them).
+    pub(super) fn usage(&self, tenant: &str) -> Usage {
+        let mut u = Usage::default();
+        for rec in self
+            .models
+            .values()
+            .filter(|r| r.owner.as_deref() == Some(tenant))
+        {
+            u.device_bytes += rec.held_bytes();
+            let loading = rec
+                .versions
+                .values()
+                .filter(|v| v.state == VersionState::Loading)
+                .count();
+            u.loads += u32::try_from(loading).unwrap_or(u32::MAX);
+            if rec.holds_memory() {
+                u.models += 1;
+            }
+        }
+        for s in self
+            .sessions
+            .values()
+            .filter(|s| s.tenant.as_deref() == Some(tenant))
+        {
+            u.sessions += 1;
+            u.leases += u32::try_from(s.leases.len()).unwrap_or(u32::MAX);
+        }
+        u
+    }
+
+    /// The owner a load of `model` gets, and whether it makes a model hold memory anew;
+    /// refuses a caller that may not load it.
+    pub(super) fn resolve_owner(
+        &self,
+        caller: &Caller,
+        load_for: &LoadFor,
+        model: &str,
+    ) -> Result<(Option<String>, bool), ServerError> {
+        Ok(match self.models.get(model) {
+            Some(rec) => {
+                if !rec.visible_to(caller) {
+                    return Err(ServerError::NameTaken(model.to_owned()));
+                }
+                if !owns(rec.owner.as_deref(), caller) {
+                    return Err(ServerError::PermissionDenied(format!(
+                        "model '{model}' belongs to {}; only its owner may load versions of it",
+                        owner_text(rec.owner.as_deref())
+                    )));
+                }
+                if let Some(requested) = &load_for.requested_owner
+                    && rec.owner.as_deref() != Some(requested.as_str())
+                {
+                    return Err(ServerError::PermissionDenied(format!(
+                        "model '{model}' belongs to {}; a new version keeps its owner",
+                        owner_text(rec.owner.as_deref())
+                    )));
+                }
+                (rec.owner.clone(), !rec.holds_memory())
+            }
+            None => (
+                load_for
+                    .requested_owner
+                    .clone()
+                    .or_else(|| load_for.default_owner.clone()),
+                true,
+            ),
+        })
+    }
+}
+
+/// How an owner is named in errors.
+pub(super) fn owner_text(owner: Option<&str>) -> String {
+    owner.map_or_else(|| "the admin".to_owned(), |t| format!("tenant '{t}'"))
+}
+
+pub(super) fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapshot {
+    VersionSnapshot {
+        version,
+        state: v.state,
+        arena_bytes: v.arena_bytes,
+        tensor_count: u32::try_from(v.manifest.tensors.len()).unwrap_or(u32::MAX),
+        source: v.source.clone(),
+        created_unix_ms: v.created_unix_ms,
+        finished_unix_ms: v.finished_unix_ms,
+        error: v.error.clone(),
+        leases: v.leases,
+        bytes_loaded: v.progress.done.load(Ordering::Relaxed),
+        bytes_total: v.progress.total,
+        device: v.device.clone(),
+    }
+}
+
+pub(super) fn snapshot_model(name: &str, rec: &ModelRecord) -> ModelSnapshot {
+    ModelSnapshot {
+        owner: rec.owner.clone(),
+        access: rec.access.clone(),
+        name: name.to_owned(),
+        latest_ready: rec.latest_ready().unwrap_or(0),
+        versions: rec
+            .versions
+            .iter()
+            .map(|(n, v)| snapshot_version(*n, v))
+            .collect(),
+    }
+}

@@ -1,0 +1,246 @@
+//! The registry's own rules, checked without a server.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use modelshare_device::{Arena, Backend, BackendKind, DeviceInfo, DeviceThread, Export};
+
+use super::*;
+use crate::model::Manifest;
+use crate::weights::layout::ALIGNMENT;
+
+/// Shared between the test, the backend and its arenas.
+#[derive(Debug, Default)]
+struct Probe {
+    registry: OnceLock<Weak<Registry>>,
+    /// Whether the registry's lock was free when an arena was dropped.
+    unlocked_at_drop: Mutex<Vec<bool>>,
+}
+
+#[derive(Debug)]
+struct ProbeArena(Arc<Probe>);
+
+impl Arena for ProbeArena {
+    fn len(&self) -> u64 {
+        0
+    }
+    fn write_at(&self, _: u64, _: &[u8]) -> modelshare_device::Result<()> {
+        Ok(())
+    }
+    fn seal(&self) -> modelshare_device::Result<()> {
+        Ok(())
+    }
+    fn export(&self) -> modelshare_device::Result<Export> {
+        Err(modelshare_device::DeviceError::Unsupported {
+            what: "export".into(),
+        })
+    }
+    fn read_at(&self, _: u64, _: &mut [u8]) -> modelshare_device::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ProbeArena {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.registry.get().and_then(Weak::upgrade) {
+            let free = r.state.try_lock().is_ok();
+            self.0.unlocked_at_drop.lock().expect("probe").push(free);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ProbeBackend(Arc<Probe>);
+
+impl Backend for ProbeBackend {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            backend: BackendKind::Host,
+            uuid: "probe".into(),
+            name: "probe".into(),
+            total_bytes: 0,
+        }
+    }
+    fn allocate(&mut self, _: u64, _: &str) -> modelshare_device::Result<Box<dyn Arena>> {
+        Ok(Box::new(ProbeArena(self.0.clone())))
+    }
+    fn used_bytes(&mut self) -> Option<u64> {
+        None
+    }
+}
+
+fn probe_device(probe: &Arc<Probe>) -> DeviceThread {
+    let probe = probe.clone();
+    DeviceThread::start("probe", move || {
+        Ok(Box::new(ProbeBackend(probe)) as Box<dyn Backend>)
+    })
+    .expect("probe device")
+}
+
+/// A model of no tensors (the registry does not look inside).
+fn empty_manifest(model: &str) -> Manifest {
+    Manifest {
+        model: model.into(),
+        version: 0,
+        arena_bytes: 0,
+        alignment: ALIGNMENT,
+        tensors: Vec::new(),
+        header_metadata: BTreeMap::new(),
+        files: Vec::new(),
+    }
+}
+
+fn begin(
+    registry: &Registry,
+    device: &DeviceThread,
+    caller: &Caller,
+    load_for: &LoadFor,
+    quota: Quota,
+    model: &str,
+) -> Result<Reservation, ServerError> {
+    let r = registry.reserve(
+        caller,
+        load_for,
+        &|_| quota,
+        empty_manifest(model),
+        "m",
+        0,
+        device.uuid(),
+        false,
+    )?;
+    let arena = device.allocate(0, model).wait().expect("allocate");
+    registry.set_arena(&r.model, r.version, arena);
+    Ok(r)
+}
+
+fn loaded(registry: &Registry, device: &DeviceThread, model: &str) {
+    let job = begin(
+        registry,
+        device,
+        &Caller::Admin,
+        &LoadFor::default(),
+        Quota::default(),
+        model,
+    )
+    .expect("begin");
+    registry.finish_load(&job.model, job.version, Ok(job.manifest.clone()));
+}
+
+/// Freeing device memory can take milliseconds: arenas must be released after the registry's
+/// lock is, or every other call would wait on it.
+#[test]
+fn arenas_are_dropped_outside_the_lock() {
+    let probe = Arc::new(Probe::default());
+    let device = probe_device(&probe);
+    let registry = Arc::new(Registry::new(RegistryLimits::default()));
+    probe
+        .registry
+        .set(Arc::downgrade(&registry))
+        .expect("set once");
+    loaded(&registry, &device, "m");
+    assert_eq!(registry.stats(&Caller::Admin).arenas, 1);
+    registry
+        .unload(&Caller::Admin, "m", None, false)
+        .expect("unload");
+    assert_eq!(registry.stats(&Caller::Admin).arenas, 0);
+    // The free runs on the device thread: wait for it behind a round trip.
+    device.used_bytes().wait().expect("device answers");
+    assert_eq!(*probe.unlocked_at_drop.lock().expect("probe"), vec![true]);
+}
+
+/// A drain deadline set for one incarnation of a name must not end the sessions of the next
+/// one (the name unloaded, then loaded again — maybe by another tenant — from v1).
+#[test]
+fn a_drain_deadline_does_not_outlive_its_model() {
+    let probe = Arc::new(Probe::default());
+    let device = probe_device(&probe);
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    loaded(&registry, &device, "m");
+    let s1 = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("s1");
+    registry.attach(&admin, &s1.id, "m", 0).expect("attach");
+    let (_, old_generation) = registry.unload(&admin, "m", None, false).expect("drain");
+    registry.end_session(&s1.id);
+    registry
+        .unload(&admin, "m", None, false)
+        .expect("drop the record");
+    assert!(registry.list(&admin).is_empty());
+
+    loaded(&registry, &device, "m");
+    let s2 = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("s2");
+    registry
+        .attach(&admin, &s2.id, "m", 1)
+        .expect("attach new v1");
+    let (_, new_generation) = registry.unload(&admin, "m", None, false).expect("drain");
+    assert_ne!(old_generation, new_generation);
+    assert_eq!(registry.force_drained("m", old_generation, &[1]), 0);
+    assert_eq!(
+        registry.sessions(&admin).len(),
+        1,
+        "the new holder keeps its session"
+    );
+    assert_eq!(registry.force_drained("m", new_generation, &[1]), 1);
+}
+
+/// The loads quota counts the tenant's versions still loading.
+#[test]
+fn the_loads_quota_counts_running_loads() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits::default());
+    let quota = Quota {
+        loads: Some(1),
+        ..Quota::default()
+    };
+    let tenant = Caller::Tenant {
+        name: Arc::from("t"),
+        quota,
+    };
+    let load_for = LoadFor {
+        default_owner: Some("t".into()),
+        ..LoadFor::default()
+    };
+    let first = begin(&registry, &device, &tenant, &load_for, quota, "a").expect("first load");
+    match begin(&registry, &device, &tenant, &load_for, quota, "b") {
+        Err(ServerError::QuotaExceeded {
+            quota: "loads",
+            limit: 1,
+            used: 1,
+            ..
+        }) => {}
+        other => panic!("expected the loads quota, got {other:?}"),
+    }
+    assert_eq!(registry.usage("t").loads, 1);
+    registry.finish_load(&first.model, first.version, Ok(first.manifest.clone()));
+    assert_eq!(registry.usage("t").loads, 0);
+    begin(&registry, &device, &tenant, &load_for, quota, "b").expect("a slot is free again");
+}
+
+/// Ending a lease ends its ticket in the same step: a session's end closes the descriptors
+/// of its unredeemed tickets at once.
+#[test]
+fn ending_a_session_closes_its_tickets() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    loaded(&registry, &device, "m");
+    let s = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("session");
+    let lease = registry.attach(&admin, &s.id, "m", 0).expect("attach");
+    let fd: std::os::fd::OwnedFd = std::fs::File::open("/dev/null").expect("fd").into();
+    let expires = Instant::now() + std::time::Duration::from_secs(60);
+    let ticket = registry
+        .issue_ticket(&lease.lease_id, fd, None, expires)
+        .expect("ticket");
+    assert_eq!(registry.tickets(), 1);
+    registry.end_session(&s.id);
+    assert_eq!(registry.tickets(), 0);
+    assert_eq!(
+        registry.redeem_ticket(&ticket, None).unwrap_err(),
+        TicketError::Unknown
+    );
+}
