@@ -4,6 +4,7 @@
 use modelshare_device::DeviceError;
 
 use crate::model::VersionState;
+use crate::names::NameError;
 use crate::weights::error::WeightsError;
 
 /// Errors of the server's domain core.
@@ -17,6 +18,9 @@ pub enum ServerError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A model name does not match the pattern (`name: model name '…' …`).
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
     /// The weights could not be read or are malformed.
     #[error(transparent)]
     Weights(#[from] WeightsError),

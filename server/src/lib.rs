@@ -38,6 +38,7 @@ pub mod handles;
 pub mod loader;
 pub mod metrics;
 pub mod model;
+pub mod names;
 pub mod registry;
 pub mod serve;
 pub mod service;

@@ -8,7 +8,9 @@ use crate::weights::error::WeightsError;
 impl From<ServerError> for Status {
     fn from(e: ServerError) -> Self {
         let code = match &e {
-            ServerError::InvalidArgument { .. } => Code::InvalidArgument,
+            ServerError::InvalidArgument { .. } | ServerError::InvalidName(_) => {
+                Code::InvalidArgument
+            }
             ServerError::Weights(w) => match w {
                 WeightsError::BadPath { .. }
                 | WeightsError::Malformed { .. }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use super::token::TokenHash;
 use super::{Caller, Quota};
-use crate::model::validate_name;
+use crate::names::validate_name;
 
 /// Most tenants one file may define.
 pub const MAX_TENANTS: usize = 1024;
