@@ -35,6 +35,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod handles;
+pub mod http;
 pub mod loader;
 pub mod metrics;
 pub mod model;

@@ -28,8 +28,9 @@ use crate::app::App;
 use crate::config::{BackendChoice, ClientAuth, Config, TlsSettings};
 use crate::error::ServerError;
 use crate::handles;
+use crate::http::{self, HttpState};
+use crate::metrics::Metrics;
 use crate::metrics::grpc::GrpcMetricsLayer;
-use crate::metrics::{self, Metrics, MetricsState};
 use crate::registry::{LoadFor, Registry};
 use crate::service::admin::AdminApi;
 use crate::service::worker::WorkerApi;
@@ -280,22 +281,20 @@ pub async fn run_notify(
     }
 
     if let Some(addr) = config.metrics_listen {
-        let listener = metrics::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind {
-                what: format!("metrics {addr}"),
-                source,
-            })?;
+        let listener = http::bind(addr).await.map_err(|source| ServeError::Bind {
+            what: format!("metrics {addr}"),
+            source,
+        })?;
         let local = listener.local_addr().ok();
         info!(metrics = ?local, "metrics listening");
-        let state = MetricsState {
+        let state = HttpState {
             metrics: metrics.clone(),
             registry: registry.clone(),
             ready: app.ready.clone(),
         };
         let stop = app.shutdown.clone();
         tasks.spawn(async move {
-            metrics::serve(listener, state, stop)
+            http::serve(listener, state, stop)
                 .await
                 .map_err(|source| ServeError::Bind {
                     what: "metrics".into(),
