@@ -5,7 +5,7 @@
 //! - [`policy`]: every decision about who may see or do what (models, sessions, usage, loads),
 //!   as free functions, and a model's [`Access`]. The rules are listed at its top.
 //! - [`token`]: token generation, hashing and constant-time checking.
-//! - [`file`]: the tenants file (TOML): tenants, their token hashes, uids and quotas; the admin
+//! - [`file`](mod@file): the tenants file (TOML): tenants, their token hashes, uids and quotas; the admin
 //!   tokens. Parsed and validated into a [`TenantTable`]; [`error`] says why one was refused.
 //! - [`store`]: the table in force, swapped whole on reload (SIGHUP or `ReloadTenants`), and the
 //!   per-tenant in-flight counters that outlive reloads.

@@ -8,7 +8,7 @@
 //! against its shape, the data section and its neighbours.
 //!
 //! This file reads the file and walks the top-level object; [`super::tensor`] parses each
-//! tensor's entry and [`super::json`] holds what the visitors share.
+//! tensor's entry and `super::json` holds what the visitors share.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashSet};
