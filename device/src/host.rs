@@ -15,10 +15,10 @@ use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 
 use crate::backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, check_range};
-use crate::export::{Export, Import};
-use crate::thread::{Arena, ArenaHandle, Backend};
 use crate::error::{DeviceError, Result};
+use crate::export::{Export, Import};
 use crate::sys::SealedMapping;
+use crate::thread::{Arena, ArenaHandle, Backend};
 
 /// The longest memfd name Linux accepts (249 bytes, without the NUL).
 const MEMFD_NAME_MAX: usize = 249;
@@ -126,10 +126,12 @@ impl HostArena {
             .as_fd()
             .try_clone_to_owned()
             .map_err(|source| match source.raw_os_error() {
-                Some(code) if code == Errno::MFILE.raw_os_error() => DeviceError::AllocationFailed {
-                    bytes: self.len,
-                    reason: format!("dup of the arena's memfd: {source}"),
-                },
+                Some(code) if code == Errno::MFILE.raw_os_error() => {
+                    DeviceError::AllocationFailed {
+                        bytes: self.len,
+                        reason: format!("dup of the arena's memfd: {source}"),
+                    }
+                }
                 _ => DeviceError::Io {
                     op: "dup of the arena's memfd",
                     source,

@@ -87,7 +87,6 @@ mod tests {
         }
     }
 
-
     fn naive_gemv(w: &[f64], x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
         let mut y = vec![0.0; rows];
         for (r, out) in y.iter_mut().enumerate() {

@@ -1,9 +1,14 @@
 //! The server's error type. Every failure a client can cause or see is one of these variants;
 //! [`crate::service::status`] maps each to a gRPC status code, in one exhaustive `match`.
+//!
+//! It wraps the errors of the leaves below it ([`NameError`], [`WeightsError`],
+//! [`TenantsFileError`], the device's) and imports nothing that could import it back.
 
 use modelshare_device::DeviceError;
 
 use crate::model::VersionState;
+use crate::names::NameError;
+use crate::tenants::error::TenantsFileError;
 use crate::weights::error::WeightsError;
 
 /// Errors of the server's domain core.
@@ -17,6 +22,9 @@ pub enum ServerError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A model name does not match the pattern (`name: model name '…' …`).
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
     /// The weights could not be read or are malformed.
     #[error(transparent)]
     Weights(#[from] WeightsError),
@@ -118,7 +126,7 @@ pub enum ServerError {
     NoTenantsFile,
     /// The tenants file could not be read or is malformed; the old tenants stay in force.
     #[error(transparent)]
-    TenantsFile(#[from] crate::tenants::file::TenantsFileError),
+    TenantsFile(#[from] TenantsFileError),
     /// A bug or an unexpected condition (a panicked task, a closed channel).
     #[error("internal error: {0}")]
     Internal(String),

@@ -1,41 +1,12 @@
-//! Domain types: model names, version states and manifests.
+//! Domain types: version states and manifests; model names live in [`crate::names`] and are
+//! re-exported here.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::error::ServerError;
 use crate::weights::dtype::DType;
 
-/// Longest model name accepted.
-pub const MAX_NAME_LEN: usize = 64;
-
-/// Checks a model name against `[a-z0-9][a-z0-9._-]{0,63}`.
-pub fn validate_name(name: &str) -> Result<(), ServerError> {
-    let invalid = |reason: &str| ServerError::InvalidArgument {
-        field: "name".into(),
-        reason: format!("model name '{}' {reason}", name.escape_debug()),
-    };
-    let mut chars = name.chars();
-    match chars.next() {
-        None => return Err(invalid("is empty")),
-        Some(c) if !(c.is_ascii_lowercase() || c.is_ascii_digit()) => {
-            return Err(invalid("must start with a-z or 0-9"));
-        }
-        Some(_) => {}
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(invalid(&format!("is longer than {MAX_NAME_LEN} bytes")));
-    }
-    if let Some(c) =
-        chars.find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(*c)))
-    {
-        return Err(invalid(&format!(
-            "contains '{}': only a-z, 0-9, '.', '_' and '-' are allowed",
-            c.escape_debug()
-        )));
-    }
-    Ok(())
-}
+pub use crate::names::{MAX_NAME_LEN, validate_name};
 
 /// Life cycle of a version: `Loading → Ready → Draining → Freed`, or `Loading → Failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -124,30 +95,4 @@ pub struct Manifest {
     pub header_metadata: BTreeMap<String, String>,
     /// Small files kept beside the weights.
     pub files: Vec<(String, Vec<u8>)>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A regression here lets malformed names (path-like, upper case, too long) into the registry.
-    #[test]
-    fn names_follow_the_documented_pattern() {
-        for ok in ["a", "llama-7b", "m.v2_final", "0abc", &"x".repeat(64)] {
-            assert!(validate_name(ok).is_ok(), "{ok} should be accepted");
-        }
-        for bad in [
-            "",
-            "-a",
-            ".a",
-            "A",
-            "a/b",
-            "a b",
-            "../x",
-            "é",
-            &"x".repeat(65),
-        ] {
-            assert!(validate_name(bad).is_err(), "{bad:?} should be refused");
-        }
-    }
 }

@@ -27,8 +27,9 @@ use crate::config::{ClientAuth, Config, TlsSettings};
 use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::handles;
+use crate::http::{self, HttpState};
+use crate::metrics::Metrics;
 use crate::metrics::grpc::GrpcMetricsLayer;
-use crate::metrics::{self, Metrics, MetricsState};
 use crate::registry::LoadFor;
 use crate::service::admin::AdminApi;
 use crate::service::worker::WorkerApi;
@@ -263,15 +264,13 @@ pub async fn run_notify(
     }
 
     if let Some(addr) = config.metrics_listen {
-        let listener = metrics::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind {
-                what: format!("metrics {addr}"),
-                source,
-            })?;
+        let listener = http::bind(addr).await.map_err(|source| ServeError::Bind {
+            what: format!("metrics {addr}"),
+            source,
+        })?;
         let local = listener.local_addr().ok();
         info!(metrics = ?local, "metrics listening");
-        let state = MetricsState {
+        let state = HttpState {
             metrics: metrics.clone(),
             registry: registry.clone(),
             devices: app.devices.clone(),
@@ -279,7 +278,7 @@ pub async fn run_notify(
         };
         let stop = app.shutdown.clone();
         tasks.spawn(async move {
-            metrics::serve(listener, state, stop)
+            http::serve(listener, state, stop)
                 .await
                 .map_err(|source| ServeError::Bind {
                     what: "metrics".into(),

@@ -1,29 +1,23 @@
-//! Prometheus metrics: one [`prometheus::Registry`] owned here (not the global default),
-//! served as text on `/metrics` of the metrics port, with `/healthz` (process up) and `/readyz`
-//! (start-up models loaded) beside it.
+//! Prometheus metrics: one [`prometheus::Registry`] owned here (not the global default), and
+//! its text exposition. [`crate::http`] serves it on `/metrics` of the metrics port.
 //!
 //! Counters and histograms are updated where things happen (the gRPC layer in [`grpc`], loads,
 //! attaches, session ends); gauges (versions by state, arena bytes, sessions, leases, device
-//! memory) are refreshed from the registry at each scrape. Label values are bounded: service
-//! and method names of this server only, status codes, states, model names, reasons.
+//! memory) are set at each scrape from the [`GaugeValues`] the caller gathers ([`gauges`]).
+//! Label values are bounded: service and method names of this server only, status codes,
+//! states, model names, tenant names, device UUIDs, reasons.
+//!
+//! A leaf: nothing here imports the registry, the tenants, the services or the app.
 
+pub mod gauges;
 pub mod grpc;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use tokio_util::sync::CancellationToken;
 
-use crate::registry::Registry as ModelRegistry;
+pub use gauges::{ArenaBytes, DeviceMemory, GaugeValues, TenantGauges};
 
 /// Every metric of the server.
 #[derive(Debug, Clone)]
@@ -54,8 +48,8 @@ pub struct Metrics {
     models: IntGauge,
     sessions: IntGaugeVec,
     leases: IntGaugeVec,
-    device_total: IntGauge,
-    device_used: IntGauge,
+    device_total: IntGaugeVec,
+    device_used: IntGaugeVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -173,62 +167,59 @@ impl Metrics {
                 "Leases held, by tenant (empty: admin, or no tenants configured).",
                 &["tenant"],
             )?,
-            device_total: gauge(
+            device_total: gauge_vec(
                 "modelshare_device_memory_total_bytes",
-                "Memory of the device arenas live on (host: MemTotal).",
+                "Memory of the device arenas live on (host: MemTotal), by device.",
+                &["device"],
             )?,
-            device_used: gauge(
+            device_used: gauge_vec(
                 "modelshare_device_memory_used_bytes",
-                "Device memory in use as the device reports it (CUDA); arena bytes on the host backend.",
+                "Device memory in use as the device reports it (CUDA); arena bytes on the host backend. By device.",
+                &["device"],
             )?,
             registry,
         })
     }
 
-    /// Refreshes the gauges from the model registry and the device's figures.
-    pub fn refresh(
-        &self,
-        models: &ModelRegistry,
-        device: &modelshare_device::DeviceInfo,
-        device_used: Option<u64>,
-    ) {
-        let stats = models.stats(&crate::tenants::Caller::Admin);
-        for (state, n) in &stats.versions_by_state {
+    /// Sets every gauge to `values`. Series absent from `values` (a model that no longer holds
+    /// memory, a tenant without sessions) are dropped, except the admin's sessions and leases,
+    /// always shown (0 when none).
+    pub fn refresh(&self, values: &GaugeValues) {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (state, n) in &values.versions_by_state {
             self.versions
-                .with_label_values(&[state.as_str()])
+                .with_label_values(&[*state])
                 .set(i64::from(*n));
         }
         self.arena_bytes.reset();
-        for m in models.list(&crate::tenants::Caller::Admin) {
-            let mut held: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-            for v in m.versions.iter().filter(|v| v.state.holds_arena()) {
-                *held.entry(v.device.as_str()).or_default() += v.arena_bytes;
-            }
-            for (dev, bytes) in held.into_iter().filter(|(_, b)| *b > 0) {
-                self.arena_bytes
-                    .with_label_values(&[m.name.as_str(), dev])
-                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-            }
+        for a in &values.arena_bytes {
+            self.arena_bytes
+                .with_label_values(&[a.model.as_str(), a.device.as_str()])
+                .set(clamp(a.bytes));
         }
-        self.models.set(i64::from(stats.models));
+        self.models.set(i64::from(values.models));
         self.sessions.reset();
         self.leases.reset();
         self.sessions.with_label_values(&[""]).set(0);
         self.leases.with_label_values(&[""]).set(0);
-        for (tenant, sessions, leases) in models.sessions_by_tenant() {
-            let tenant = tenant.as_deref().unwrap_or("");
+        for t in &values.tenants {
             self.sessions
-                .with_label_values(&[tenant])
-                .set(i64::from(sessions));
+                .with_label_values(&[t.tenant.as_str()])
+                .set(i64::from(t.sessions));
             self.leases
-                .with_label_values(&[tenant])
-                .set(i64::from(leases));
+                .with_label_values(&[t.tenant.as_str()])
+                .set(i64::from(t.leases));
         }
-        self.device_total
-            .set(i64::try_from(device.total_bytes).unwrap_or(i64::MAX));
-        let used = device_used.unwrap_or(stats.arena_bytes);
-        self.device_used
-            .set(i64::try_from(used).unwrap_or(i64::MAX));
+        self.device_total.reset();
+        self.device_used.reset();
+        for d in &values.devices {
+            self.device_total
+                .with_label_values(&[d.device.as_str()])
+                .set(clamp(d.total_bytes));
+            self.device_used
+                .with_label_values(&[d.device.as_str()])
+                .set(clamp(d.used_bytes));
+        }
     }
 
     /// The text exposition of every metric.
@@ -256,61 +247,76 @@ impl Metrics {
     }
 }
 
-/// What the metrics endpoints read.
-#[derive(Debug, Clone)]
-pub struct MetricsState {
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
-    /// The model registry (for gauges).
-    pub registry: Arc<ModelRegistry>,
-    /// The devices (for their memory gauges).
-    pub devices: Arc<crate::devices::Devices>,
-    /// Set once the start-up models are loaded.
-    pub ready: Arc<std::sync::atomic::AtomicBool>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-async fn metrics(
-    State(s): State<MetricsState>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let device = s.devices.primary();
-    let used = s.devices.used_bytes(device.uuid()).await;
-    s.metrics.refresh(&s.registry, device.info(), used);
-    (
-        StatusCode::OK,
-        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-        s.metrics.encode(),
-    )
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(s): State<MetricsState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "loading start-up models\n")
+    fn values(arena: &[(&str, &str, u64)], devices: &[(&str, u64, u64)]) -> GaugeValues {
+        GaugeValues {
+            versions_by_state: vec![("loading", 0), ("ready", 2)],
+            arena_bytes: arena
+                .iter()
+                .map(|(model, device, bytes)| ArenaBytes {
+                    model: (*model).to_owned(),
+                    device: (*device).to_owned(),
+                    bytes: *bytes,
+                })
+                .collect(),
+            models: 2,
+            tenants: vec![TenantGauges {
+                tenant: "a".into(),
+                sessions: 1,
+                leases: 3,
+            }],
+            devices: devices
+                .iter()
+                .map(|(device, total, used)| DeviceMemory {
+                    device: (*device).to_owned(),
+                    total_bytes: *total,
+                    used_bytes: *used,
+                })
+                .collect(),
+        }
     }
-}
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: MetricsState,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
+    /// A gauge would show a stale or wrong value, or a per-device gauge lack its device.
+    #[test]
+    fn refresh_sets_every_gauge_from_the_values() {
+        let m = Metrics::new().expect("metrics");
+        m.refresh(&values(
+            &[("m", "GPU-1", 4096), ("n", "GPU-1", 8)],
+            &[("GPU-1", 1000, 600)],
+        ));
+        let text = m.encode();
+        for line in [
+            r#"modelshare_model_versions{state="loading"} 0"#,
+            r#"modelshare_model_versions{state="ready"} 2"#,
+            r#"modelshare_arena_bytes{device="GPU-1",model="m"} 4096"#,
+            r#"modelshare_arena_bytes{device="GPU-1",model="n"} 8"#,
+            "modelshare_models 2",
+            r#"modelshare_sessions{tenant=""} 0"#,
+            r#"modelshare_sessions{tenant="a"} 1"#,
+            r#"modelshare_leases{tenant=""} 0"#,
+            r#"modelshare_leases{tenant="a"} 3"#,
+            r#"modelshare_device_memory_total_bytes{device="GPU-1"} 1000"#,
+            r#"modelshare_device_memory_used_bytes{device="GPU-1"} 600"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
 
-/// Binds the metrics port.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
+        // A model that freed its memory and a device no longer reported disappear.
+        m.refresh(&values(&[("m", "GPU-2", 1)], &[("GPU-2", 7, u64::MAX)]));
+        let text = m.encode();
+        assert!(!text.contains(r#"model="n""#), "{text}");
+        assert!(!text.contains("GPU-1"), "{text}");
+        let used: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"modelshare_device_memory_used_bytes{device="GPU-2"} "#))
+            .and_then(|v| v.parse().ok())
+            .expect("used bytes of GPU-2");
+        assert!(
+            used > 9.2e18,
+            "values past i64 are clamped, not wrapped: {used}"
+        );
+    }
 }

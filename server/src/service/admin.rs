@@ -21,6 +21,7 @@ use crate::error::ServerError;
 use crate::registry::LoadFor;
 use crate::tenants::Caller;
 use crate::tenants::auth::caller_of;
+use crate::tenants::policy;
 
 /// How often a load's progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -45,24 +46,7 @@ impl AdminApi {
         req: &pb::LoadModelRequest,
     ) -> Result<LoadFor, ServerError> {
         let table = self.app.tenants.current();
-        let requested_owner = if req.tenant.is_empty() {
-            None
-        } else {
-            match caller {
-                Caller::Tenant { name, .. } if **name != *req.tenant => {
-                    return Err(ServerError::PermissionDenied(format!(
-                        "{} may only load models for itself",
-                        caller.describe()
-                    )));
-                }
-                _ if !table.tenants.contains_key(&req.tenant) => {
-                    return Err(ServerError::UnknownTenant(
-                        req.tenant.escape_debug().to_string(),
-                    ));
-                }
-                _ => Some(req.tenant.clone()),
-            }
-        };
+        let requested_owner = policy::load_owner(&req.tenant, &table, caller)?;
         let access = req
             .access
             .clone()
@@ -232,7 +216,7 @@ impl AdminService for AdminApi {
         reply.tenants = table
             .tenants
             .values()
-            .filter(|t| caller.is_admin() || caller.tenant() == Some(t.name.as_str()))
+            .filter(|t| policy::may_see_tenant(Some(&t.name), &caller))
             .map(|t| {
                 convert::tenant_usage(
                     &t.name,

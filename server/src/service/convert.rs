@@ -7,7 +7,8 @@ use modelshare_proto::v1 as pb;
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
 use crate::registry::{ModelSnapshot, SessionSnapshot, Stats, Usage, VersionSnapshot, WorkerHello};
-use crate::tenants::{Access, Caller, Quota, TenantTable, owns};
+use crate::tenants::policy::{self, Access};
+use crate::tenants::{Caller, Quota, TenantTable};
 use crate::weights::dtype::DType;
 
 /// Longest worker name accepted in a hello.
@@ -82,22 +83,19 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
     }
 }
 
-/// The protobuf model info as `caller` may see it: a tenant that does not own the model (it is
-/// shared with it, or public) is not shown whom else it is shared with, where its weights come
-/// from, or why a load failed.
+/// The protobuf model info as `caller` may see it: redacted as [`policy::redact_model`] says
+/// for a caller that does not own the model.
 pub fn model_for(caller: &Caller, m: &ModelSnapshot) -> pb::ModelInfo {
     let mut info = model(m);
-    if !owns(m.owner.as_deref(), caller) {
-        if let Some(access) = &mut info.access {
-            access
-                .shared_with
-                .retain(|t| Some(t.as_str()) == caller.tenant());
-        }
-        for v in &mut info.versions {
-            v.source.clear();
-            v.error.clear();
-        }
-    }
+    let access = info.access.get_or_insert_default();
+    policy::redact_model(
+        m.owner.as_deref(),
+        &mut access.shared_with,
+        info.versions
+            .iter_mut()
+            .flat_map(|v| [&mut v.source, &mut v.error]),
+        caller,
+    );
     info
 }
 

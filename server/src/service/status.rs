@@ -3,12 +3,15 @@
 use tonic::{Code, Status};
 
 use crate::error::ServerError;
+use crate::tenants::error::TenantsFileError;
 use crate::weights::error::WeightsError;
 
 impl From<ServerError> for Status {
     fn from(e: ServerError) -> Self {
         let code = match &e {
-            ServerError::InvalidArgument { .. } => Code::InvalidArgument,
+            ServerError::InvalidArgument { .. } | ServerError::InvalidName(_) => {
+                Code::InvalidArgument
+            }
             ServerError::Weights(w) => match w {
                 WeightsError::BadPath { .. }
                 | WeightsError::Malformed { .. }
@@ -36,12 +39,8 @@ impl From<ServerError> for Status {
             ServerError::QuotaExceeded { .. } => Code::ResourceExhausted,
             ServerError::UnknownTenant(_) => Code::InvalidArgument,
             ServerError::NoTenantsFile => Code::FailedPrecondition,
-            ServerError::TenantsFile(crate::tenants::file::TenantsFileError::Invalid {
-                ..
-            }) => Code::InvalidArgument,
-            ServerError::TenantsFile(crate::tenants::file::TenantsFileError::Read { .. }) => {
-                Code::FailedPrecondition
-            }
+            ServerError::TenantsFile(TenantsFileError::Invalid { .. }) => Code::InvalidArgument,
+            ServerError::TenantsFile(TenantsFileError::Read { .. }) => Code::FailedPrecondition,
             ServerError::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -21,9 +21,10 @@ use tonic::codegen::http;
 use tonic::transport::server::UdsConnectInfo;
 use tower::{Layer, Service};
 
+use super::caller::Caller;
+use super::quota::{Quota, Resource};
 use super::store::TenantStore;
 use super::token::MAX_TOKEN_BYTES;
-use super::{Caller, Quota, Resource};
 use crate::audit;
 use crate::error::ServerError;
 use crate::metrics::Metrics;

@@ -23,14 +23,17 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
-use std::sync::Arc;
-
+use super::caller::Caller;
+use super::quota::Quota;
 use super::token::TokenHash;
-use super::{Caller, Quota};
-use crate::model::validate_name;
+use crate::names::validate_name;
+use crate::weights::path::normalize_relative;
+
+pub use super::error::TenantsFileError;
 
 /// Most tenants one file may define.
 pub const MAX_TENANTS: usize = 1024;
@@ -113,27 +116,6 @@ pub struct TenantTable {
     pub admin_hashes: Vec<TokenHash>,
     /// Every hash by its 8-byte prefix, with its holder (see [`TokenHash::prefix`]).
     index: HashMap<u64, Vec<(TokenHash, Holder)>>,
-}
-
-/// Why a tenants file was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum TenantsFileError {
-    /// The file could not be read.
-    #[error("cannot read tenants file {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The file is not valid for the schema.
-    #[error("tenants file {path}: {reason}")]
-    Invalid {
-        /// The file.
-        path: String,
-        /// What is wrong, and where.
-        reason: String,
-    },
 }
 
 /// Keys of the schema, the only words a TOML error may quote back.
@@ -253,7 +235,7 @@ impl TenantTable {
                 .model_dir
                 .as_deref()
                 .map(|d| {
-                    crate::weights::source::normalize_relative(d)
+                    normalize_relative(d)
                         .map_err(|e| format!("{at}: model_dir '{}': {e}", d.escape_debug()))
                 })
                 .transpose()?;

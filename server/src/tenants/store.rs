@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::Quota;
-use super::file::{Holder, TenantTable, TenantsFileError};
+use super::error::TenantsFileError;
+use super::file::{Holder, TenantTable};
+use super::quota::Quota;
 use super::token::TokenHash;
 
 /// The tenant table in force.
@@ -92,7 +93,7 @@ impl TenantStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenants::Caller;
+    use crate::tenants::caller::Caller;
 
     fn write(dir: &Path, text: &str) -> PathBuf {
         let p = dir.join("tenants.toml");

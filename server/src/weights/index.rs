@@ -8,8 +8,8 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
 use super::WeightLimits;
 use super::error::{WeightsError, json_error, quoted};
-use super::header::{Ctx, StringSeed};
-use super::source::normalize_relative;
+use super::json::{Ctx, StringSeed};
+use super::path::normalize_relative;
 
 /// The name of the index file of a sharded model.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

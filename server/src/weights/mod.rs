@@ -6,8 +6,10 @@
 //!   it), opens every weight file once and validates the whole model: a single
 //!   `.safetensors` file, or a directory with `model.safetensors` or a sharded
 //!   `model.safetensors.index.json`, plus the small metadata files beside it.
-//! - [`header`]: parses and checks one file's header (length, JSON, dtypes, shapes,
-//!   ranges, overlaps, duplicates).
+//! - [`path`]: checks and normalizes a requested relative path (no root, no `..`).
+//! - [`header`]: parses and checks one file's header (length, JSON, ranges, overlaps,
+//!   duplicates); [`tensor`] checks each tensor's entry (dtype, shape, offsets); `json` holds
+//!   what their serde visitors share with the index's.
 //! - [`index`]: parses the index of a sharded model.
 //! - [`layout`]: plans each tensor's aligned offset in the model's arena.
 //! - [`dtype`]: the element types and their sizes.
@@ -27,18 +29,22 @@ pub mod dtype;
 pub mod error;
 pub mod header;
 pub mod index;
+mod json;
 pub mod layout;
+pub mod path;
 pub mod source;
+pub mod tensor;
 
 #[cfg(test)]
 mod tests;
 
 pub use dtype::DType;
 pub use error::WeightsError;
-pub use header::{Header, TensorEntry, parse_header};
+pub use header::{Header, parse_header};
 pub use index::{Index, parse_index};
 pub use layout::{ALIGNMENT, Layout, PlannedTensor, plan};
 pub use source::{ModelSource, Shard, resolve};
+pub use tensor::TensorEntry;
 
 /// Bounds on what a model may declare, so that a hostile file cannot make the server
 /// allocate or read without limit.

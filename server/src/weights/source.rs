@@ -13,12 +13,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use super::WeightLimits;
 use super::error::{WeightsError, quoted};
 use super::header::{Header, LENGTH_PREFIX_BYTES, parse_header};
 use super::index::{INDEX_FILE, parse_index};
+
+// Moved to `super::path`; re-exported for callers of the old path.
+pub(crate) use super::path::normalize_relative;
 
 /// The weight file of a single-file model directory.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -120,32 +123,6 @@ pub fn resolve(root: &Path, rel: &str, limits: &WeightLimits) -> Result<ModelSou
         header_metadata,
         metadata_files,
     })
-}
-
-/// Checks that `s` is a plain relative path (no root, no `..`, no NUL) and returns it
-/// normalized: `.` components and repeated or trailing slashes dropped, `/`-separated.
-pub(crate) fn normalize_relative(s: &str) -> Result<String, &'static str> {
-    if s.is_empty() {
-        return Err("path is empty");
-    }
-    if s.contains('\0') {
-        return Err("path contains a NUL byte");
-    }
-    let mut parts = Vec::new();
-    for c in Path::new(s).components() {
-        match c {
-            Component::Normal(part) => parts.push(part.to_str().ok_or("path is not UTF-8")?),
-            Component::CurDir => {}
-            Component::ParentDir => return Err("path has a '..' component"),
-            Component::RootDir | Component::Prefix(_) => {
-                return Err("path is absolute; it must be relative to the model root");
-            }
-        }
-    }
-    if parts.is_empty() {
-        return Err("path names the model root itself");
-    }
-    Ok(parts.join("/"))
 }
 
 /// Canonicalizes `path`, which must stay under the canonical `root`; `None` if it does

@@ -134,6 +134,37 @@ async fn series_follow_loads_sessions_and_attaches() {
     assert_eq!(ended, 1.0, "{body}");
 }
 
+/// The device memory gauges must carry the device's UUID, like the arena bytes: on the host
+/// backend `host`, with MemTotal and the arena bytes held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_memory_is_labelled_by_device() {
+    let server = Server::start_with(&["--metrics-listen", "127.0.0.1:0"], |root| {
+        common::write_safetensors(
+            &root.join("m/model.safetensors"),
+            &[t("w", Dtype::F32, &[64, 64], 1)],
+        );
+    })
+    .await;
+    let mut admin = server.admin().await;
+    let v = common::load(&mut admin, "m", "m").await.expect("load");
+    let body = http_get(&server.metrics_address(), "/metrics").1;
+    assert_eq!(
+        value(
+            &body,
+            r#"modelshare_device_memory_used_bytes{device="host"}"#
+        ),
+        v.arena_bytes as f64,
+        "{body}"
+    );
+    assert!(
+        value(
+            &body,
+            r#"modelshare_device_memory_total_bytes{device="host"}"#
+        ) > 0.0,
+        "{body}"
+    );
+}
+
 /// `deploy/` at the repository root.
 fn deploy_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")

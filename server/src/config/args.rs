@@ -1,0 +1,89 @@
+//! The flags of `modelshare serve`, each with its `MODELSHARE_*` variable (clap derive).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::settings::{BackendChoice, ClientAuth, StartupModel, parse_mode};
+use crate::telemetry::LogFormat;
+
+/// Flags (and variables) of `modelshare serve`. Every field is optional so that the file and
+/// the defaults can fill what is not given.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short = 'c', env = "MODELSHARE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// TCP address for gRPC (default 127.0.0.1:50051 when no Unix socket is given).
+    #[arg(long, env = "MODELSHARE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Unix socket path for gRPC.
+    #[arg(long, env = "MODELSHARE_UNIX_SOCKET")]
+    pub unix_socket: Option<PathBuf>,
+    /// Unix socket that passes arena file descriptors to workers.
+    #[arg(long, env = "MODELSHARE_HANDLE_SOCKET")]
+    pub handle_socket: Option<PathBuf>,
+    /// Directory under which every model path is resolved.
+    #[arg(long, env = "MODELSHARE_MODEL_ROOT")]
+    pub model_root: Option<PathBuf>,
+    /// Backend for arenas.
+    #[arg(long, value_enum, env = "MODELSHARE_BACKEND")]
+    pub backend: Option<BackendChoice>,
+    /// Model to load at start-up, as NAME=PATH (repeatable; comma-separated in the variable).
+    #[arg(
+        long = "model",
+        value_name = "NAME=PATH",
+        env = "MODELSHARE_MODELS",
+        value_delimiter = ','
+    )]
+    pub models: Vec<StartupModel>,
+    /// Log format.
+    #[arg(long, value_enum, env = "MODELSHARE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Address for the metrics HTTP port (`/metrics`, `/healthz`, `/readyz`); off when unset.
+    #[arg(long, env = "MODELSHARE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Seconds to let requests finish after SIGTERM before closing them.
+    #[arg(long, env = "MODELSHARE_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+    /// How often workers must heartbeat, in milliseconds.
+    #[arg(long, env = "MODELSHARE_HEARTBEAT_INTERVAL_MS")]
+    pub heartbeat_interval_ms: Option<u32>,
+    /// Missed heartbeats after which a session is ended.
+    #[arg(long, env = "MODELSHARE_HEARTBEAT_MISSES")]
+    pub heartbeat_misses: Option<u32>,
+    /// Loads allowed to run at once.
+    #[arg(long, env = "MODELSHARE_MAX_CONCURRENT_LOADS")]
+    pub max_concurrent_loads: Option<usize>,
+    /// CUDA device: an ordinal (0, 1, ...) or a UUID (GPU-...).
+    #[arg(long, env = "MODELSHARE_DEVICE")]
+    pub device: Option<String>,
+    /// Threads one load reads and copies with (default: the cores, at most 8).
+    #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
+    pub load_threads: Option<usize>,
+    /// Largest arena one model version may have, in bytes.
+    #[arg(long, env = "MODELSHARE_MAX_MODEL_BYTES")]
+    pub max_model_bytes: Option<u64>,
+    /// Most arena bytes held at once, in bytes.
+    #[arg(long, env = "MODELSHARE_MAX_TOTAL_BYTES")]
+    pub max_total_bytes: Option<u64>,
+    /// Tenants file (TOML): tenants, token hashes, uids, quotas, admin tokens. Without it,
+    /// authentication is off. Read again on SIGHUP.
+    #[arg(long, env = "MODELSHARE_TENANTS_FILE")]
+    pub tenants_file: Option<PathBuf>,
+    /// Permissions of the gRPC and handle Unix sockets, in octal (e.g. 0660), so that workers
+    /// of other uids can connect.
+    #[arg(long, env = "MODELSHARE_UNIX_SOCKET_MODE", value_parser = parse_mode)]
+    pub unix_socket_mode: Option<u32>,
+    /// TLS certificate chain (PEM) of the TCP listener; with --server-tls-key turns TLS on.
+    #[arg(long, env = "MODELSHARE_SERVER_TLS_CERT")]
+    pub server_tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of the TCP listener.
+    #[arg(long, env = "MODELSHARE_SERVER_TLS_KEY")]
+    pub server_tls_key: Option<PathBuf>,
+    /// CA (PEM) that signs client certificates; turns client certificates on.
+    #[arg(long, env = "MODELSHARE_SERVER_TLS_CLIENT_CA")]
+    pub server_tls_client_ca: Option<PathBuf>,
+    /// Whether client certificates are required or optional (with a client CA).
+    #[arg(long, value_enum, env = "MODELSHARE_SERVER_TLS_CLIENT_AUTH")]
+    pub server_tls_client_auth: Option<ClientAuth>,
+}

@@ -1,0 +1,60 @@
+//! The TOML configuration file, as written: every key optional, unknown keys refused.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::settings::{BackendChoice, ClientAuth, StartupModel};
+use crate::telemetry::LogFormat;
+
+/// The `[tls]` table of the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileTls {
+    pub(super) cert: Option<PathBuf>,
+    pub(super) key: Option<PathBuf>,
+    pub(super) client_ca: Option<PathBuf>,
+    pub(super) client_auth: Option<ClientAuth>,
+}
+
+/// The `[limits]` table of the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileLimits {
+    pub(super) max_concurrent_loads: Option<usize>,
+    pub(super) max_model_bytes: Option<u64>,
+    pub(super) max_total_bytes: Option<u64>,
+    pub(super) max_sessions: Option<usize>,
+    pub(super) max_leases_per_session: Option<usize>,
+    pub(super) max_header_bytes: Option<u64>,
+    pub(super) max_tensors: Option<usize>,
+    pub(super) max_shards: Option<usize>,
+}
+
+/// The TOML file, as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileConfig {
+    pub(super) listen: Option<SocketAddr>,
+    pub(super) metrics_listen: Option<SocketAddr>,
+    pub(super) unix_socket: Option<PathBuf>,
+    pub(super) handle_socket: Option<PathBuf>,
+    pub(super) model_root: Option<PathBuf>,
+    pub(super) backend: Option<BackendChoice>,
+    pub(super) device: Option<String>,
+    pub(super) load_threads: Option<usize>,
+    pub(super) log_format: Option<LogFormat>,
+    pub(super) shutdown_grace_secs: Option<u64>,
+    pub(super) heartbeat_interval_ms: Option<u32>,
+    pub(super) heartbeat_misses: Option<u32>,
+    pub(super) ticket_ttl_ms: Option<u64>,
+    pub(super) tenants_file: Option<PathBuf>,
+    pub(super) unix_socket_mode: Option<String>,
+    #[serde(default)]
+    pub(super) tls: FileTls,
+    #[serde(default)]
+    pub(super) models: Vec<StartupModel>,
+    #[serde(default)]
+    pub(super) limits: FileLimits,
+}

@@ -1,0 +1,266 @@
+//! Configuration of `modelshare serve`: a TOML file, `MODELSHARE_*` environment variables and
+//! command-line flags, merged into one typed [`Config`]. Flags win over variables (clap's rule),
+//! both win over the file, the file wins over the defaults.
+//!
+//! # Layout
+//!
+//! - `args`: [`ServeArgs`], the clap flags, each with its `MODELSHARE_*` variable.
+//! - `file`: the TOML file as written (unknown keys refused).
+//! - `settings`: the values both give ([`BackendChoice`], [`StartupModel`], [`ClientAuth`],
+//!   [`TlsSettings`]) and their parsing.
+//! - here: [`Config`] and the merge of the two, with the defaults and range checks.
+
+mod args;
+mod file;
+mod settings;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use self::file::FileConfig;
+use self::settings::parse_mode;
+use crate::registry::RegistryLimits;
+use crate::telemetry::LogFormat;
+use crate::weights::WeightLimits;
+
+pub use self::args::ServeArgs;
+pub use self::settings::{BackendChoice, ClientAuth, StartupModel, TlsSettings};
+
+/// Why the configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The whole configuration of a server, passed around as one value.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// TCP address for gRPC.
+    pub listen: Option<SocketAddr>,
+    /// Unix socket for gRPC.
+    pub unix_socket: Option<PathBuf>,
+    /// Metrics HTTP address.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Handle socket for fd passing.
+    pub handle_socket: PathBuf,
+    /// Model repository root.
+    pub model_root: PathBuf,
+    /// Backend choice.
+    pub backend: BackendChoice,
+    /// CUDA device selector (ordinal or UUID).
+    pub device: String,
+    /// Threads per load.
+    pub load_threads: usize,
+    /// Start-up models.
+    pub models: Vec<StartupModel>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Grace period for in-flight requests at shutdown.
+    pub shutdown_grace: Duration,
+    /// Heartbeat interval announced to workers.
+    pub heartbeat_interval: Duration,
+    /// Missed heartbeats that end a session.
+    pub heartbeat_misses: u32,
+    /// How long an fd-passing ticket stays valid.
+    pub ticket_ttl: Duration,
+    /// Loads allowed at once.
+    pub max_concurrent_loads: usize,
+    /// Registry limits.
+    pub registry: RegistryLimits,
+    /// Limits on weight files.
+    pub weights: WeightLimits,
+    /// Tenants file (none: authentication off).
+    pub tenants_file: Option<PathBuf>,
+    /// Mode of the Unix sockets (none: as the umask leaves it).
+    pub unix_socket_mode: Option<u32>,
+    /// TLS of the TCP listener.
+    pub tls: Option<TlsSettings>,
+}
+
+impl Config {
+    /// Builds the configuration from flags (and variables) and the file they name.
+    pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        Self::merge(args, file)
+    }
+
+    fn merge(args: ServeArgs, file: FileConfig) -> Result<Self, ConfigError> {
+        let unix_socket = args.unix_socket.or(file.unix_socket);
+        let listen = args.listen.or(file.listen).or_else(|| {
+            unix_socket
+                .is_none()
+                .then(|| SocketAddr::from(([127, 0, 0, 1], 50051)))
+        });
+        let handle_socket = args
+            .handle_socket
+            .or(file.handle_socket)
+            .unwrap_or_else(|| default_handle_socket(unix_socket.as_deref()));
+        let model_root = args
+            .model_root
+            .or(file.model_root)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let models = if args.models.is_empty() {
+            file.models
+        } else {
+            args.models
+        };
+        let heartbeat_interval_ms = args
+            .heartbeat_interval_ms
+            .or(file.heartbeat_interval_ms)
+            .unwrap_or(1000);
+        if !(10..=600_000).contains(&heartbeat_interval_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "heartbeat_interval_ms must be between 10 and 600000, got {heartbeat_interval_ms}"
+            )));
+        }
+        let heartbeat_misses = args.heartbeat_misses.or(file.heartbeat_misses).unwrap_or(3);
+        if heartbeat_misses == 0 {
+            return Err(ConfigError::Invalid(
+                "heartbeat_misses must be at least 1".into(),
+            ));
+        }
+        let limits = file.limits;
+        let max_concurrent_loads = args
+            .max_concurrent_loads
+            .or(limits.max_concurrent_loads)
+            .unwrap_or(4);
+        if max_concurrent_loads == 0 {
+            return Err(ConfigError::Invalid(
+                "max_concurrent_loads must be at least 1".into(),
+            ));
+        }
+        let unix_socket_mode = match args.unix_socket_mode {
+            Some(m) => Some(m),
+            None => file
+                .unix_socket_mode
+                .as_deref()
+                .map(parse_mode)
+                .transpose()
+                .map_err(|e| ConfigError::Invalid(format!("unix_socket_mode: {e}")))?,
+        };
+        let tls = match (
+            args.server_tls_cert.or(file.tls.cert),
+            args.server_tls_key.or(file.tls.key),
+        ) {
+            (Some(cert), Some(key)) => {
+                let client_ca = args.server_tls_client_ca.or(file.tls.client_ca);
+                let client_auth = args.server_tls_client_auth.or(file.tls.client_auth);
+                if client_auth.is_some() && client_ca.is_none() {
+                    return Err(ConfigError::Invalid(
+                        "client_auth needs a client CA (server_tls_client_ca, or [tls] client_ca) to check client certificates against".into(),
+                    ));
+                }
+                Some(TlsSettings {
+                    cert,
+                    key,
+                    client_ca,
+                    client_auth: client_auth.unwrap_or_default(),
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "TLS needs both a certificate and a key (server_tls_cert and server_tls_key, or [tls] cert and key)".into(),
+                ));
+            }
+        };
+        if tls.is_some() && listen.is_none() {
+            return Err(ConfigError::Invalid(
+                "TLS is for the TCP listener, and none is configured (--listen)".into(),
+            ));
+        }
+        let defaults = RegistryLimits::default();
+        let weight_defaults = WeightLimits::default();
+        Ok(Self {
+            listen,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            unix_socket,
+            handle_socket,
+            model_root,
+            backend: args.backend.or(file.backend).unwrap_or_default(),
+            device: args.device.or(file.device).unwrap_or_else(|| "0".into()),
+            load_threads: match args.load_threads.or(file.load_threads) {
+                Some(0) => {
+                    return Err(ConfigError::Invalid(
+                        "load_threads must be at least 1".into(),
+                    ));
+                }
+                Some(n) => n,
+                None => crate::loader::default_threads(),
+            },
+            models,
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            shutdown_grace: Duration::from_secs(
+                args.shutdown_grace_secs
+                    .or(file.shutdown_grace_secs)
+                    .unwrap_or(10),
+            ),
+            heartbeat_interval: Duration::from_millis(u64::from(heartbeat_interval_ms)),
+            heartbeat_misses,
+            ticket_ttl: Duration::from_millis(file.ticket_ttl_ms.unwrap_or(30_000)),
+            max_concurrent_loads,
+            registry: RegistryLimits {
+                max_model_bytes: args.max_model_bytes.or(limits.max_model_bytes),
+                max_total_bytes: args.max_total_bytes.or(limits.max_total_bytes),
+                max_sessions: limits.max_sessions.unwrap_or(defaults.max_sessions),
+                max_leases_per_session: limits
+                    .max_leases_per_session
+                    .unwrap_or(defaults.max_leases_per_session),
+            },
+            tenants_file: args.tenants_file.or(file.tenants_file),
+            unix_socket_mode,
+            tls,
+            weights: WeightLimits {
+                max_header_bytes: limits
+                    .max_header_bytes
+                    .unwrap_or(weight_defaults.max_header_bytes),
+                max_tensors: limits.max_tensors.unwrap_or(weight_defaults.max_tensors),
+                max_shards: limits.max_shards.unwrap_or(weight_defaults.max_shards),
+                ..weight_defaults
+            },
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Beside the gRPC Unix socket when there is one, else in the temporary directory.
+fn default_handle_socket(unix_socket: Option<&Path>) -> PathBuf {
+    match unix_socket.and_then(Path::parent) {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join("modelshare-handles.sock"),
+        _ => std::env::temp_dir().join("modelshare-handles.sock"),
+    }
+}

@@ -1,0 +1,149 @@
+//! Tests of the merge of flags, variables and the file, and of the shipped configuration.
+
+use super::*;
+
+fn parse(toml_text: &str) -> FileConfig {
+    toml::from_str(toml_text).expect("valid toml")
+}
+
+/// Flags must win over the file, and the file over the defaults, field by field.
+#[test]
+fn flags_override_file_override_defaults() {
+    let file = parse(
+        r#"
+            listen = "127.0.0.1:7000"
+            model_root = "/models"
+            heartbeat_misses = 5
+            [[models]]
+            name = "a"
+            path = "a"
+            [limits]
+            max_model_bytes = 100
+            "#,
+    );
+    let args = ServeArgs {
+        listen: Some("127.0.0.1:8000".parse().expect("addr")),
+        max_model_bytes: Some(7),
+        ..ServeArgs::default()
+    };
+    let c = Config::merge(args, file).expect("config");
+    assert_eq!(c.listen, Some("127.0.0.1:8000".parse().expect("addr")));
+    assert_eq!(c.model_root, PathBuf::from("/models"));
+    assert_eq!(c.heartbeat_misses, 5);
+    assert_eq!(c.heartbeat_interval, Duration::from_secs(1));
+    assert_eq!(c.registry.max_model_bytes, Some(7));
+    assert_eq!(c.models.len(), 1);
+}
+
+/// A typo in the file must be an error, not a silently ignored setting.
+#[test]
+fn unknown_keys_are_refused() {
+    assert!(toml::from_str::<FileConfig>("listne = \"127.0.0.1:1\"").is_err());
+    assert!(toml::from_str::<FileConfig>("[limits]\nmax_modle_bytes = 1").is_err());
+}
+
+/// Nonsense values must be refused at start-up.
+#[test]
+fn out_of_range_values_are_refused() {
+    let args = ServeArgs {
+        heartbeat_misses: Some(0),
+        ..ServeArgs::default()
+    };
+    assert!(Config::merge(args, FileConfig::default()).is_err());
+    let args = ServeArgs {
+        heartbeat_interval_ms: Some(1),
+        ..ServeArgs::default()
+    };
+    assert!(Config::merge(args, FileConfig::default()).is_err());
+}
+
+/// With only a Unix socket, no TCP port must be opened by default.
+#[test]
+fn unix_only_has_no_tcp_listener() {
+    let args = ServeArgs {
+        unix_socket: Some("/run/ms/grpc.sock".into()),
+        ..ServeArgs::default()
+    };
+    let c = Config::merge(args, FileConfig::default()).expect("config");
+    assert_eq!(c.listen, None);
+    assert_eq!(
+        c.handle_socket,
+        PathBuf::from("/run/ms/modelshare-handles.sock")
+    );
+}
+
+/// NAME=PATH parsing for --model.
+#[test]
+fn startup_model_syntax() {
+    let m: StartupModel = "tiny=models/tiny".parse().expect("parse");
+    assert_eq!(m.name, "tiny");
+    assert_eq!(m.path, "models/tiny");
+    assert!("tiny".parse::<StartupModel>().is_err());
+    assert!("=x".parse::<StartupModel>().is_err());
+}
+
+/// TLS needs both files and a TCP listener; the file's `[tls]` table and the flags merge.
+#[test]
+fn tls_settings_are_checked() {
+    let file = parse(
+        r#"
+            listen = "127.0.0.1:7000"
+            tenants_file = "/etc/ms/tenants.toml"
+            unix_socket_mode = "0660"
+            [tls]
+            cert = "/c.pem"
+            key = "/k.pem"
+            client_ca = "/ca.pem"
+            "#,
+    );
+    let c = Config::merge(ServeArgs::default(), file).expect("config");
+    let tls = c.tls.expect("tls");
+    assert_eq!(tls.client_auth, ClientAuth::Required);
+    assert_eq!(tls.client_ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(c.unix_socket_mode, Some(0o660));
+    assert_eq!(c.tenants_file, Some(PathBuf::from("/etc/ms/tenants.toml")));
+
+    let only_cert = ServeArgs {
+        listen: Some("127.0.0.1:1".parse().expect("addr")),
+        server_tls_cert: Some("/c.pem".into()),
+        ..ServeArgs::default()
+    };
+    assert!(Config::merge(only_cert, FileConfig::default()).is_err());
+    let no_tcp = ServeArgs {
+        unix_socket: Some("/run/ms.sock".into()),
+        server_tls_cert: Some("/c.pem".into()),
+        server_tls_key: Some("/k.pem".into()),
+        ..ServeArgs::default()
+    };
+    assert!(Config::merge(no_tcp, FileConfig::default()).is_err());
+    let auth_without_ca = ServeArgs {
+        listen: Some("127.0.0.1:1".parse().expect("addr")),
+        server_tls_cert: Some("/c.pem".into()),
+        server_tls_key: Some("/k.pem".into()),
+        server_tls_client_auth: Some(ClientAuth::Required),
+        ..ServeArgs::default()
+    };
+    let err = Config::merge(auth_without_ca, FileConfig::default()).expect_err("no CA");
+    assert!(err.to_string().contains("client CA"), "{err}");
+    assert!(parse_mode("0660").is_ok());
+    assert!(parse_mode("0999").is_err());
+    assert!(parse_mode("01777").is_err());
+}
+
+/// The configuration shipped in the Kubernetes manifest must be one the server accepts.
+#[test]
+fn the_kubernetes_config_parses() {
+    let yaml = include_str!("../../../deploy/k8s/server-daemonset.yaml");
+    let body: String = yaml
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("modelshare.toml: |"))
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    assert!(body.contains("tenants_file"), "{body}");
+    let file: FileConfig = toml::from_str(&body).expect("valid config");
+    let c = Config::merge(ServeArgs::default(), file).expect("config");
+    assert!(c.tls.is_some() && c.tenants_file.is_some());
+    assert_eq!(c.unix_socket_mode, Some(0o660));
+}

@@ -1,0 +1,111 @@
+//! `GET /metrics`: the gauges are set from the registry as it is now, then every metric is
+//! encoded as Prometheus text.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use super::state::HttpState;
+use crate::devices::Devices;
+use crate::metrics::{ArenaBytes, DeviceMemory, GaugeValues, TenantGauges};
+use crate::registry::Registry;
+use crate::tenants::Caller;
+
+/// `GET /metrics`.
+pub async fn metrics(
+    State(s): State<HttpState>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    s.metrics
+        .refresh(&gauge_values(&s.registry, &s.devices).await);
+    (
+        StatusCode::OK,
+        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        s.metrics.encode(),
+    )
+}
+
+/// The gauges' values, read from `registry` as the admin sees it (every model, every
+/// session) and from each device's thread (its memory; a busy device gives its last figure).
+/// Per-device values are labelled with the device's UUID.
+pub async fn gauge_values(registry: &Registry, devices: &Devices) -> GaugeValues {
+    let stats = registry.stats(&Caller::Admin);
+    let mut arena_bytes = Vec::new();
+    let mut held_by_device: std::collections::BTreeMap<String, u64> = Default::default();
+    for m in registry.list(&Caller::Admin) {
+        let mut by_device: std::collections::BTreeMap<String, u64> = Default::default();
+        for v in m.versions.iter().filter(|v| v.state.holds_arena()) {
+            *by_device.entry(v.device.clone()).or_default() += v.arena_bytes;
+        }
+        for (device, bytes) in by_device.into_iter().filter(|(_, b)| *b > 0) {
+            *held_by_device.entry(device.clone()).or_default() += bytes;
+            arena_bytes.push(ArenaBytes {
+                model: m.name.clone(),
+                device,
+                bytes,
+            });
+        }
+    }
+    let tenants = registry
+        .sessions_by_tenant()
+        .into_iter()
+        .map(|(tenant, sessions, leases)| TenantGauges {
+            tenant: tenant.unwrap_or_default(),
+            sessions,
+            leases,
+        })
+        .collect();
+    let mut memory = Vec::new();
+    for info in devices.infos() {
+        let used = devices.used_bytes(&info.uuid).await;
+        let held = held_by_device.get(&info.uuid).copied().unwrap_or(0);
+        memory.push(DeviceMemory {
+            total_bytes: info.total_bytes,
+            // Where the device reports none (host memory), what the arenas hold on it.
+            used_bytes: used.unwrap_or(held),
+            device: info.uuid,
+        });
+    }
+    GaugeValues {
+        versions_by_state: stats
+            .versions_by_state
+            .iter()
+            .map(|(state, n)| (state.as_str(), *n))
+            .collect(),
+        arena_bytes,
+        models: stats.models,
+        tenants,
+        devices: memory,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+
+    use modelshare_device::HostBackend;
+
+    use super::*;
+    use crate::registry::RegistryLimits;
+
+    /// The scrape of an empty registry would miss a state, invent series, or lose the device.
+    #[tokio::test]
+    async fn an_empty_registry_has_every_state_at_zero_and_its_device() {
+        let registry = Registry::new(RegistryLimits::default());
+        let devices = Devices::single(HostBackend::thread().expect("host device"));
+        let v = gauge_values(&registry, &devices).await;
+        assert_eq!(
+            v.versions_by_state,
+            ["loading", "ready", "draining", "freed", "failed"]
+                .iter()
+                .map(|s| (*s, 0))
+                .collect::<Vec<_>>()
+        );
+        assert!(v.arena_bytes.is_empty() && v.tenants.is_empty());
+        assert_eq!(v.models, 0);
+        assert_eq!(v.devices.len(), 1);
+        assert_eq!(v.devices[0].device, "host");
+        assert_eq!(v.devices[0].used_bytes, 0, "host: arena bytes, none held");
+        assert_eq!(
+            v.devices[0].total_bytes,
+            devices.primary().info().total_bytes
+        );
+    }
+}
