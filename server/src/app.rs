@@ -1,5 +1,5 @@
-//! The application state shared by every service, the one path a load takes (used both by
-//! `LoadModel` and by the start-up models), and what each expiry of the timer does.
+//! The application state shared by every service, and the one path a load takes (used both by
+//! `LoadModel` and by the start-up models).
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use crate::model::validate_name;
 use crate::registry::{LoadFor, LoadProgress, Registry, VersionSnapshot};
 use crate::sessions::Hub;
 use crate::tenants::{Caller, TenantStore};
-use crate::timer::{Expiry, Timer};
+use crate::timer::Timer;
 use crate::weights::{layout, source};
 
 /// State shared by the gRPC services.
@@ -224,31 +224,6 @@ impl App {
             .await
             .map_err(|_| ServerError::Internal("the load task vanished".into()))??;
         Ok(running)
-    }
-
-    /// What the timer does when `expiry` is due; returns when to look at it again.
-    pub fn on_expiry(&self, expiry: &Expiry) -> Option<tokio::time::Instant> {
-        match expiry {
-            Expiry::Ticket { lease, ticket } => {
-                self.registry.expire_ticket(lease, ticket);
-                None
-            }
-            Expiry::Heartbeat { session } => {
-                let deadline = self.config.heartbeat_interval * self.config.heartbeat_misses;
-                crate::sessions::run::heartbeat_due(self, session, deadline)
-            }
-            Expiry::Drain {
-                model,
-                generation,
-                versions,
-            } => {
-                let ended = self.registry.force_drained(model, *generation, versions);
-                if ended > 0 {
-                    warn!(model = %model, sessions = ended, "drain deadline passed; ended the sessions still holding the model");
-                }
-                None
-            }
-        }
     }
 
     /// Refuses worker calls until the start-up models are loaded, so that a worker reconnecting

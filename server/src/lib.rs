@@ -8,12 +8,19 @@
 //! - [`names`]: model names and their validation (a leaf, with its own [`names::NameError`]).
 //! - [`model`]: the domain types: version states, manifests (and the names, re-exported).
 //! - [`error`]: [`error::ServerError`], which wraps the leaves' errors.
-//! - [`registry`]: models, versions, sessions and leases, with one lock; decides when an arena
-//!   is freed (unloaded *and* no lease left).
+//! - [`devices`]: the server's devices keyed by UUID, each behind its device thread
+//!   ([`modelshare_device::DeviceThread`]), which makes every driver call; nothing else does.
+//! - [`registry`]: models, versions, sessions, leases and their tickets, with one lock (never
+//!   held around device work); decides when an arena is freed (unloaded *and* no lease left).
+//! - [`sessions`]: the hub of live worker sessions, reachable by id (pushes, ending), and the
+//!   session loop the gRPC handler adapts.
+//! - [`timer`]: one timer for every expiry; [`expiry`]: what each does (tickets, heartbeats,
+//!   drain deadlines).
 //! - [`app`]: the shared application state and the load orchestration used by the RPC and by
 //!   start-up models.
-//! - [`loader`]: copies validated weights into a fresh arena, computing per-tensor checksums.
-//! - [`handles`]: one-time tickets and the Unix handle socket that passes arena fds.
+//! - [`loader`]: plans the manifest, then copies validated weights into the arena through
+//!   per-thread writers, computing per-tensor checksums.
+//! - [`handles`]: the Unix handle socket that passes arena fds against one-time tickets.
 //! - [`service`]: the gRPC services (admin, worker), thin over the registry; errors become
 //!   `tonic::Status` in [`service::status`] only.
 //! - [`http`]: the HTTP port (axum): `/metrics`, `/healthz`, `/readyz`, one router over one
@@ -28,9 +35,15 @@
 //! - [`telemetry`]: logging set-up.
 //!
 //! Data flow of a load: `LoadModel` → [`weights::source::resolve`] (validates every header
-//! before anything is allocated) → [`weights::layout::plan`] → [`registry::Registry::begin_load`]
-//! (allocates the arena) → [`loader::copy_into`] on a blocking thread → ready (or failed, freeing
-//! the arena).
+//! before anything is allocated) → [`weights::layout::plan`] → [`loader::manifest`] →
+//! [`registry::Registry::reserve`] (quotas, version number) → the device thread allocates the
+//! arena → [`registry::Registry::set_arena`] → [`loader::copy_into`] on blocking threads →
+//! [`registry::Registry::finish_load`]: ready (or failed, freeing the arena on its thread).
+//!
+//! Of an attach: `Attach` → [`registry::Registry::attach`] (lease) → the device thread exports
+//! the arena → a descriptor is filed on the lease under a ticket ([`registry::Registry::issue_ticket`],
+//! expiry on the [`timer`]) → the reply carries handle bytes and/or the ticket → the worker
+//! redeems the ticket on the [`handles`] socket.
 //!
 //! Leaves ([`names`], [`weights::path`], [`metrics`], [`tenants::caller`],
 //! [`tenants::error`]) are imported widely and import none of their importers back.
@@ -43,6 +56,7 @@ pub mod config;
 pub mod demo;
 pub mod devices;
 pub mod error;
+pub mod expiry;
 pub mod handles;
 pub mod http;
 pub mod loader;

@@ -241,7 +241,7 @@ pub async fn run_notify(
         tokio::spawn(async move {
             let timer = app2.timer.clone();
             timer
-                .run(app2.shutdown.clone(), |e| app2.on_expiry(e))
+                .run(app2.shutdown.clone(), |e| crate::expiry::handle(&app2, e))
                 .await;
         });
         tokio::spawn(crate::sessions::run::dispatch_events(app.clone()));

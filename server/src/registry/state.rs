@@ -14,7 +14,8 @@ use super::types::{
 };
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
-use crate::tenants::{Access, Caller, owns};
+use crate::tenants::policy::{may_see, may_use_session, owner_text, owns};
+use crate::tenants::{Access, Caller};
 
 #[derive(Debug)]
 pub(super) struct VersionRecord {
@@ -45,7 +46,7 @@ pub(super) struct ModelRecord {
 
 impl ModelRecord {
     pub(super) fn visible_to(&self, caller: &Caller) -> bool {
-        self.access.visible_to(self.owner.as_deref(), caller)
+        may_see(self.owner.as_deref(), &self.access, caller)
     }
 
     pub(super) fn holds_memory(&self) -> bool {
@@ -125,7 +126,7 @@ impl State {
     ) -> Result<&SessionRecord, ServerError> {
         self.sessions
             .get(session)
-            .filter(|s| s.tenant.as_deref() == caller.tenant())
+            .filter(|s| may_use_session(s.tenant.as_deref(), caller))
             .ok_or_else(|| ServerError::SessionNotFound(session.to_owned()))
     }
 
@@ -197,11 +198,6 @@ impl State {
             ),
         })
     }
-}
-
-/// How an owner is named in errors.
-pub(super) fn owner_text(owner: Option<&str>) -> String {
-    owner.map_or_else(|| "the admin".to_owned(), |t| format!("tenant '{t}'"))
 }
 
 pub(super) fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapshot {

@@ -232,7 +232,7 @@ fn ending_a_session_closes_its_tickets() {
         .expect("session");
     let lease = registry.attach(&admin, &s.id, "m", 0).expect("attach");
     let fd: std::os::fd::OwnedFd = std::fs::File::open("/dev/null").expect("fd").into();
-    let expires = Instant::now() + std::time::Duration::from_secs(60);
+    let expires = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let ticket = registry
         .issue_ticket(&lease.lease_id, fd, None, expires)
         .expect("ticket");

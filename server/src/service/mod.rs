@@ -5,4 +5,6 @@
 pub mod admin;
 pub mod convert;
 pub mod status;
+#[cfg(test)]
+mod tests;
 pub mod worker;

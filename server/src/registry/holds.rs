@@ -1,0 +1,254 @@
+//! The registry's calls about sessions and what they hold: opening and ending sessions,
+//! leases (attach, release) and the one-time tickets filed on them.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Registry;
+use super::leases::{self, TicketError};
+use super::state::SessionRecord;
+use super::types::{Attachment, OpenedSession, Revocation, SessionSnapshot, WorkerHello};
+use super::versions::now_unix_ms;
+use crate::error::ServerError;
+use crate::model::VersionState;
+use crate::tenants::policy::may_see_tenant;
+use crate::tenants::{Caller, Resource};
+
+impl Registry {
+    /// Opens a session for `caller`, within its sessions quota.
+    pub fn open_session(
+        &self,
+        caller: &Caller,
+        hello: WorkerHello,
+    ) -> Result<OpenedSession, ServerError> {
+        let mut st = self.lock();
+        if st.shutting_down {
+            return Err(ServerError::ShuttingDown);
+        }
+        if let Caller::Tenant { name, quota } = caller {
+            let used = st.usage(name).sessions;
+            quota.check(name, Resource::Sessions, u64::from(used), 1)?;
+        }
+        if st.sessions.len() >= self.limits.max_sessions {
+            return Err(ServerError::LimitExceeded {
+                what: "open sessions".into(),
+                limit: self.limits.max_sessions as u64,
+                requested: st.sessions.len() as u64 + 1,
+            });
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let revocation = Arc::new(Revocation::default());
+        st.sessions.insert(
+            id.clone(),
+            SessionRecord {
+                tenant: caller.tenant().map(str::to_owned),
+                hello,
+                opened_unix_ms: now_unix_ms(),
+                leases: Vec::new(),
+                revocation: revocation.clone(),
+            },
+        );
+        Ok(OpenedSession { id, revocation })
+    }
+
+    /// Ends a session and releases every lease it held (and their tickets). Returns the
+    /// number of leases released; ending an unknown session is a no-op.
+    pub fn end_session(&self, session: &str) -> usize {
+        let mut st = self.lock();
+        let Some(rec) = st.sessions.remove(session) else {
+            return 0;
+        };
+        let n = rec.leases.len();
+        for lease in rec.leases {
+            st.drop_lease(&lease);
+        }
+        n
+    }
+
+    /// Whether `session` holds a lease on `model`@`version`.
+    pub fn session_holds(&self, session: &str, model: &str, version: u32) -> bool {
+        let st = self.lock();
+        st.sessions.get(session).is_some_and(|s| {
+            s.leases.iter().any(|l| {
+                st.leases
+                    .get(l)
+                    .is_some_and(|r| r.model == model && r.version == version)
+            })
+        })
+    }
+
+    /// Takes a lease on `model`@`version` (0: latest ready) for `session`, which must be
+    /// `caller`'s; the model must be one `caller` may see, within its leases quota.
+    pub fn attach(
+        &self,
+        caller: &Caller,
+        session: &str,
+        model: &str,
+        version: u32,
+    ) -> Result<Attachment, ServerError> {
+        let mut st = self.lock();
+        let held = st.own_session(caller, session)?.leases.len();
+        if held >= self.limits.max_leases_per_session {
+            return Err(ServerError::LimitExceeded {
+                what: "leases held by one session".into(),
+                limit: self.limits.max_leases_per_session as u64,
+                requested: held as u64 + 1,
+            });
+        }
+        let rec = st.visible_model(caller, model)?;
+        let version = if version == 0 {
+            rec.latest_ready()
+                .ok_or_else(|| ServerError::NoReadyVersion(model.to_owned()))?
+        } else {
+            version
+        };
+        // Checked now (it reads the whole state), reported after the version's own refusals.
+        let within_quota = match caller {
+            Caller::Tenant { name, quota } => {
+                let used = st.usage(name).leases;
+                quota.check(name, Resource::Leases, u64::from(used), 1)
+            }
+            Caller::Admin => Ok(()),
+        };
+        let v = st
+            .version_mut(model, version)
+            .ok_or_else(|| ServerError::VersionNotFound {
+                model: model.to_owned(),
+                version,
+            })?;
+        let arena = match (v.state, &v.arena) {
+            (VersionState::Ready, Some(arena)) => arena.clone(),
+            (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
+            // The arena is being allocated (outside the lock): a moment from now it can be.
+            (VersionState::Loading, None) => {
+                return Err(ServerError::Allocating {
+                    model: model.to_owned(),
+                    version,
+                });
+            }
+            (state, _) => {
+                return Err(ServerError::WrongState {
+                    model: model.to_owned(),
+                    version,
+                    state,
+                });
+            }
+        };
+        within_quota?;
+        v.leases += 1;
+        let manifest = v.manifest.clone();
+        let loading = v.state == VersionState::Loading;
+        let device = v.device.clone();
+        let lease_id = uuid::Uuid::new_v4().simple().to_string();
+        st.leases.insert(
+            lease_id.clone(),
+            leases::LeaseRecord::new(session, model, version),
+        );
+        if let Some(s) = st.sessions.get_mut(session) {
+            s.leases.push(lease_id.clone());
+        }
+        Ok(Attachment {
+            lease_id,
+            manifest,
+            arena,
+            loading,
+            device,
+        })
+    }
+
+    /// Gives back a lease of `session`, which must be `caller`'s (its ticket goes with it).
+    /// Returns the model and version it held.
+    pub fn release(
+        &self,
+        caller: &Caller,
+        session: &str,
+        lease: &str,
+    ) -> Result<(String, u32), ServerError> {
+        let mut st = self.lock();
+        st.own_session(caller, session)?;
+        let held = st
+            .leases
+            .get(lease)
+            .filter(|l| l.session == session)
+            .map(|l| (l.model.clone(), l.version))
+            .ok_or_else(|| ServerError::LeaseNotFound(lease.to_owned()))?;
+        if let Some(s) = st.sessions.get_mut(session) {
+            s.leases.retain(|l| l != lease);
+        }
+        st.drop_lease(lease);
+        Ok(held)
+    }
+
+    /// Files `fd` on `lease` under a new one-time ticket valid until `expires`, redeemable
+    /// only by `uid` when given. `None` if the lease is gone meanwhile (the fd is closed).
+    pub fn issue_ticket(
+        &self,
+        lease: &str,
+        fd: OwnedFd,
+        uid: Option<u32>,
+        expires: Instant,
+    ) -> Option<String> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.leases
+            .issue_ticket(lease, fd, uid, expires, &mut st.graveyard)
+    }
+
+    /// Takes the descriptor filed under `ticket` (see [`TicketError`] for the refusals). A
+    /// ticket is consumed by any attempt.
+    pub fn redeem_ticket(
+        &self,
+        ticket: &str,
+        peer_uid: Option<u32>,
+    ) -> Result<OwnedFd, TicketError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.leases
+            .redeem(ticket, peer_uid, Instant::now(), &mut st.graveyard)
+    }
+
+    /// Closes `ticket` of `lease` if it is still outstanding and has expired (the timer).
+    pub fn expire_ticket(&self, lease: &str, ticket: &str) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.leases
+            .expire(lease, ticket, Instant::now(), &mut st.graveyard);
+    }
+
+    /// Tickets outstanding.
+    pub fn tickets(&self) -> usize {
+        self.lock().leases.tickets()
+    }
+
+    /// Open sessions `caller` may see (a tenant: its own), oldest first.
+    pub fn sessions(&self, caller: &Caller) -> Vec<SessionSnapshot> {
+        let st = self.lock();
+        let mut out: Vec<SessionSnapshot> = st
+            .sessions
+            .iter()
+            .filter(|(_, s)| may_see_tenant(s.tenant.as_deref(), caller))
+            .map(|(id, s)| {
+                let mut leases: Vec<(String, String, u32)> = s
+                    .leases
+                    .iter()
+                    .filter_map(|l| {
+                        st.leases
+                            .get(l)
+                            .map(|r| (l.clone(), r.model.clone(), r.version))
+                    })
+                    .collect();
+                leases.sort();
+                SessionSnapshot {
+                    id: id.clone(),
+                    hello: s.hello.clone(),
+                    opened_unix_ms: s.opened_unix_ms,
+                    tenant: s.tenant.clone(),
+                    leases,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (a.opened_unix_ms, &a.id).cmp(&(b.opened_unix_ms, &b.id)));
+        out
+    }
+}
