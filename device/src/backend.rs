@@ -43,6 +43,44 @@ pub trait ArenaWriter {
     fn finish(self: Box<Self>) -> Result<()>;
 }
 
+/// The simplest writer: a plain buffer, each submitted chunk handed to `write` (offset, bytes).
+pub(crate) struct BufferedWriter<W> {
+    buf: Vec<u8>,
+    write: W,
+}
+
+impl<W: FnMut(u64, &[u8]) -> Result<()>> BufferedWriter<W> {
+    pub(crate) fn new(write: W) -> Self {
+        Self {
+            buf: Vec::new(),
+            write,
+        }
+    }
+}
+
+impl<W: FnMut(u64, &[u8]) -> Result<()>> ArenaWriter for BufferedWriter<W> {
+    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
+        if self.buf.len() < max {
+            self.buf.resize(max, 0);
+        }
+        Ok(&mut self.buf[..max])
+    }
+
+    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
+        let bytes = self.buf.get(..len).ok_or(crate::DeviceError::OutOfRange {
+            op: "submit",
+            offset,
+            len: len as u64,
+            arena_len: self.buf.len() as u64,
+        })?;
+        (self.write)(offset, bytes)
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// What each kind of worker-side mapping provides (see [`crate::Mapping`], the neutral view
 /// the SDK uses).
 pub trait Mapped: Send + Sync + std::fmt::Debug {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 
-use crate::backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, check_range};
+use crate::backend::{ArenaWriter, BackendKind, BufferedWriter, DeviceInfo, Mapped, check_range};
 use crate::error::{DeviceError, Result};
 use crate::export::{Export, Import};
 use crate::sys::SealedMapping;
@@ -164,38 +164,6 @@ fn pwrite_all(fd: &OwnedFd, offset: u64, bytes: &[u8], len: u64) -> Result<()> {
     Ok(())
 }
 
-/// A loading thread's writer of a host arena: a buffer and its own descriptor of the memfd.
-#[derive(Debug)]
-struct HostWriter {
-    fd: OwnedFd,
-    len: u64,
-    buf: Vec<u8>,
-}
-
-impl ArenaWriter for HostWriter {
-    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
-        if self.buf.len() < max {
-            self.buf.resize(max, 0);
-        }
-        Ok(&mut self.buf[..max])
-    }
-
-    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
-        let bytes = self.buf.get(..len).ok_or(DeviceError::OutOfRange {
-            op: "submit",
-            offset,
-            len: len as u64,
-            arena_len: self.buf.len() as u64,
-        })?;
-        check_range("write", offset, len, self.len)?;
-        pwrite_all(&self.fd, offset, bytes, self.len)
-    }
-
-    fn finish(self: Box<Self>) -> Result<()> {
-        Ok(())
-    }
-}
-
 /// `modelshare:<label>`, cut to the kernel's limit at a character boundary, without NULs.
 fn memfd_name(label: &str) -> String {
     let mut name = String::with_capacity(MEMFD_NAME_MAX);
@@ -271,11 +239,13 @@ impl Arena for HostArena {
     /// Loading threads write with `pwrite` on their own descriptor of the memfd: plain file
     /// writes, nothing for the device thread to do. Once the arena is sealed they fail.
     fn writer(&self, _this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
-        Ok(Box::new(HostWriter {
-            fd: self.dup()?,
-            len: self.len,
-            buf: Vec::new(),
-        }))
+        let (fd, len) = (self.dup()?, self.len);
+        Ok(Box::new(BufferedWriter::new(
+            move |offset, bytes: &[u8]| {
+                check_range("write", offset, bytes.len(), len)?;
+                pwrite_all(&fd, offset, bytes, len)
+            },
+        )))
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {

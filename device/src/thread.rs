@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::backend::{ArenaWriter, DeviceInfo};
+use crate::backend::{ArenaWriter, BufferedWriter, DeviceInfo};
 use crate::error::{DeviceError, Result};
 use crate::export::Export;
 
@@ -76,10 +76,10 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// copies submitted to the device thread). The default sends every chunk to the device
     /// thread's [`Arena::write_at`].
     fn writer(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
-        Ok(Box::new(ThreadWriter {
-            arena: this.clone(),
-            buf: Vec::new(),
-        }))
+        let arena = this.clone();
+        Ok(Box::new(BufferedWriter::new(
+            move |offset, bytes: &[u8]| arena.write_at(offset, bytes.to_vec()).wait(),
+        )))
     }
 
     /// Whether a worker may attach before the arena is sealed: true where the backend orders a
@@ -97,35 +97,6 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// The load failed or was cancelled: release anything waiting for the arena to be ready.
     /// Idempotent; the contents are undefined afterwards.
     fn abandon(&self) {}
-}
-
-/// The default writer: a plain buffer, each chunk written by the device thread.
-struct ThreadWriter {
-    arena: ArenaHandle,
-    buf: Vec<u8>,
-}
-
-impl ArenaWriter for ThreadWriter {
-    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
-        if self.buf.len() < max {
-            self.buf.resize(max, 0);
-        }
-        Ok(&mut self.buf[..max])
-    }
-
-    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
-        let bytes = self.buf.get(..len).ok_or(DeviceError::OutOfRange {
-            op: "submit",
-            offset,
-            len: len as u64,
-            arena_len: self.buf.len() as u64,
-        })?;
-        self.arena.write_at(offset, bytes.to_vec()).wait()
-    }
-
-    fn finish(self: Box<Self>) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// How often pending watches are polled while any is registered.
