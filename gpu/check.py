@@ -430,9 +430,10 @@ def main():
         c.attach_bench()
         c.remap()
         c.stop_server()
-        if want("tenants") or not steps:
+        if want("tenants"):
             c.tenants()
-        c.sweep()
+        if want("load-threads"):
+            c.sweep()
     except Exception as e:  # noqa: BLE001
         import traceback
         traceback.print_exc()
