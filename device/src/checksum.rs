@@ -139,7 +139,6 @@ fn word_sum(bytes: &[u8], first_word: u64) -> u64 {
     sum
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

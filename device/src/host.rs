@@ -15,11 +15,11 @@ use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 
 use crate::backend::{Arena, ArenaWriter, Backend, BackendKind, DeviceInfo, check_range};
+use crate::error::{DeviceError, Result};
 use crate::export::{Export, Import};
 use crate::mapping::{Mapped, Mapping};
-use crate::thread::ArenaHandle;
-use crate::error::{DeviceError, Result};
 use crate::sys::SealedMapping;
+use crate::thread::ArenaHandle;
 
 /// The longest memfd name Linux accepts (249 bytes, without the NUL).
 const MEMFD_NAME_MAX: usize = 249;
@@ -127,10 +127,12 @@ impl HostArena {
             .as_fd()
             .try_clone_to_owned()
             .map_err(|source| match source.raw_os_error() {
-                Some(code) if code == Errno::MFILE.raw_os_error() => DeviceError::AllocationFailed {
-                    bytes: self.len,
-                    reason: format!("dup of the arena's memfd: {source}"),
-                },
+                Some(code) if code == Errno::MFILE.raw_os_error() => {
+                    DeviceError::AllocationFailed {
+                        bytes: self.len,
+                        reason: format!("dup of the arena's memfd: {source}"),
+                    }
+                }
                 _ => DeviceError::Io {
                     op: "dup of the arena's memfd",
                     source,

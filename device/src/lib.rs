@@ -61,7 +61,9 @@ pub use thread::{ArenaHandle, DeviceCtx, DeviceThread, Reply};
 impl HostBackend {
     /// A device thread serving host memory.
     pub fn thread() -> Result<DeviceThread> {
-        DeviceThread::start("host-mem", || Ok(Box::new(HostBackend::new()) as Box<dyn Backend>))
+        DeviceThread::start("host-mem", || {
+            Ok(Box::new(HostBackend::new()) as Box<dyn Backend>)
+        })
     }
 }
 

@@ -125,11 +125,21 @@ impl Mapping {
 }
 
 /// The one handle-bytes accessor the kinds share: element `i` of an import, of `len` bytes.
-pub(crate) fn handle_bytes<const N: usize>(import: &Import, i: usize, what: &str) -> Result<[u8; N]> {
-    let bytes = import.handles.get(i).ok_or_else(|| DeviceError::BadHandle {
-        reason: format!("{what} is missing"),
-    })?;
-    bytes.as_slice().try_into().map_err(|_| DeviceError::BadHandle {
-        reason: format!("{what} is {} bytes, not {N}", bytes.len()),
-    })
+pub(crate) fn handle_bytes<const N: usize>(
+    import: &Import,
+    i: usize,
+    what: &str,
+) -> Result<[u8; N]> {
+    let bytes = import
+        .handles
+        .get(i)
+        .ok_or_else(|| DeviceError::BadHandle {
+            reason: format!("{what} is missing"),
+        })?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| DeviceError::BadHandle {
+            reason: format!("{what} is {} bytes, not {N}", bytes.len()),
+        })
 }

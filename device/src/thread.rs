@@ -122,7 +122,9 @@ pub struct Reply<T>(oneshot::Receiver<Result<T>>);
 impl<T> Reply<T> {
     /// Blocks the calling thread until the answer comes. Not for async tasks (`.await` it).
     pub fn wait(self) -> Result<T> {
-        self.0.blocking_recv().unwrap_or(Err(DeviceError::ThreadGone))
+        self.0
+            .blocking_recv()
+            .unwrap_or(Err(DeviceError::ThreadGone))
     }
 }
 
@@ -241,10 +243,13 @@ impl DeviceThread {
                     }
                 };
                 let _ = opened_tx.send(Ok(backend.info()));
-                run(DeviceCtx {
-                    backend,
-                    watches: Vec::new(),
-                }, rx);
+                run(
+                    DeviceCtx {
+                        backend,
+                        watches: Vec::new(),
+                    },
+                    rx,
+                );
             })
             .map_err(|e| DeviceError::Io {
                 op: "starting a device thread",
@@ -300,9 +305,7 @@ impl DeviceThread {
 
     /// Device memory in use as the device reports it (`None` where unknown: host memory).
     pub fn used_bytes(&self) -> Reply<Option<u64>> {
-        self.shared
-            .exec
-            .call(|ctx| Ok(ctx.backend().used_bytes()))
+        self.shared.exec.call(|ctx| Ok(ctx.backend().used_bytes()))
     }
 
     /// Runs `f` on the device thread (tests and diagnostics: e.g. to hold the device busy).
@@ -415,8 +418,7 @@ impl ArenaHandle {
     /// [`ArenaHandle::seal`].
     pub fn writer(&self) -> Reply<Box<dyn ArenaWriter + Send>> {
         let me = self.clone();
-        self.exec
-            .call(move |_| me.inner.get()?.writer(&me))
+        self.exec.call(move |_| me.inner.get()?.writer(&me))
     }
 
     /// The executor of the arena's device thread (for writers that submit copies).

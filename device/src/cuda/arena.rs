@@ -131,11 +131,7 @@ impl Arena for CudaArena {
         let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
         let mut idle = Vec::with_capacity(STAGING_SLOTS);
         for _ in 0..STAGING_SLOTS {
-            let pooled = self
-                .staging
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop();
+            let pooled = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
             match pooled.map_or_else(|| Staging::new(&self.ctx), Ok) {
                 Ok(s) => idle.push(s),
                 Err(e) => {
