@@ -3,29 +3,20 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use modelshare_device::cuda::{CudaMapping, import::handle_from};
-use modelshare_device::{HostMapping, handoff};
+use modelshare_device::Mapping;
 use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
+use crate::import;
 use crate::session::{Link, Session, SessionInner};
 use crate::tensor::Tensor;
-
-/// Where an attached arena is mapped in this process.
-#[derive(Debug, Clone)]
-pub enum ArenaView {
-    /// Shared host memory, mapped read-only.
-    Host(Arc<HostMapping>),
-    /// Device memory of another process, opened through CUDA IPC.
-    Cuda(CudaMapping),
-}
 
 /// What one successful attach gave: the lease, the manifest and the mapped arena.
 #[derive(Debug, Clone)]
 struct Attached {
     lease_id: String,
     manifest: Arc<pb::Manifest>,
-    view: ArenaView,
+    view: Mapping,
     index: Arc<HashMap<String, usize>>,
     loading: bool,
 }
@@ -157,17 +148,17 @@ impl Model {
             .collect()
     }
 
-    /// Where the arena is mapped.
-    pub fn view(&self) -> ArenaView {
+    /// The mapping of the arena attached now: its host bytes ([`Mapping::host_bytes`]) or its
+    /// device address and CUDA context ([`Mapping::device_ptr`], [`Mapping::context`]).
+    pub fn view(&self) -> Mapping {
         self.inner.current().view
     }
 
-    /// The CUDA mapping, on the CUDA backend.
-    pub fn cuda(&self) -> Option<CudaMapping> {
-        match self.inner.current().view {
-            ArenaView::Cuda(m) => Some(m),
-            ArenaView::Host(_) => None,
-        }
+    /// Whether the arena is mapped read-only in this process: true for host memory (a
+    /// read-only mapping of a write-sealed memfd); false for legacy CUDA IPC, whose mappings
+    /// are writable (nothing but the worker's own care stops a kernel writing the weights).
+    pub fn read_only(&self) -> bool {
+        self.inner.current().view.read_only()
     }
 
     /// Whether the version was still loading when it was attached (CUDA only): its manifest
@@ -179,14 +170,14 @@ impl Model {
     /// Makes `stream` wait, on the device, until the version is fully loaded (CUDA). A no-op
     /// on the host backend, where only loaded versions are attached.
     pub fn wait_ready(&self, stream: &cudarc::driver::CudaStream) -> Result<(), WorkerError> {
-        match self.inner.current().view {
-            ArenaView::Cuda(m) => m.wait_ready(stream).map_err(|source| WorkerError::Device {
+        let cur = self.inner.current();
+        cur.view
+            .wait_ready(stream)
+            .map_err(|source| WorkerError::Device {
                 model: self.inner.name.clone(),
-                version: self.version(),
+                version: cur.manifest.version,
                 source,
-            }),
-            ArenaView::Host(_) => Ok(()),
-        }
+            })
     }
 
     /// Gives the lease back now and waits for the server's answer.
@@ -282,42 +273,11 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
     }
 }
 
-async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, ArenaView), WorkerError> {
+async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, Mapping), WorkerError> {
     let manifest = reply
         .manifest
         .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
-    let device_err = |source| WorkerError::Device {
-        model: manifest.model.clone(),
-        version: manifest.version,
-        source,
-    };
-    let mapping = match reply.handle {
-        Some(pb::attach_response::Handle::Host(h)) => {
-            let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
-                .await
-                .map_err(device_err)?;
-            ArenaView::Host(Arc::new(
-                HostMapping::map(fd, manifest.arena_bytes).map_err(device_err)?,
-            ))
-        }
-        Some(pb::attach_response::Handle::CudaIpc(h)) => {
-            let mem = handle_from(&h.mem_handle, "mem_handle").map_err(device_err)?;
-            let event = handle_from(&h.event_handle, "event_handle").map_err(device_err)?;
-            let (uuid, len) = (h.device_uuid.clone(), manifest.arena_bytes);
-            // Opening a handle (and creating a context, the first time) blocks.
-            let mapping =
-                tokio::task::spawn_blocking(move || CudaMapping::open(&mem, &event, &uuid, len))
-                    .await
-                    .map_err(|e| WorkerError::Protocol(format!("cuda import task failed: {e}")))?
-                    .map_err(device_err)?;
-            ArenaView::Cuda(mapping)
-        }
-        None => {
-            return Err(WorkerError::Protocol(
-                "attach reply without an arena handle".into(),
-            ));
-        }
-    };
+    let mapping = import::map(reply.handle, &manifest).await?;
     if let Some(t) = manifest.tensors.iter().find(|t| {
         t.offset
             .checked_add(t.byte_length)
