@@ -16,14 +16,19 @@
 //!   [`Mapping`] of its arena.
 //! - [`tensor`]: [`Tensor`], a read-only view of one tensor inside the shared arena, as bytes or
 //!   as a typed slice (`&[f32]`, `&[half::bf16]`, ...), or in device memory ([`DeviceView`]).
+//! - `link` (private): what a session shares with its models: the current connection (session
+//!   id and client) and the session's life (it closes when the last session handle or model
+//!   goes).
 //! - `import` (private): the attach reply's arena handle made into a [`Mapping`]
 //!   ([`Mapping::import`] on a blocking thread): the only code that knows handle kinds.
 //! - [`error`]: the error type, [`WorkerError`].
 //!
-//! An attach goes `Session::attach` → `Model::attach` (the Attach call on the current link,
-//! then `import`) → `Model::tensor` → [`Tensor::bytes`] / [`Tensor::device_ptr`]. After a
-//! reconnection the session's supervisor re-attaches every `Model` still alive; tensors taken
-//! before keep the old mapping alive.
+//! Modules depend downwards only: `client` → `session` → `model` → {`tensor`, `link`,
+//! `import`}; `link` → `connect` → `credentials`; everything → `error`. An attach goes
+//! `Session::attach` → `Model::attach` (the Attach call on the current link, then `import`)
+//! → `Model::tensor` → [`Tensor::bytes`] / [`Tensor::device_ptr`]. After a reconnection the
+//! session's supervisor re-attaches every `Model` still alive; tensors taken before keep the
+//! old mapping alive.
 //!
 //! # Example
 //! ```no_run
@@ -42,6 +47,7 @@ pub mod connect;
 pub mod credentials;
 pub mod error;
 mod import;
+mod link;
 pub mod model;
 pub mod session;
 pub mod tensor;

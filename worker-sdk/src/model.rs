@@ -8,7 +8,7 @@ use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
 use crate::import;
-use crate::session::{Link, Session, SessionInner};
+use crate::link::{KeepOpen, Link};
 use crate::tensor::Tensor;
 
 /// What one successful attach gave: the lease, the manifest and the mapped arena.
@@ -21,7 +21,8 @@ struct Attached {
     loading: bool,
 }
 
-/// The shared part of a [`Model`], also known (weakly) to the session for re-attaching.
+/// The shared part of a [`Model`], also known (weakly) to the session, which re-attaches it
+/// after a reconnection.
 #[derive(Debug)]
 pub(crate) struct ModelInner {
     name: String,
@@ -41,10 +42,9 @@ impl ModelInner {
             .clone()
     }
 
-    /// Attaches again on the session's new link (after a reconnection); returns the version.
-    pub(crate) async fn reattach(&self, session: &SessionInner) -> Result<u32, WorkerError> {
-        let link = session.link()?;
-        let fresh = attach_once(&link, &self.name, self.requested_version).await?;
+    /// Attaches again on the session's new `link` (after a reconnection); returns the version.
+    pub(crate) async fn reattach(&self, link: &Link) -> Result<u32, WorkerError> {
+        let fresh = attach_once(link, &self.name, self.requested_version).await?;
         let version = fresh.manifest.version;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(version)
@@ -56,31 +56,36 @@ impl ModelInner {
 /// long as a `Model` of it lives.
 #[derive(Debug)]
 pub struct Model {
-    session: Session,
+    session: KeepOpen,
     inner: Arc<ModelInner>,
     released: bool,
 }
 
 impl Model {
+    /// Attaches `version` of `model` (0: latest ready) on the session's current link. The
+    /// session registers [`Model::shared`] to re-attach it after a reconnection.
     pub(crate) async fn attach(
-        session: Session,
-        inner_session: Arc<SessionInner>,
+        session: KeepOpen,
         model: &str,
         version: u32,
     ) -> Result<Self, WorkerError> {
-        let link = inner_session.link()?;
+        let link = session.link()?;
         let attached = attach_once(&link, model, version).await?;
         let inner = Arc::new(ModelInner {
             name: model.to_owned(),
             requested_version: version,
             current: RwLock::new(attached),
         });
-        inner_session.hold(&inner);
         Ok(Self {
             session,
             inner,
             released: false,
         })
+    }
+
+    /// The part the session re-attaches after a reconnection.
+    pub(crate) fn shared(&self) -> &Arc<ModelInner> {
+        &self.inner
     }
 
     /// Model name.
