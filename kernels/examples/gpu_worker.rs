@@ -234,14 +234,16 @@ async fn check(a: &Args) -> Res<serde_json::Value> {
     let t_attach = Instant::now();
     let model = attach_retrying(&session, a).await?;
     let attach_ms = t_attach.elapsed().as_secs_f64() * 1e3;
-    let cuda = model.cuda().ok_or("not a CUDA model")?;
-    let ready_at_attach = cuda.is_ready()?;
-    let stream = cuda.context().new_stream()?;
+    let view = model.view();
+    let ctx = view.context().ok_or("not a CUDA model")?;
+    let arena_base = view.device_ptr().ok_or("not a CUDA model")?;
+    let ready_at_attach = view.is_ready()?;
+    let stream = ctx.new_stream()?;
     model.wait_ready(&stream)?;
     let mats = matrices(&model);
     let cache = KernelCache::new();
     let bufs = buffers(&stream, &mats)?;
-    enqueue_all(&cache, &stream, &mats, &bufs, None, cuda.device_ptr())?;
+    enqueue_all(&cache, &stream, &mats, &bufs, None, arena_base)?;
     stream.synchronize()?;
     let first_results_ms = t_attach.elapsed().as_secs_f64() * 1e3;
     // The device-side check: ms64 of every tensor, computed on the device, against the manifest.
@@ -318,8 +320,9 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 async fn bench_gemv(a: &Args) -> Res<serde_json::Value> {
     let session = Session::open(&a.server, "gpu-bench").await?;
     let model = attach_retrying(&session, a).await?;
-    let cuda = model.cuda().ok_or("not a CUDA model")?;
-    let ctx = cuda.context().clone();
+    let view = model.view();
+    let ctx = view.context().ok_or("not a CUDA model")?.clone();
+    let arena_base = view.device_ptr().ok_or("not a CUDA model")?;
     let stream = ctx.new_stream()?;
     model.wait_ready(&stream)?;
     stream.synchronize()?;
@@ -333,7 +336,7 @@ async fn bench_gemv(a: &Args) -> Res<serde_json::Value> {
     let (pptr, _g) = private.device_ptr(&stream);
     // SAFETY: both ranges are `len` bytes of live device memory on this context.
     unsafe {
-        cudarc::driver::result::memcpy_dtod_async(pptr, cuda.device_ptr(), len, stream.cu_stream())?
+        cudarc::driver::result::memcpy_dtod_async(pptr, arena_base, len, stream.cu_stream())?
     };
     stream.synchronize()?;
     let start = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;

@@ -82,9 +82,6 @@ mod tests {
             // Uniform in [-1, 1).
             ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
     }
 
     fn naive_gemv(w: &[f64], x: &[f64], rows: usize, cols: usize) -> Vec<f64> {

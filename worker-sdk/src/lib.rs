@@ -12,10 +12,23 @@
 //! - [`session`]: [`Session`], a worker's connection: hello, background heartbeats, model
 //!   events; it reconnects and re-attaches after a server restart; ending it (drop, or the
 //!   process dying) releases everything it held.
-//! - [`model`]: [`Model`], a lease on one version: its manifest, metadata and tensors.
+//! - [`model`]: [`Model`], a lease on one version: its manifest, metadata, tensors and the
+//!   [`Mapping`] of its arena.
 //! - [`tensor`]: [`Tensor`], a read-only view of one tensor inside the shared arena, as bytes or
-//!   as a typed slice (`&[f32]`, `&[half::bf16]`, ...).
+//!   as a typed slice (`&[f32]`, `&[half::bf16]`, ...), or in device memory ([`DeviceView`]).
+//! - `link` (private): what a session shares with its models: the current connection (session
+//!   id and client) and the session's life (it closes when the last session handle or model
+//!   goes).
+//! - `import` (private): the attach reply's arena handle made into a [`Mapping`]
+//!   ([`Mapping::import`] on a blocking thread): the only code that knows handle kinds.
 //! - [`error`]: the error type, [`WorkerError`].
+//!
+//! Modules depend downwards only: `client` → `session` → `model` → {`tensor`, `link`,
+//! `import`}; `link` → `connect` → `credentials`; everything → `error`. An attach goes
+//! `Session::attach` → `Model::attach` (the Attach call on the current link, then `import`)
+//! → `Model::tensor` → [`Tensor::bytes`] / [`Tensor::device_ptr`]. After a reconnection the
+//! session's supervisor re-attaches every `Model` still alive; tensors taken before keep the
+//! old mapping alive.
 //!
 //! # Example
 //! ```no_run
@@ -33,6 +46,8 @@ pub mod client;
 pub mod connect;
 pub mod credentials;
 pub mod error;
+mod import;
+mod link;
 pub mod model;
 pub mod session;
 pub mod tensor;
@@ -41,6 +56,7 @@ pub use client::Client;
 pub use connect::AuthChannel;
 pub use credentials::{BearerInterceptor, ConnectOptions, TlsOptions, Token, TokenSource};
 pub use error::WorkerError;
-pub use model::{ArenaView, Model};
+pub use model::Model;
+pub use modelshare_device::Mapping;
 pub use session::{Session, SessionEvent, SessionOptions};
 pub use tensor::{DeviceView, Element, Tensor};

@@ -3,34 +3,26 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use modelshare_device::cuda::CudaMapping;
-use modelshare_device::{HostMapping, handoff};
+use modelshare_device::Mapping;
 use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
-use crate::session::{Link, Session, SessionInner};
+use crate::import;
+use crate::link::{KeepOpen, Link};
 use crate::tensor::Tensor;
-
-/// Where an attached arena is mapped in this process.
-#[derive(Debug, Clone)]
-pub enum ArenaView {
-    /// Shared host memory, mapped read-only.
-    Host(Arc<HostMapping>),
-    /// Device memory of another process, opened through CUDA IPC.
-    Cuda(CudaMapping),
-}
 
 /// What one successful attach gave: the lease, the manifest and the mapped arena.
 #[derive(Debug, Clone)]
 struct Attached {
     lease_id: String,
     manifest: Arc<pb::Manifest>,
-    view: ArenaView,
+    view: Mapping,
     index: Arc<HashMap<String, usize>>,
     loading: bool,
 }
 
-/// The shared part of a [`Model`], also known (weakly) to the session for re-attaching.
+/// The shared part of a [`Model`], also known (weakly) to the session, which re-attaches it
+/// after a reconnection.
 #[derive(Debug)]
 pub(crate) struct ModelInner {
     name: String,
@@ -50,10 +42,9 @@ impl ModelInner {
             .clone()
     }
 
-    /// Attaches again on the session's new link (after a reconnection); returns the version.
-    pub(crate) async fn reattach(&self, session: &SessionInner) -> Result<u32, WorkerError> {
-        let link = session.link()?;
-        let fresh = attach_once(&link, &self.name, self.requested_version).await?;
+    /// Attaches again on the session's new `link` (after a reconnection); returns the version.
+    pub(crate) async fn reattach(&self, link: &Link) -> Result<u32, WorkerError> {
+        let fresh = attach_once(link, &self.name, self.requested_version).await?;
         let version = fresh.manifest.version;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(version)
@@ -65,31 +56,36 @@ impl ModelInner {
 /// long as a `Model` of it lives.
 #[derive(Debug)]
 pub struct Model {
-    session: Session,
+    session: KeepOpen,
     inner: Arc<ModelInner>,
     released: bool,
 }
 
 impl Model {
+    /// Attaches `version` of `model` (0: latest ready) on the session's current link. The
+    /// session registers [`Model::shared`] to re-attach it after a reconnection.
     pub(crate) async fn attach(
-        session: Session,
-        inner_session: Arc<SessionInner>,
+        session: KeepOpen,
         model: &str,
         version: u32,
     ) -> Result<Self, WorkerError> {
-        let link = inner_session.link()?;
+        let link = session.link()?;
         let attached = attach_once(&link, model, version).await?;
         let inner = Arc::new(ModelInner {
             name: model.to_owned(),
             requested_version: version,
             current: RwLock::new(attached),
         });
-        inner_session.hold(&inner);
         Ok(Self {
             session,
             inner,
             released: false,
         })
+    }
+
+    /// The part the session re-attaches after a reconnection.
+    pub(crate) fn shared(&self) -> &Arc<ModelInner> {
+        &self.inner
     }
 
     /// Model name.
@@ -157,17 +153,17 @@ impl Model {
             .collect()
     }
 
-    /// Where the arena is mapped.
-    pub fn view(&self) -> ArenaView {
+    /// The mapping of the arena attached now: its host bytes ([`Mapping::host_bytes`]) or its
+    /// device address and CUDA context ([`Mapping::device_ptr`], [`Mapping::context`]).
+    pub fn view(&self) -> Mapping {
         self.inner.current().view
     }
 
-    /// The CUDA mapping, on the CUDA backend.
-    pub fn cuda(&self) -> Option<CudaMapping> {
-        match self.inner.current().view {
-            ArenaView::Cuda(m) => Some(m),
-            ArenaView::Host(_) => None,
-        }
+    /// Whether the arena is mapped read-only in this process: true for host memory (a
+    /// read-only mapping of a write-sealed memfd); false for legacy CUDA IPC, whose mappings
+    /// are writable (nothing but the worker's own care stops a kernel writing the weights).
+    pub fn read_only(&self) -> bool {
+        self.inner.current().view.read_only()
     }
 
     /// Whether the version was still loading when it was attached (CUDA only): its manifest
@@ -179,14 +175,14 @@ impl Model {
     /// Makes `stream` wait, on the device, until the version is fully loaded (CUDA). A no-op
     /// on the host backend, where only loaded versions are attached.
     pub fn wait_ready(&self, stream: &cudarc::driver::CudaStream) -> Result<(), WorkerError> {
-        match self.inner.current().view {
-            ArenaView::Cuda(m) => m.wait_ready(stream).map_err(|source| WorkerError::Device {
+        let cur = self.inner.current();
+        cur.view
+            .wait_ready(stream)
+            .map_err(|source| WorkerError::Device {
                 model: self.inner.name.clone(),
-                version: self.version(),
+                version: cur.manifest.version,
                 source,
-            }),
-            ArenaView::Host(_) => Ok(()),
-        }
+            })
     }
 
     /// Gives the lease back now and waits for the server's answer.
@@ -282,42 +278,11 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
     }
 }
 
-async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, ArenaView), WorkerError> {
+async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, Mapping), WorkerError> {
     let manifest = reply
         .manifest
         .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
-    let device_err = |source| WorkerError::Device {
-        model: manifest.model.clone(),
-        version: manifest.version,
-        source,
-    };
-    let mapping = match reply.handle {
-        Some(pb::attach_response::Handle::Host(h)) => {
-            let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
-                .await
-                .map_err(device_err)?;
-            ArenaView::Host(Arc::new(
-                HostMapping::map(fd, manifest.arena_bytes).map_err(device_err)?,
-            ))
-        }
-        Some(pb::attach_response::Handle::CudaIpc(h)) => {
-            let mem = handle_from(&h.mem_handle, "mem_handle").map_err(device_err)?;
-            let event = handle_from(&h.event_handle, "event_handle").map_err(device_err)?;
-            let (uuid, len) = (h.device_uuid.clone(), manifest.arena_bytes);
-            // Opening a handle (and creating a context, the first time) blocks.
-            let mapping =
-                tokio::task::spawn_blocking(move || CudaMapping::open(&mem, &event, &uuid, len))
-                    .await
-                    .map_err(|e| WorkerError::Protocol(format!("cuda import task failed: {e}")))?
-                    .map_err(device_err)?;
-            ArenaView::Cuda(mapping)
-        }
-        None => {
-            return Err(WorkerError::Protocol(
-                "attach reply without an arena handle".into(),
-            ));
-        }
-    };
+    let mapping = import::map(reply.handle, &manifest).await?;
     if let Some(t) = manifest.tensors.iter().find(|t| {
         t.offset
             .checked_add(t.byte_length)
@@ -344,13 +309,4 @@ async fn release(link: &Link, lease_id: &str) -> Result<(), WorkerError> {
             status,
         })?;
     Ok(())
-}
-
-/// Refuses a handle of the wrong size.
-fn handle_from(bytes: &[u8], what: &str) -> Result<[u8; 64], modelshare_device::DeviceError> {
-    bytes
-        .try_into()
-        .map_err(|_| modelshare_device::DeviceError::BadHandle {
-            reason: format!("{what} is {} bytes, not 64", bytes.len()),
-        })
 }

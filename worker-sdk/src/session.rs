@@ -19,12 +19,12 @@ use modelshare_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::WorkerError;
-use crate::connect::{self, AuthChannel};
+use crate::connect;
 use crate::credentials::ConnectOptions;
+use crate::link::{KeepOpen, Link, SessionCore};
 use crate::model::{Model, ModelInner};
 
 /// First delay before reconnecting; doubles up to [`MAX_BACKOFF`].
@@ -93,34 +93,21 @@ pub struct SessionOptions {
     pub connect: ConnectOptions,
 }
 
-/// The current connection: session id and client.
-#[derive(Debug, Clone)]
-pub(crate) struct Link {
-    pub(crate) id: String,
-    pub(crate) client: WorkerServiceClient<AuthChannel>,
-}
-
+/// What the supervisor shares with the [`Session`] handles: the connection settings, the
+/// link and the session's life ([`SessionCore`], also shared with its models), the models to
+/// re-attach after a reconnection, and the event channel.
 #[derive(Debug)]
-pub(crate) struct SessionInner {
+struct SessionInner {
     address: String,
     options: SessionOptions,
-    link: Mutex<Option<Link>>,
+    core: Arc<SessionCore>,
     held: Mutex<Vec<Weak<ModelInner>>>,
     events: broadcast::Sender<SessionEvent>,
-    closed: CancellationToken,
 }
 
 impl SessionInner {
-    /// The current link, or `SessionEnded` while reconnecting / after the end.
-    pub(crate) fn link(&self) -> Result<Link, WorkerError> {
-        self.link
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(WorkerError::SessionEnded)
-    }
-
-    pub(crate) fn hold(&self, model: &Arc<ModelInner>) {
+    /// Remembers `model` (weakly) to re-attach it after a reconnection.
+    fn hold(&self, model: &Arc<ModelInner>) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.retain(|w| w.strong_count() > 0);
         held.push(Arc::downgrade(model));
@@ -131,23 +118,13 @@ impl SessionInner {
     }
 }
 
-/// Ends the supervisor when the last [`Session`] clone goes.
-#[derive(Debug)]
-struct CloseOnDrop(Arc<SessionInner>);
-
-impl Drop for CloseOnDrop {
-    fn drop(&mut self) {
-        self.0.closed.cancel();
-    }
-}
-
 /// A worker's connection to a modelshare server. Heartbeats run in the background and the
 /// session survives server restarts (see the module docs); dropping the last clone ends it and
 /// releases its leases on the server.
 #[derive(Debug, Clone)]
 pub struct Session {
     inner: Arc<SessionInner>,
-    _close: Arc<CloseOnDrop>,
+    keep_open: KeepOpen,
     device: Option<pb::DeviceInfo>,
 }
 
@@ -172,17 +149,16 @@ impl Session {
         let inner = Arc::new(SessionInner {
             address: address.to_owned(),
             options,
-            link: Mutex::new(None),
+            core: Arc::default(),
             held: Mutex::new(Vec::new()),
             events,
-            closed: CancellationToken::new(),
         });
         let (link, welcome, stream) = handshake(&inner).await?;
-        *inner.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(link);
+        inner.core.set_link(Some(link));
         let device = welcome.device.clone();
         tokio::spawn(supervise(inner.clone(), welcome, stream));
         Ok(Self {
-            _close: Arc::new(CloseOnDrop(inner.clone())),
+            keep_open: KeepOpen::new(inner.core.clone()),
             inner,
             device,
         })
@@ -190,7 +166,7 @@ impl Session {
 
     /// The current session id (it changes after a reconnection).
     pub fn id(&self) -> String {
-        self.inner.link().map(|l| l.id).unwrap_or_default()
+        self.inner.core.link().map(|l| l.id).unwrap_or_default()
     }
 
     /// The device the server's arenas live on.
@@ -208,11 +184,9 @@ impl Session {
     /// call retries with backoff for up to 5 s. After a reconnection the SDK asks again for the
     /// same thing: the same version, or the latest.
     pub async fn attach_version(&self, model: &str, version: u32) -> Result<Model, WorkerError> {
-        Model::attach(self.clone(), self.inner.clone(), model, version).await
-    }
-
-    pub(crate) fn link(&self) -> Result<Link, WorkerError> {
-        self.inner.link()
+        let model = Model::attach(self.keep_open.clone(), model, version).await?;
+        self.inner.hold(model.shared());
+        Ok(model)
     }
 
     /// A receiver of this session's events from now on.
@@ -293,9 +267,9 @@ async fn supervise(
     loop {
         let revoked = tokio::select! {
             r = run_stream(&inner, &welcome, &mut stream) => r,
-            () = inner.closed.cancelled() => return,
+            () = inner.core.closed().cancelled() => return,
         };
-        *inner.link.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        inner.core.set_link(None);
         match revoked {
             Some(reason) => inner.emit(SessionEvent::Revoked { reason }),
             None => inner.emit(SessionEvent::Disconnected),
@@ -308,7 +282,7 @@ async fn supervise(
         let (link, w, s) = loop {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
-                () = inner.closed.cancelled() => return,
+                () = inner.core.closed().cancelled() => return,
             }
             match handshake(&inner).await {
                 Ok(ok) => break ok,
@@ -328,7 +302,7 @@ async fn supervise(
             }
         };
         (welcome, stream) = (w, s);
-        *inner.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(link.clone());
+        inner.core.set_link(Some(link.clone()));
         inner.emit(SessionEvent::Reconnected {
             session_id: link.id.clone(),
         });
@@ -390,7 +364,11 @@ async fn reattach_all(inner: &Arc<SessionInner>) {
         held.iter().filter_map(Weak::upgrade).collect()
     };
     for model in held {
-        match model.reattach(inner).await {
+        let reattached = match inner.core.link() {
+            Ok(link) => model.reattach(&link).await,
+            Err(e) => Err(e),
+        };
+        match reattached {
             Ok(version) => inner.emit(SessionEvent::Reattached {
                 model: model.name().to_owned(),
                 version,

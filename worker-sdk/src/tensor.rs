@@ -4,9 +4,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DeviceSlice, SyncOnDrop};
-use modelshare_device::cuda::CudaMapping;
-
-use crate::model::ArenaView;
+use modelshare_device::{DeviceError, Mapping};
 use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
@@ -40,11 +38,13 @@ element! {
 #[derive(Debug, Clone)]
 pub struct Tensor {
     info: pb::TensorInfo,
-    view: ArenaView,
+    view: Mapping,
 }
 
 impl Tensor {
-    pub(crate) fn new(info: pb::TensorInfo, view: ArenaView) -> Self {
+    /// The tensor `info` describes, inside the arena `view` maps (the attach checked that it
+    /// lies within).
+    pub(crate) fn new(info: pb::TensorInfo, view: Mapping) -> Self {
         Self { info, view }
     }
 
@@ -98,15 +98,8 @@ impl Tensor {
     /// memory; empty for arenas in device memory (use [`Tensor::device_ptr`] or
     /// [`Tensor::to_host`]). The attach checked that every tensor lies inside the mapping.
     pub fn bytes(&self) -> &[u8] {
-        let ArenaView::Host(mapping) = &self.view else {
-            return &[];
-        };
-        let all = mapping.as_slice();
-        let start = usize::try_from(self.info.offset).unwrap_or(usize::MAX);
-        let len = usize::try_from(self.info.byte_length).unwrap_or(usize::MAX);
-        start
-            .checked_add(len)
-            .and_then(|end| all.get(start..end))
+        self.view
+            .host_range(self.info.offset, self.info.byte_length)
             .unwrap_or(&[])
     }
 
@@ -139,17 +132,14 @@ impl Tensor {
 
     /// Whether the tensor lives in device memory.
     pub fn is_on_device(&self) -> bool {
-        matches!(self.view, ArenaView::Cuda(_))
+        self.view.is_on_device()
     }
 
     /// The tensor's device address in this process (CUDA backend), valid while the tensor (or
     /// its model) lives. Enqueue [`crate::Model::wait_ready`] on your stream before the first
     /// kernel that reads it.
     pub fn device_ptr(&self) -> Option<u64> {
-        match &self.view {
-            ArenaView::Cuda(m) => Some(m.device_ptr() + self.info.offset),
-            ArenaView::Host(_) => None,
-        }
+        self.view.device_ptr().map(|base| base + self.info.offset)
     }
 
     /// A typed view of the tensor in device memory (CUDA backend), usable wherever cudarc
@@ -170,60 +160,60 @@ impl Tensor {
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceView<T>, WorkerError> {
         self.check_dtype::<T>()?;
-        let ArenaView::Cuda(mapping) = &self.view else {
+        let Some(ptr) = self.device_ptr() else {
             return Err(WorkerError::Protocol(format!(
                 "tensor '{}' is in host memory: use as_slice()",
                 self.info.name
             )));
         };
-        mapping
-            .wait_ready(stream)
-            .map_err(|source| WorkerError::Device {
-                model: String::new(),
-                version: 0,
-                source,
-            })?;
-        let len = usize::try_from(self.len()).map_err(|_| {
-            WorkerError::Protocol(format!("tensor '{}' is too large", self.info.name))
-        })?;
+        self.view.wait_ready(stream).map_err(device_error)?;
+        let len = usize::try_from(self.len()).map_err(|_| self.too_large())?;
         Ok(DeviceView {
-            ptr: mapping.device_ptr() + self.info.offset,
+            ptr,
             len,
             stream: stream.clone(),
-            mapping: mapping.clone(),
+            mapping: self.view.clone(),
             _elem: PhantomData,
         })
     }
 
     /// A copy of the bytes in host memory (on CUDA: after the ready event).
     pub fn to_host(&self) -> Result<Vec<u8>, WorkerError> {
-        match &self.view {
-            ArenaView::Host(_) => Ok(self.bytes().to_vec()),
-            ArenaView::Cuda(m) => {
-                let len = usize::try_from(self.info.byte_length).map_err(|_| {
-                    WorkerError::Protocol(format!("tensor '{}' is too large", self.info.name))
-                })?;
-                let mut buf = vec![0u8; len];
-                m.read(self.info.offset, &mut buf)
-                    .map_err(|source| WorkerError::Device {
-                        model: String::new(),
-                        version: 0,
-                        source,
-                    })?;
-                Ok(buf)
-            }
-        }
+        let len = usize::try_from(self.info.byte_length).map_err(|_| self.too_large())?;
+        let mut buf = vec![0u8; len];
+        self.view
+            .read(self.info.offset, &mut buf)
+            .map_err(device_error)?;
+        Ok(buf)
     }
 
-    /// Whether the bytes hash to the checksum in the manifest (on CUDA this copies the tensor
-    /// to the host first).
+    /// Whether the bytes hash to the checksum in the manifest. Bytes mapped into this process
+    /// are hashed in place; others (device memory) are copied to the host first.
     pub fn verify(&self) -> bool {
-        match &self.view {
-            ArenaView::Host(_) => xxhash_rust::xxh3::xxh3_64(self.bytes()) == self.info.xxh3,
-            ArenaView::Cuda(_) => self
-                .to_host()
-                .is_ok_and(|b| xxhash_rust::xxh3::xxh3_64(&b) == self.info.xxh3),
-        }
+        let hash = match self
+            .view
+            .host_range(self.info.offset, self.info.byte_length)
+        {
+            Some(bytes) => xxhash_rust::xxh3::xxh3_64(bytes),
+            None => match self.to_host() {
+                Ok(bytes) => xxhash_rust::xxh3::xxh3_64(&bytes),
+                Err(_) => return false,
+            },
+        };
+        hash == self.info.xxh3
+    }
+
+    fn too_large(&self) -> WorkerError {
+        WorkerError::Protocol(format!("tensor '{}' is too large", self.info.name))
+    }
+}
+
+/// A device error about a tensor's arena (the tensor does not know its model's name).
+fn device_error(source: DeviceError) -> WorkerError {
+    WorkerError::Device {
+        model: String::new(),
+        version: 0,
+        source,
     }
 }
 
@@ -234,7 +224,7 @@ pub struct DeviceView<T> {
     ptr: u64,
     len: usize,
     stream: Arc<CudaStream>,
-    mapping: CudaMapping,
+    mapping: Mapping,
     _elem: PhantomData<T>,
 }
 

@@ -1,0 +1,77 @@
+//! What a session shares with its models: the current [`Link`] (session id and client), and
+//! the session's life ([`KeepOpen`]).
+//!
+//! This module sits below both `session` (which sets the link on each (re)connection and runs
+//! the supervisor) and `model` (which attaches and releases on the current link), so that
+//! neither of those needs the other's internals to reach the server.
+
+use std::sync::{Arc, Mutex};
+
+use modelshare_proto::v1::worker_service_client::WorkerServiceClient;
+use tokio_util::sync::CancellationToken;
+
+use crate::WorkerError;
+use crate::connect::AuthChannel;
+
+/// The current connection: session id and client.
+#[derive(Debug, Clone)]
+pub(crate) struct Link {
+    pub(crate) id: String,
+    pub(crate) client: WorkerServiceClient<AuthChannel>,
+}
+
+/// The shared core of a session: the link now in use (none while reconnecting or after the
+/// end), and the token cancelled when the session closes.
+#[derive(Debug, Default)]
+pub(crate) struct SessionCore {
+    link: Mutex<Option<Link>>,
+    closed: CancellationToken,
+}
+
+impl SessionCore {
+    /// The current link, or `SessionEnded` while reconnecting / after the end.
+    pub(crate) fn link(&self) -> Result<Link, WorkerError> {
+        self.link
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(WorkerError::SessionEnded)
+    }
+
+    /// Replaces the current link (`None`: the stream broke).
+    pub(crate) fn set_link(&self, link: Option<Link>) {
+        *self.link.lock().unwrap_or_else(|e| e.into_inner()) = link;
+    }
+
+    /// Cancelled when the last [`KeepOpen`] goes.
+    pub(crate) fn closed(&self) -> &CancellationToken {
+        &self.closed
+    }
+}
+
+/// A share in keeping a session open, held by every `Session` clone and every `Model` of it:
+/// when the last share goes the session closes (its supervisor stops, its stream ends and
+/// the server releases its leases).
+#[derive(Debug, Clone)]
+pub(crate) struct KeepOpen(Arc<CloseOnDrop>);
+
+impl KeepOpen {
+    pub(crate) fn new(core: Arc<SessionCore>) -> Self {
+        Self(Arc::new(CloseOnDrop(core)))
+    }
+
+    /// The session's current link.
+    pub(crate) fn link(&self) -> Result<Link, WorkerError> {
+        self.0.0.link()
+    }
+}
+
+/// Closes the session when dropped (the last [`KeepOpen`] clone's share).
+#[derive(Debug)]
+struct CloseOnDrop(Arc<SessionCore>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.closed.cancel();
+    }
+}
