@@ -21,6 +21,19 @@ pub struct Export {
     pub fd: Option<OwnedFd>,
 }
 
+impl Export {
+    /// A copy, when the export carries no descriptor (a descriptor is not copied here: each
+    /// attach needs its own).
+    pub(crate) fn without_fd(&self) -> Option<Export> {
+        self.fd.is_none().then(|| Export {
+            kind: self.kind,
+            device_uuid: self.device_uuid.clone(),
+            handles: self.handles.clone(),
+            fd: None,
+        })
+    }
+}
+
 /// What a worker received for one attach, to [`import`](crate::Mapping::import).
 #[derive(Debug)]
 pub struct Import {

@@ -68,6 +68,13 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// A handle to hand to a worker process. The host backend exports only sealed arenas.
     fn export(&self) -> Result<Export>;
 
+    /// The export, if it is the same for every attach and carries no descriptor (CUDA IPC:
+    /// the memory and event handles, fixed at allocation). The server then answers attaches
+    /// without a round trip to the device thread.
+    fn fixed_export(&self) -> Option<Export> {
+        None
+    }
+
     /// Reads back `buf.len()` bytes at `offset` (server-side checks and tests).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
 
@@ -187,6 +194,13 @@ impl Executor {
 pub struct Reply<T>(oneshot::Receiver<Result<T>>);
 
 impl<T> Reply<T> {
+    /// A reply that is already there.
+    fn ready(value: Result<T>) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(value);
+        Reply(rx)
+    }
+
     /// Blocks the calling thread until the answer comes. Not for async tasks (`.await` it).
     pub fn wait(self) -> Result<T> {
         self.0
@@ -361,11 +375,13 @@ impl DeviceThread {
         self.shared.exec.call(move |ctx| {
             let arena = ctx.backend().allocate(len, &label)?;
             let attach_while_loading = arena.attach_while_loading();
+            let fixed = arena.fixed_export().map(Arc::new);
             Ok(ArenaHandle {
                 inner: Arc::new(OnDevice::new(arena, exec.clone())),
                 exec,
                 len,
                 attach_while_loading,
+                fixed,
             })
         })
     }
@@ -413,6 +429,8 @@ pub struct ArenaHandle {
     exec: Executor,
     len: u64,
     attach_while_loading: bool,
+    /// The arena's export when it never changes (see [`Arena::fixed_export`]).
+    fixed: Option<Arc<Export>>,
 }
 
 impl ArenaHandle {
@@ -441,7 +459,13 @@ impl ArenaHandle {
     }
 
     /// A handle to hand to a worker process (the host backend exports only sealed arenas).
+    /// An export that never changes comes back at once, without a round trip.
     pub fn export(&self) -> Reply<Export> {
+        if let Some(fixed) = &self.fixed
+            && let Some(export) = fixed.without_fd()
+        {
+            return Reply::ready(Ok(export));
+        }
         self.with(|a| a.export())
     }
 
@@ -559,6 +583,70 @@ mod tests {
         assert_eq!(busy.await.unwrap(), 1);
         assert_eq!(after.await.unwrap(), None);
         assert!(started.elapsed() >= Duration::from_millis(100));
+    }
+
+    /// An arena whose export never changes.
+    #[derive(Debug)]
+    struct Fixed;
+
+    impl Arena for Fixed {
+        fn len(&self) -> u64 {
+            0
+        }
+        fn write_at(&self, _: u64, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        fn seal(&self) -> Result<()> {
+            Ok(())
+        }
+        fn export(&self) -> Result<Export> {
+            self.fixed_export().ok_or(DeviceError::ThreadGone)
+        }
+        fn fixed_export(&self) -> Option<Export> {
+            Some(Export {
+                kind: crate::BackendKind::CudaIpc,
+                device_uuid: "GPU-test".into(),
+                handles: vec![vec![1; 64], vec![2; 64]],
+                fd: None,
+            })
+        }
+        fn read_at(&self, _: u64, _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[derive(Debug)]
+    struct FixedBackend;
+
+    impl Backend for FixedBackend {
+        fn info(&self) -> DeviceInfo {
+            HostBackend::new().info()
+        }
+        fn allocate(&mut self, _: u64, _: &str) -> Result<Box<dyn Arena>> {
+            Ok(Box::new(Fixed))
+        }
+        fn used_bytes(&mut self) -> Option<u64> {
+            None
+        }
+    }
+
+    /// An export that never changes is answered without the device thread: an attach does not
+    /// wait behind device work.
+    #[test]
+    fn a_fixed_export_needs_no_round_trip() {
+        let device =
+            DeviceThread::start("fixed", || Ok(Box::new(FixedBackend) as Box<dyn Backend>))
+                .unwrap();
+        let arena = device.allocate(0, "f@1").wait().unwrap();
+        let (release, held) = mpsc::channel::<()>();
+        let busy = device.run(move |_| Ok(held.recv_timeout(Duration::from_secs(5)).is_ok()));
+        let export = arena.export().wait().unwrap();
+        assert_eq!(export.handles, vec![vec![1; 64], vec![2; 64]]);
+        release.send(()).unwrap();
+        assert!(
+            busy.wait().unwrap(),
+            "the export waited for the busy device thread"
+        );
     }
 
     /// Once the thread has stopped, calls fail with ThreadGone instead of hanging.

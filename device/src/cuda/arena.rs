@@ -62,7 +62,9 @@ pub(crate) struct CudaArena {
     sealed: Arc<AtomicBool>,
     staging: StagingPool,
     ms64: Option<Arc<Ms64Kernel>>,
-    device_uuid: String,
+    /// The IPC handles of the memory and of the ready event: fixed for the arena's life,
+    /// taken once at allocation.
+    export: Export,
 }
 
 impl CudaArena {
@@ -76,6 +78,12 @@ impl CudaArena {
     ) -> Result<Self> {
         let mem = Arc::new(sys::DeviceMemory::alloc(ctx, len)?);
         let ready = ReadyEvent::gated(gate_ctx)?;
+        let export = Export {
+            kind: BackendKind::CudaIpc,
+            device_uuid,
+            handles: vec![mem.ipc_handle()?.to_vec(), ready.ipc_handle()?.to_vec()],
+            fd: None,
+        };
         Ok(Self {
             ctx: ctx.clone(),
             mem,
@@ -84,7 +92,7 @@ impl CudaArena {
             sealed: Arc::new(AtomicBool::new(false)),
             staging,
             ms64,
-            device_uuid,
+            export,
         })
     }
 }
@@ -110,15 +118,13 @@ impl Arena for CudaArena {
     }
 
     fn export(&self) -> Result<Export> {
-        Ok(Export {
-            kind: BackendKind::CudaIpc,
-            device_uuid: self.device_uuid.clone(),
-            handles: vec![
-                self.mem.ipc_handle()?.to_vec(),
-                self.ready.ipc_handle()?.to_vec(),
-            ],
-            fd: None,
+        self.export.without_fd().ok_or(DeviceError::Unsupported {
+            what: "a CUDA IPC export with a descriptor".into(),
         })
+    }
+
+    fn fixed_export(&self) -> Option<Export> {
+        self.export.without_fd()
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
