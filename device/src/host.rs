@@ -18,7 +18,7 @@ use crate::backend::{ArenaWriter, BackendKind, BufferedWriter, DeviceInfo, Mappe
 use crate::error::{DeviceError, Result};
 use crate::export::{Export, Import};
 use crate::sys::SealedMapping;
-use crate::thread::{Arena, ArenaHandle, Backend};
+use crate::thread::{Arena, ArenaHandle, Backend, DeviceThread};
 
 /// The longest memfd name Linux accepts (249 bytes, without the NUL).
 const MEMFD_NAME_MAX: usize = 249;
@@ -40,6 +40,16 @@ impl HostBackend {
                 total_bytes: mem_total().unwrap_or(0),
             },
         }
+    }
+}
+
+impl HostBackend {
+    /// A device thread serving host memory (the same seam as a GPU's, so that everything
+    /// above it is tested without one).
+    pub fn thread() -> Result<DeviceThread> {
+        DeviceThread::start("host-mem", || {
+            Ok(Box::new(HostBackend::new()) as Box<dyn Backend>)
+        })
     }
 }
 

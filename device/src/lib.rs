@@ -60,15 +60,6 @@ pub use mapping::Mapping;
 pub use peer::PeerWatch;
 pub use thread::{Arena, ArenaHandle, Backend, DeviceCtx, DeviceThread, Reply};
 
-impl HostBackend {
-    /// A device thread serving host memory.
-    pub fn thread() -> Result<DeviceThread> {
-        DeviceThread::start("host-mem", || {
-            Ok(Box::new(HostBackend::new()) as Box<dyn Backend>)
-        })
-    }
-}
-
 #[cfg(test)]
 mod test_util {
     //! Helpers shared by the unit tests.

@@ -183,7 +183,7 @@ impl App {
         // From here the load runs to its end whether or not the caller still listens: the
         // arena is allocated on the device thread (outside the registry's lock), then filled.
         let (allocated_tx, allocated) = oneshot::channel();
-        let copy = Copy {
+        let copy = LoadCopy {
             registry: self.registry.clone(),
             metrics: self.metrics.clone(),
             threads: self.config.load_threads,
@@ -285,7 +285,7 @@ impl App {
 }
 
 /// A load whose arena is allocated: what the copy needs, on its blocking thread.
-struct Copy {
+struct LoadCopy {
     registry: Arc<Registry>,
     metrics: Arc<crate::metrics::Metrics>,
     threads: usize,
@@ -295,10 +295,10 @@ struct Copy {
     permit: OwnedSemaphorePermit,
 }
 
-impl Copy {
+impl LoadCopy {
     /// Fills `arena`, records the outcome, and returns the version as it then stands.
     fn run(self, arena: &modelshare_device::ArenaHandle) -> Result<VersionSnapshot, ServerError> {
-        let Copy {
+        let LoadCopy {
             registry,
             metrics,
             threads,
