@@ -7,6 +7,7 @@ use std::path::PathBuf;
 const PROTOS: &[&str] = &[
     "modelshare/v1/common.proto",
     "modelshare/v1/admin.proto",
+    "modelshare/v1/serving.proto",
     "modelshare/v1/worker.proto",
     "inference/grpc_predict_v2.proto",
 ];

@@ -5,7 +5,10 @@
 //! - `modelshare/v1/admin.proto`: [`v1::admin_service_client`] / [`v1::admin_service_server`],
 //!   the operator API (load, unload, list, describe, stats, sessions).
 //! - `modelshare/v1/worker.proto`: [`v1::worker_service_client`] / [`v1::worker_service_server`],
-//!   sessions, attach and release.
+//!   sessions, attach and release, and `Serve`: the stream over which a worker pulls batches of
+//!   requests by credit and answers them (not implemented by the server yet).
+//! - `modelshare/v1/serving.proto`: the messages of `Serve` (offer, batch, item, result, cancel,
+//!   drain).
 //! - `inference/grpc_predict_v2.proto`: [`inference::grpc_inference_service_client`] /
 //!   [`inference::grpc_inference_service_server`], the KServe v2 Open Inference Protocol
 //!   (package `inference`), wire-compatible with the specification so that its clients work

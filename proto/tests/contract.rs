@@ -190,8 +190,8 @@ fn message<'a>(fds: &'a FileDescriptorSet, package: &str, path: &str) -> &'a Des
 }
 
 /// The descriptor set served by reflection holds `inference.GRPCInferenceService` with the
-/// six OIP RPCs beside the modelshare services; if this fails, reflection clients (grpcurl)
-/// cannot see one of the two packages.
+/// six OIP RPCs and `modelshare.v1.WorkerService` with `Serve` as a bidirectional stream; if
+/// this fails, reflection clients (grpcurl) cannot see one of the two packages.
 #[test]
 fn descriptor_set_holds_both_packages() {
     let fds = descriptor_set();
@@ -227,7 +227,15 @@ fn descriptor_set_holds_both_packages() {
     .collect();
     assert_eq!(rpcs, expected);
 
-    service(&fds, "modelshare.v1", "WorkerService");
+    let worker = service(&fds, "modelshare.v1", "WorkerService");
+    let names: Vec<&str> = worker.method.iter().map(|m| m.name()).collect();
+    assert_eq!(names, ["Session", "Attach", "Release", "Serve"]);
+    let serve = worker.method.iter().find(|m| m.name() == "Serve").unwrap();
+    assert_eq!(serve.input_type(), ".modelshare.v1.ServeRequest");
+    assert_eq!(serve.output_type(), ".modelshare.v1.ServeEvent");
+    assert!(serve.client_streaming() && serve.server_streaming());
+
+    // The admin service is still there too.
     service(&fds, "modelshare.v1", "AdminService");
 }
 
@@ -372,4 +380,56 @@ fn oip_messages_match_the_specification() {
         .map(|m| m.name())
         .collect();
     assert_eq!(top, paths);
+}
+
+/// A Serve batch and its result survive encoding; if this fails, the generated types of the
+/// request path are unusable.
+#[test]
+fn serve_messages_round_trip() {
+    use modelshare_proto::v1::{
+        Batch, BatchResult, DType, Item, ItemError, ItemResult, Parameter, ServeEvent,
+        ServeRequest, TensorInput, Tensors, item, item_result, parameter, serve_event,
+        serve_request,
+    };
+    let event = ServeEvent {
+        kind: Some(serve_event::Kind::Batch(Batch {
+            batch_id: 7,
+            version: 2,
+            items: vec![Item {
+                item_id: 41,
+                input: Some(item::Input::Tensors(Tensors {
+                    tensors: vec![TensorInput {
+                        name: "input_ids".into(),
+                        dtype: DType::DtypeI64 as i32,
+                        shape: vec![1, 3],
+                        data: vec![0; 24],
+                    }],
+                })),
+                parameters: HashMap::from([(
+                    "max_tokens".to_owned(),
+                    Parameter {
+                        value: Some(parameter::Value::Int64Value(16)),
+                    },
+                )]),
+                deadline_unix_ms: 1_700_000_000_000,
+            }],
+        })),
+    };
+    let wire = event.encode_to_vec();
+    assert_eq!(ServeEvent::decode(wire.as_slice()).unwrap(), event);
+
+    let answer = ServeRequest {
+        kind: Some(serve_request::Kind::Result(BatchResult {
+            batch_id: 7,
+            results: vec![ItemResult {
+                item_id: 41,
+                outcome: Some(item_result::Outcome::Error(ItemError {
+                    code: 3,
+                    message: "input_ids has 3 tokens, the model takes at most 2".into(),
+                })),
+            }],
+        })),
+    };
+    let wire = answer.encode_to_vec();
+    assert_eq!(ServeRequest::decode(wire.as_slice()).unwrap(), answer);
 }
