@@ -5,7 +5,14 @@
 //! - `modelshare/v1/admin.proto`: [`v1::admin_service_client`] / [`v1::admin_service_server`],
 //!   the operator API (load, unload, list, describe, stats, sessions).
 //! - `modelshare/v1/worker.proto`: [`v1::worker_service_client`] / [`v1::worker_service_server`],
-//!   sessions, attach and release.
+//!   sessions, attach and release, and `Serve`: the stream over which a worker pulls batches of
+//!   requests by credit and answers them (not implemented by the server yet).
+//! - `modelshare/v1/serving.proto`: the messages of `Serve` (offer, batch, item, result, cancel,
+//!   drain).
+//! - `inference/grpc_predict_v2.proto`: [`inference::grpc_inference_service_client`] /
+//!   [`inference::grpc_inference_service_server`], the KServe v2 Open Inference Protocol
+//!   (package `inference`), wire-compatible with the specification so that its clients work
+//!   unchanged (not served yet).
 //!
 //! The code is generated at build time into `OUT_DIR`; [`FILE_DESCRIPTOR_SET`] is the compiled
 //! descriptor set, for gRPC server reflection. Client and server stubs sit behind the `client`
@@ -18,6 +25,13 @@ pub mod v1 {
     tonic::include_proto!("modelshare.v1");
 }
 
-/// The encoded `FileDescriptorSet` of every modelshare `.proto` file.
+/// Package `inference`: the KServe v2 Open Inference Protocol.
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod inference {
+    tonic::include_proto!("inference");
+}
+
+/// The encoded `FileDescriptorSet` of every `.proto` file of the crate: packages
+/// `modelshare.v1` and `inference`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/modelshare_descriptor.bin"));

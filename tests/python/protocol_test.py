@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def generate_stubs(out_dir):
     """Compiles proto/modelshare/v1/*.proto into out_dir and imports them."""
     os.makedirs(out_dir, exist_ok=True)
-    protos = [f"modelshare/v1/{n}.proto" for n in ("common", "admin", "worker")]
+    protos = [f"modelshare/v1/{n}.proto" for n in ("common", "serving", "admin", "worker")]
     args = ["protoc", f"-I{os.path.join(ROOT, 'proto')}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}"]
     rc = protoc.main(args + protos)
     if rc != 0:

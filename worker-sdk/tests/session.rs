@@ -160,6 +160,16 @@ impl WorkerService for Service {
         self.0.state().released.push(request.into_inner().lease_id);
         Ok(Response::new(pb::ReleaseResponse {}))
     }
+
+    type ServeStream = ReceiverStream<Result<pb::ServeEvent, Status>>;
+
+    /// The SDK does not serve yet; the fake needs the method only to implement the trait.
+    async fn serve(
+        &self,
+        _request: Request<Streaming<pb::ServeRequest>>,
+    ) -> Result<Response<Self::ServeStream>, Status> {
+        Err(Status::unimplemented("serve"))
+    }
 }
 
 /// Starts the fake server in `dir`: its state and the gRPC address.

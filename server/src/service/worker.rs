@@ -110,6 +110,19 @@ impl WorkerService for WorkerApi {
         result?;
         Ok(Response::new(pb::ReleaseResponse {}))
     }
+
+    type ServeStream = Pin<Box<dyn Stream<Item = Result<pb::ServeEvent, Status>> + Send>>;
+
+    /// Not implemented yet: the request path exists only as a contract in the proto so far.
+    async fn serve(
+        &self,
+        request: Request<Streaming<pb::ServeRequest>>,
+    ) -> Result<Response<Self::ServeStream>, Status> {
+        caller_of(&request)?;
+        Err(Status::unimplemented(
+            "WorkerService.Serve is not implemented yet",
+        ))
+    }
 }
 
 impl WorkerApi {
