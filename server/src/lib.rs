@@ -29,6 +29,9 @@
 //!   is handed the gauges' values ([`metrics::GaugeValues`]).
 //! - [`tenants`]: tenants, tokens, quotas, the authentication layer, and the policy (who may
 //!   see or do what: [`tenants::policy`]); [`audit`]: the audit log.
+//! - [`serving`]: the request path's scheduler (pure, synchronous, not yet driven): admission,
+//!   per-tenant deficit-round-robin queues per model, batching, dispatch to worker credits,
+//!   requeue of a lost worker's items, reassembly of results.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
 //! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`).
 //! - [`demo`]: a small generated model, so the server can run with no model at hand.
@@ -66,6 +69,7 @@ pub mod names;
 pub mod registry;
 pub mod serve;
 pub mod service;
+pub mod serving;
 pub mod sessions;
 pub mod telemetry;
 pub mod tenants;

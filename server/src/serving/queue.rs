@@ -1,0 +1,243 @@
+//! One model's queue: a sub-queue per tenant, drained by deficit round robin.
+//!
+//! Tenants with queued items take turns in `active` order. At the start of its turn a tenant's
+//! deficit grows by `quantum × weight` (in items); it then gives one item per unit of deficit
+//! until the deficit or its queue runs out, and goes to the back of the round. A batch may end
+//! in the middle of a turn: the turn goes on at the next batch, without a second quantum. A
+//! tenant whose queue empties leaves the round and loses its deficit (it cannot save up while
+//! idle). So a tenant with weight `w` gets `w` items for every item of a weight-1 tenant that
+//! has items waiting, however many the first one queues.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use super::ids::{ItemId, RequestId, Tenant};
+
+/// An item waiting in a queue (or, in a worker's batch, an item in flight).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct QueuedItem {
+    pub(super) id: ItemId,
+    pub(super) bytes: u64,
+    pub(super) arrival: Instant,
+    pub(super) deadline: Instant,
+    /// Already requeued once after a lost worker.
+    pub(super) requeued: bool,
+}
+
+/// One tenant's waiting items and its deficit.
+#[derive(Debug, Default)]
+struct TenantQueue {
+    items: VecDeque<QueuedItem>,
+    deficit: u64,
+}
+
+/// How a batch is cut from a queue.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cut {
+    /// Most items (at least one is taken).
+    pub(super) max_items: usize,
+    /// Most bytes; a first item larger than this still goes, alone.
+    pub(super) max_bytes: u64,
+    /// Items added to a tenant's deficit per unit of weight at the start of its turn.
+    pub(super) quantum: u64,
+}
+
+/// One model's queued items, by tenant.
+#[derive(Debug, Default)]
+pub(super) struct ModelQueue {
+    tenants: HashMap<Tenant, TenantQueue>,
+    /// Tenants with queued items, in round order; the head's turn is under way if `head_started`.
+    active: VecDeque<Tenant>,
+    head_started: bool,
+    items: usize,
+    bytes: u64,
+}
+
+impl ModelQueue {
+    /// Items queued.
+    pub(super) fn len(&self) -> usize {
+        self.items
+    }
+
+    /// Bytes queued.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether nothing is queued.
+    pub(super) fn is_empty(&self) -> bool {
+        self.items == 0
+    }
+
+    /// Items `tenant` has queued.
+    pub(super) fn tenant_len(&self, tenant: &Tenant) -> usize {
+        self.tenants.get(tenant).map_or(0, |q| q.items.len())
+    }
+
+    /// The arrival of the oldest item: the earliest of each tenant's first (each sub-queue is in
+    /// arrival order, requeued items first, as long as arrivals are handed in in order).
+    pub(super) fn oldest_arrival(&self) -> Option<Instant> {
+        self.tenants
+            .values()
+            .filter_map(|q| q.items.front().map(|item| item.arrival))
+            .min()
+    }
+
+    /// The earliest deadline of any queued item (a scan).
+    pub(super) fn earliest_deadline(&self) -> Option<Instant> {
+        self.tenants
+            .values()
+            .flat_map(|q| q.items.iter().map(|item| item.deadline))
+            .min()
+    }
+
+    /// Queues an item behind `tenant`'s others.
+    pub(super) fn push_back(&mut self, tenant: &Tenant, item: QueuedItem) {
+        self.count_in(&item);
+        self.sub_queue(tenant).items.push_back(item);
+    }
+
+    /// Queues an item before `tenant`'s others (a requeued item).
+    pub(super) fn push_front(&mut self, tenant: &Tenant, item: QueuedItem) {
+        self.count_in(&item);
+        self.sub_queue(tenant).items.push_front(item);
+    }
+
+    fn count_in(&mut self, item: &QueuedItem) {
+        self.items = self.items.saturating_add(1);
+        self.bytes = self.bytes.saturating_add(item.bytes);
+    }
+
+    fn count_out(&mut self, item: &QueuedItem) {
+        self.items = self.items.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(item.bytes);
+    }
+
+    /// `tenant`'s sub-queue, joining the round at the back if it was not in it.
+    fn sub_queue(&mut self, tenant: &Tenant) -> &mut TenantQueue {
+        if !self.tenants.contains_key(tenant) {
+            self.active.push_back(tenant.clone());
+        }
+        self.tenants.entry(tenant.clone()).or_default()
+    }
+
+    /// Takes the head tenant out of the round (its queue is empty or gone).
+    fn drop_head(&mut self) {
+        if let Some(tenant) = self.active.pop_front() {
+            self.tenants.remove(&tenant);
+        }
+        self.head_started = false;
+    }
+
+    /// Cuts a batch by deficit round robin; `weight` gives each tenant's weight (at least 1 is
+    /// used). Stops at `cut.max_items`, or before an item that would pass `cut.max_bytes` (so a
+    /// large item at the head of the round waits for the next batch rather than being skipped).
+    pub(super) fn take(
+        &mut self,
+        cut: Cut,
+        weight: impl Fn(&Tenant) -> u32,
+    ) -> Vec<(Tenant, QueuedItem)> {
+        let max_items = cut.max_items.max(1);
+        let mut out: Vec<(Tenant, QueuedItem)> = Vec::new();
+        let mut bytes: u64 = 0;
+        // Each pass takes an item or ends a turn; a turn always takes at least one item, since
+        // the deficit grows by at least 1 at its start, so the loop ends.
+        while out.len() < max_items {
+            let Some(tenant) = self.active.front().cloned() else {
+                break;
+            };
+            let started = self.head_started;
+            let Some(queue) = self.tenants.get_mut(&tenant) else {
+                self.drop_head();
+                continue;
+            };
+            if !started {
+                let grant = cut
+                    .quantum
+                    .max(1)
+                    .saturating_mul(u64::from(weight(&tenant).max(1)));
+                queue.deficit = queue.deficit.saturating_add(grant);
+            }
+            let Some(front) = queue.items.front() else {
+                self.drop_head();
+                continue;
+            };
+            if queue.deficit == 0 {
+                // The turn is over: to the back of the round.
+                self.head_started = false;
+                self.active.rotate_left(1);
+                continue;
+            }
+            if !out.is_empty() && bytes.saturating_add(front.bytes) > cut.max_bytes {
+                self.head_started = true;
+                break;
+            }
+            let Some(item) = queue.items.pop_front() else {
+                self.drop_head();
+                continue;
+            };
+            queue.deficit -= 1;
+            let emptied = queue.items.is_empty();
+            self.head_started = true;
+            bytes = bytes.saturating_add(item.bytes);
+            self.count_out(&item);
+            out.push((tenant, item));
+            if emptied {
+                self.drop_head();
+            }
+        }
+        out
+    }
+
+    /// Removes every item `pred` picks (in queue order per tenant).
+    pub(super) fn remove_where(
+        &mut self,
+        mut pred: impl FnMut(&QueuedItem) -> bool,
+    ) -> Vec<QueuedItem> {
+        let mut removed = Vec::new();
+        for queue in self.tenants.values_mut() {
+            let (gone, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut queue.items)
+                .into_iter()
+                .partition(&mut pred);
+            queue.items = kept;
+            removed.extend(gone);
+        }
+        for item in &removed {
+            self.count_out(item);
+        }
+        self.prune();
+        removed
+    }
+
+    /// Removes the queued items of one request of `tenant`; returns how many there were.
+    pub(super) fn remove_request(&mut self, tenant: &Tenant, id: RequestId) -> usize {
+        let Some(queue) = self.tenants.get_mut(tenant) else {
+            return 0;
+        };
+        let before = queue.items.len();
+        let mut gone = Vec::new();
+        queue.items.retain(|item| {
+            let keep = item.id.request != id;
+            if !keep {
+                gone.push(item.bytes);
+            }
+            keep
+        });
+        let removed = before.saturating_sub(queue.items.len());
+        self.items = self.items.saturating_sub(removed);
+        self.bytes = self.bytes.saturating_sub(gone.iter().sum());
+        self.prune();
+        removed
+    }
+
+    /// Drops tenants whose queue emptied from the round.
+    fn prune(&mut self) {
+        let head = self.active.front().cloned();
+        self.tenants.retain(|_, q| !q.items.is_empty());
+        let tenants = &self.tenants;
+        self.active.retain(|t| tenants.contains_key(t));
+        if self.active.front() != head.as_ref() {
+            self.head_started = false;
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Requests, their items and outcomes: where each item is (queued, in flight, done), and the
+//! reassembly of a request's outcomes in item order once the last one is in.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::ids::{BatchId, ItemId, RequestId, Tenant, WorkerId};
+
+/// A request as a front door hands it in. The scheduler keeps only the sizes of the items; the
+/// caller keeps their bytes, keyed by [`ItemId`], and sends them with the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRequest {
+    /// Who asks.
+    pub tenant: Tenant,
+    /// The model asked.
+    pub model: String,
+    /// The payload size in bytes of each item, in item order.
+    pub item_bytes: Vec<u64>,
+    /// After this instant no item of the request is dispatched.
+    pub deadline: Instant,
+    /// When the request arrived (the start of its items' queue delay).
+    pub arrival: Instant,
+}
+
+/// Why an item has no result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemError {
+    /// Its deadline passed before it was dispatched.
+    DeadlineExceeded,
+    /// Two workers were lost while computing it (it is requeued once, not twice).
+    Unavailable,
+    /// No worker served its model within the wait given to
+    /// [`super::Scheduler::expire_without_workers`].
+    NoWorker,
+    /// The worker reported a failure, with its message.
+    Failed(String),
+}
+
+/// The outcome of one item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The result bytes, or why there are none.
+    pub result: Result<Vec<u8>, ItemError>,
+    /// The version of the worker that computed it; `None` when the scheduler decided it
+    /// (deadline, no worker, unavailable).
+    pub version: Option<u32>,
+}
+
+impl Outcome {
+    /// An outcome the scheduler decided, with no worker's version.
+    pub(super) fn failed(error: ItemError) -> Self {
+        Self {
+            result: Err(error),
+            version: None,
+        }
+    }
+}
+
+/// A request whose items all have an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The request.
+    pub id: RequestId,
+    /// Who asked.
+    pub tenant: Tenant,
+    /// The model asked.
+    pub model: String,
+    /// One outcome per item, in item order.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// An item of a cancelled request that a worker is computing: the caller may tell the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlightItem {
+    /// The item.
+    pub item: ItemId,
+    /// The worker computing it.
+    pub worker: WorkerId,
+    /// The batch it was sent in.
+    pub batch: BatchId,
+}
+
+/// Where one item is.
+#[derive(Debug)]
+enum Slot {
+    Queued,
+    InFlight { worker: WorkerId, batch: BatchId },
+    Done(Outcome),
+}
+
+/// An outstanding request.
+#[derive(Debug)]
+struct Record {
+    tenant: Tenant,
+    model: String,
+    slots: Vec<Slot>,
+    /// Slots not yet `Done`.
+    remaining: usize,
+}
+
+/// The outstanding requests, and how many each tenant has.
+#[derive(Debug, Default)]
+pub(super) struct Requests {
+    records: HashMap<RequestId, Record>,
+    per_tenant: HashMap<Tenant, usize>,
+    next_id: u64,
+}
+
+impl Requests {
+    /// Requests outstanding (not complete, not cancelled), over all tenants.
+    pub(super) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Requests `tenant` has outstanding.
+    pub(super) fn outstanding(&self, tenant: &Tenant) -> usize {
+        self.per_tenant.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Tenants with any request outstanding.
+    pub(super) fn tenants(&self) -> usize {
+        self.per_tenant.len()
+    }
+
+    /// Records a new request of `items` queued items and returns its id.
+    pub(super) fn insert(&mut self, tenant: Tenant, model: String, items: usize) -> RequestId {
+        self.next_id = self.next_id.wrapping_add(1);
+        let id = RequestId(self.next_id);
+        *self.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
+        let slots = (0..items).map(|_| Slot::Queued).collect();
+        self.records.insert(
+            id,
+            Record {
+                tenant,
+                model,
+                slots,
+                remaining: items,
+            },
+        );
+        id
+    }
+
+    /// The tenant of an outstanding request.
+    pub(super) fn tenant_of(&self, id: RequestId) -> Option<&Tenant> {
+        self.records.get(&id).map(|r| &r.tenant)
+    }
+
+    /// Marks an item as sent to `worker` in `batch` (unknown items are ignored).
+    pub(super) fn set_in_flight(&mut self, item: ItemId, worker: WorkerId, batch: BatchId) {
+        if let Some(slot) = self.slot_mut(item) {
+            *slot = Slot::InFlight { worker, batch };
+        }
+    }
+
+    /// Marks an item as queued again (unknown items are ignored).
+    pub(super) fn set_queued(&mut self, item: ItemId) {
+        if let Some(slot) = self.slot_mut(item) {
+            *slot = Slot::Queued;
+        }
+    }
+
+    fn slot_mut(&mut self, item: ItemId) -> Option<&mut Slot> {
+        let record = self.records.get_mut(&item.request)?;
+        match record.slots.get_mut(item.index) {
+            Some(Slot::Done(_)) | None => None,
+            Some(slot) => Some(slot),
+        }
+    }
+
+    /// Records an item's outcome. If it was the request's last, the request is removed and
+    /// returned with its outcomes in item order. Items of unknown (cancelled) requests, and items
+    /// that already have an outcome, are ignored.
+    pub(super) fn finish(&mut self, item: ItemId, outcome: Outcome) -> Option<Completed> {
+        let slot = self.slot_mut(item)?;
+        *slot = Slot::Done(outcome);
+        let record = self.records.get_mut(&item.request)?;
+        record.remaining = record.remaining.saturating_sub(1);
+        if record.remaining > 0 {
+            return None;
+        }
+        let record = self.remove_record(item.request)?;
+        let outcomes = record
+            .slots
+            .into_iter()
+            .filter_map(|slot| match slot {
+                Slot::Done(outcome) => Some(outcome),
+                Slot::Queued | Slot::InFlight { .. } => None,
+            })
+            .collect();
+        Some(Completed {
+            id: item.request,
+            tenant: record.tenant,
+            model: record.model,
+            outcomes,
+        })
+    }
+
+    /// Removes a request (cancellation): returns its tenant, its model and its items in flight.
+    pub(super) fn cancel(&mut self, id: RequestId) -> Option<(Tenant, String, Vec<InFlightItem>)> {
+        let record = self.remove_record(id)?;
+        let in_flight = record
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| match slot {
+                Slot::InFlight { worker, batch } => Some(InFlightItem {
+                    item: ItemId { request: id, index },
+                    worker: *worker,
+                    batch: *batch,
+                }),
+                Slot::Queued | Slot::Done(_) => None,
+            })
+            .collect();
+        Some((record.tenant, record.model, in_flight))
+    }
+
+    fn remove_record(&mut self, id: RequestId) -> Option<Record> {
+        let record = self.records.remove(&id)?;
+        if let Some(count) = self.per_tenant.get_mut(&record.tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.per_tenant.remove(&record.tenant);
+            }
+        }
+        Some(record)
+    }
+}
