@@ -165,7 +165,7 @@ impl Arena for CudaArena {
             idle,
             current: None,
             in_flight: 0,
-            back_tx,
+            back_tx: Some(back_tx),
             back_rx,
         }))
     }
@@ -213,7 +213,9 @@ struct CudaWriter {
     idle: Vec<Staging>,
     current: Option<Staging>,
     in_flight: usize,
-    back_tx: mpsc::Sender<Returned>,
+    /// Cloned into each submitted copy's watch; dropped when the writer stops submitting, so
+    /// that waiting for what is in flight ends if the device thread is gone.
+    back_tx: Option<mpsc::Sender<Returned>>,
     back_rx: mpsc::Receiver<Returned>,
 }
 
@@ -225,6 +227,29 @@ impl CudaWriter {
         self.in_flight -= 1;
         self.idle.push(staging);
         result
+    }
+
+    /// Takes back every buffer in flight (submitting nothing more); the first copy error, if
+    /// any. Ends early if the device thread is gone: what it had in flight will not come back.
+    fn drain(&mut self) -> Result<()> {
+        self.back_tx = None;
+        let mut first = Ok(());
+        while self.in_flight > 0 {
+            match self.back_rx.recv() {
+                Ok((staging, result)) => {
+                    self.in_flight -= 1;
+                    self.idle.push(staging);
+                    if first.is_ok() {
+                        first = result;
+                    }
+                }
+                Err(_) => {
+                    self.in_flight = 0;
+                    return Err(DeviceError::ThreadGone);
+                }
+            }
+        }
+        first
     }
 }
 
@@ -250,11 +275,13 @@ impl ArenaWriter for CudaWriter {
     }
 
     fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
+        let back = self.back_tx.clone().ok_or(DeviceError::Protocol {
+            reason: "submit after finish".into(),
+        })?;
         let staging = self.current.take().ok_or(DeviceError::Protocol {
             reason: "submit without a buffer".into(),
         })?;
         let target = self.target.clone();
-        let back = self.back_tx.clone();
         self.in_flight += 1;
         let queued = self.exec.call(move |ctx: &mut DeviceCtx| {
             let enqueue = |staging: &Staging| -> Result<()> {
@@ -294,26 +321,14 @@ impl ArenaWriter for CudaWriter {
     }
 
     fn finish(mut self: Box<Self>) -> Result<()> {
-        let mut first = Ok(());
-        while self.in_flight > 0 {
-            if let Err(e) = self.reclaim_one()
-                && first.is_ok()
-            {
-                first = Err(e);
-            }
-        }
-        first
+        self.drain()
     }
 }
 
 impl Drop for CudaWriter {
     fn drop(&mut self) {
-        while self.in_flight > 0 {
-            if self.reclaim_one().is_err() && self.in_flight > 0 {
-                // The device thread is gone: what is in flight will not come back.
-                break;
-            }
-        }
+        // Every buffer comes back, even after a failed copy, so that all return to the pool.
+        let _ = self.drain();
         let mut bufs: Vec<Staging> = std::mem::take(&mut self.idle);
         bufs.extend(self.current.take());
         if bufs.is_empty() {
