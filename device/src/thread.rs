@@ -173,6 +173,27 @@ impl Executor {
         self.tx.send(Msg::Run(Box::new(job))).is_ok()
     }
 
+    /// Sends `value` to the device thread and runs `f` with it there, without waiting. If the
+    /// thread is gone (the server is exiting), `value` is leaked rather than dropped here: its
+    /// drop may be a driver call, and the process is about to release everything anyway.
+    pub(crate) fn hand_over<T: Send + 'static>(
+        &self,
+        value: T,
+        f: impl FnOnce(&mut DeviceCtx, T) + Send + 'static,
+    ) {
+        let slot = Arc::new(Mutex::new(Some(value)));
+        let moved = slot.clone();
+        let posted = self.post(move |ctx| {
+            let value = moved.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(value) = value {
+                f(ctx, value);
+            }
+        });
+        if !posted && let Some(value) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            std::mem::forget(value);
+        }
+    }
+
     /// Runs `f` on the device thread; its result comes back through the [`Reply`].
     pub(crate) fn call<T: Send + 'static>(
         &self,
@@ -261,19 +282,7 @@ impl<T: Send + 'static> Drop for OnDevice<T> {
             drop(value);
             return;
         }
-        let slot = Arc::new(Mutex::new(Some(value)));
-        let moved = slot.clone();
-        let posted = self.exec.post(move |_| {
-            let value = moved.lock().unwrap_or_else(|e| e.into_inner()).take();
-            drop(value);
-        });
-        if !posted {
-            // The thread is gone (the server is exiting): leak rather than make a driver call
-            // here. The process is about to release everything anyway.
-            if let Some(value) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                std::mem::forget(value);
-            }
-        }
+        self.exec.hand_over(value, |_, value| drop(value));
     }
 }
 

@@ -40,27 +40,31 @@ pub enum Expiry {
     },
 }
 
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A scheduled expiry; the heap orders entries by deadline, then by insertion.
+#[derive(Debug)]
 struct Entry {
     at: Instant,
     seq: u64,
-    #[allow(clippy::struct_field_names)]
-    expiry: ExpiryOrd,
+    expiry: Expiry,
 }
 
-/// [`Expiry`] ordered only by insertion (the heap orders by `at`, then `seq`).
-#[derive(Debug, PartialEq, Eq)]
-struct ExpiryOrd(Expiry);
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
 
-impl PartialOrd for ExpiryOrd {
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for ExpiryOrd {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
     }
 }
 
@@ -83,11 +87,7 @@ impl Timer {
         heap.1 += 1;
         let seq = heap.1;
         let earliest = heap.0.peek().is_none_or(|Reverse(e)| at < e.at);
-        heap.0.push(Reverse(Entry {
-            at,
-            seq,
-            expiry: ExpiryOrd(expiry),
-        }));
+        heap.0.push(Reverse(Entry { at, seq, expiry }));
         drop(heap);
         if earliest {
             self.changed.notify_one();
@@ -102,9 +102,7 @@ impl Timer {
     fn pop_due(&self, now: Instant) -> Result<Expiry, Option<Instant>> {
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         match heap.0.peek() {
-            Some(Reverse(e)) if e.at <= now => {
-                heap.0.pop().map(|Reverse(e)| e.expiry.0).ok_or(None)
-            }
+            Some(Reverse(e)) if e.at <= now => heap.0.pop().map(|Reverse(e)| e.expiry).ok_or(None),
             Some(Reverse(e)) => Err(Some(e.at)),
             None => Err(None),
         }

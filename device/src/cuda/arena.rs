@@ -335,18 +335,12 @@ impl Drop for CudaWriter {
             return;
         }
         // Back to the backend's pool, on the device thread (freeing pinned memory is a driver
-        // call); if the thread is gone, the process is exiting: leak them.
+        // call there).
         let pool = self.pool.clone();
-        let slot = Arc::new(Mutex::new(Some(bufs)));
-        let moved = slot.clone();
-        let posted = self.exec.post(move |_| {
-            let bufs = moved.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let (Ok(pool), Some(bufs)) = (pool.get(), bufs) {
+        self.exec.hand_over(bufs, move |_, bufs| {
+            if let Ok(pool) = pool.get() {
                 pool.lock().unwrap_or_else(|e| e.into_inner()).extend(bufs);
             }
         });
-        if !posted && let Some(bufs) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            std::mem::forget(bufs);
-        }
     }
 }
