@@ -23,6 +23,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&fds),
     )?;
     tonic_prost_build::configure()
+        // Payloads as `Bytes`, so that the server can keep an item's input for a requeue and
+        // slice a request's raw contents into items without copying.
+        .bytes(".modelshare.v1.TensorInput.data")
+        .bytes(".modelshare.v1.TensorOutput.data")
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
+        .bytes(".inference.ModelInferResponse.raw_output_contents")
         .build_client(cfg!(feature = "client"))
         .build_server(cfg!(feature = "server"))
         .compile_fds(fds)?;
