@@ -13,6 +13,7 @@ use crate::error::ServerError;
 use crate::loader;
 use crate::model::validate_name;
 use crate::registry::{LoadFor, LoadProgress, Registry, VersionSnapshot};
+use crate::serving::{Engine, EngineConfig, Limits};
 use crate::sessions::Hub;
 use crate::tenants::{Caller, TenantStore};
 use crate::timer::Timer;
@@ -39,7 +40,30 @@ pub struct App {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// Tenants, tokens and quotas in force.
     pub tenants: Arc<TenantStore>,
+    /// The request path: queues, batches, Serve streams.
+    pub engine: Engine,
     load_slots: Arc<Semaphore>,
+}
+
+/// The request path's settings, from the configuration and the tenants' weights.
+fn engine_config(config: &Config, tenants: &TenantStore) -> EngineConfig {
+    let serving = &config.serving;
+    EngineConfig {
+        limits: Limits {
+            max_queue_items: serving.max_queue_items,
+            max_tenant_requests: serving.max_tenant_requests,
+            max_queue_delay: serving.max_queue_delay,
+            quantum: 1,
+        },
+        queue_delays: serving.queue_delays.clone(),
+        tenant_weights: tenants
+            .current()
+            .tenants
+            .values()
+            .map(|t| (t.name.clone(), t.weight))
+            .collect(),
+        no_worker_wait: serving.no_worker_wait,
+    }
 }
 
 /// A load that has been validated and admitted; its copy runs in the background.
@@ -65,14 +89,21 @@ impl App {
         metrics: Arc<crate::metrics::Metrics>,
         tenants: Arc<TenantStore>,
     ) -> Self {
+        let shutdown = CancellationToken::new();
+        let engine = Engine::start(
+            engine_config(&config, &tenants),
+            metrics.clone(),
+            shutdown.clone(),
+        );
         Self {
             tenants,
+            engine,
             registry: Arc::new(Registry::new(config.registry.clone())),
             devices,
             hub: Arc::new(Hub::new()),
             timer: Arc::new(Timer::new()),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
-            shutdown: CancellationToken::new(),
+            shutdown,
             ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             metrics,
             config,

@@ -29,9 +29,12 @@
 //!   is handed the gauges' values ([`metrics::GaugeValues`]).
 //! - [`tenants`]: tenants, tokens, quotas, the authentication layer, and the policy (who may
 //!   see or do what: [`tenants::policy`]); [`audit`]: the audit log.
-//! - [`serving`]: the request path's scheduler (pure, synchronous, not yet driven): admission,
-//!   per-tenant deficit-round-robin queues per model, batching, dispatch to worker credits,
-//!   requeue of a lost worker's items, reassembly of results.
+//! - [`serving`]: the request path: the scheduler (admission, per-tenant deficit-round-robin
+//!   queues per model, batching, dispatch to worker credits, requeue of a lost worker's items,
+//!   reassembly of results), the driver task that owns it, and [`serving::Engine`], the handle
+//!   the front doors and the Serve streams hold.
+//! - [`front`]: what the inference front doors share: admission of a caller's request
+//!   (visibility, quota, deadline) and the OIP tensor conversions.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
 //! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`).
 //! - [`demo`]: a small generated model, so the server can run with no model at hand.
@@ -60,6 +63,7 @@ pub mod demo;
 pub mod devices;
 pub mod error;
 pub mod expiry;
+pub mod front;
 pub mod handles;
 pub mod http;
 pub mod loader;

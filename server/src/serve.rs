@@ -263,25 +263,26 @@ pub async fn run_notify(
         });
     }
 
-    if let Some(addr) = config.metrics_listen {
+    if let Some(addr) = config.http_listen {
         let listener = http::bind(addr).await.map_err(|source| ServeError::Bind {
-            what: format!("metrics {addr}"),
+            what: format!("http {addr}"),
             source,
         })?;
         let local = listener.local_addr().ok();
-        info!(metrics = ?local, "metrics listening");
+        info!(http = ?local, "http listening (metrics, probes, OIP and OpenAI routes)");
         let state = HttpState {
             metrics: metrics.clone(),
             registry: registry.clone(),
             devices: app.devices.clone(),
             ready: app.ready.clone(),
+            app: app.clone(),
         };
         let stop = app.shutdown.clone();
         tasks.spawn(async move {
             http::serve(listener, state, stop)
                 .await
                 .map_err(|source| ServeError::Bind {
-                    what: "metrics".into(),
+                    what: "http".into(),
                     source,
                 })
         });

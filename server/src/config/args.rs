@@ -39,9 +39,24 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum, env = "MODELSHARE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-    /// Address for the metrics HTTP port (`/metrics`, `/healthz`, `/readyz`); off when unset.
-    #[arg(long, env = "MODELSHARE_METRICS_LISTEN")]
+    /// Address of the HTTP port: `/metrics`, `/healthz`, `/readyz`, the OIP REST routes
+    /// (`/v2/...`) and the OpenAI routes (`/v1/embeddings`, `/v1/models`); off when unset.
+    #[arg(long, env = "MODELSHARE_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// The old name of --http-listen, kept as an alias.
+    #[arg(long, env = "MODELSHARE_METRICS_LISTEN", hide = true)]
     pub metrics_listen: Option<SocketAddr>,
+    /// How long a batch may wait to fill, in microseconds (per model in the file's
+    /// `[serving.queue_delay_us]`); default 1000.
+    #[arg(long, env = "MODELSHARE_MAX_QUEUE_DELAY_US")]
+    pub max_queue_delay_us: Option<u64>,
+    /// How long a request waits for a worker to serve its model, in milliseconds; default 5000.
+    #[arg(long, env = "MODELSHARE_NO_WORKER_WAIT_MS")]
+    pub no_worker_wait_ms: Option<u64>,
+    /// The longest time an inference request may take (and the default when the client gives
+    /// no timeout), in seconds; default 60.
+    #[arg(long, env = "MODELSHARE_MAX_REQUEST_SECS")]
+    pub max_request_secs: Option<u64>,
     /// Seconds to let requests finish after SIGTERM before closing them.
     #[arg(long, env = "MODELSHARE_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,

@@ -37,6 +37,8 @@ pub(super) struct FileLimits {
 #[serde(deny_unknown_fields)]
 pub(super) struct FileConfig {
     pub(super) listen: Option<SocketAddr>,
+    pub(super) http_listen: Option<SocketAddr>,
+    /// The old name of `http_listen`.
     pub(super) metrics_listen: Option<SocketAddr>,
     pub(super) unix_socket: Option<PathBuf>,
     pub(super) handle_socket: Option<PathBuf>,
@@ -57,4 +59,6 @@ pub(super) struct FileConfig {
     pub(super) models: Vec<StartupModel>,
     #[serde(default)]
     pub(super) limits: FileLimits,
+    #[serde(default)]
+    pub(super) serving: super::serving::FileServing,
 }

@@ -12,6 +12,7 @@
 
 mod args;
 mod file;
+mod serving;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ use crate::telemetry::LogFormat;
 use crate::weights::WeightLimits;
 
 pub use self::args::ServeArgs;
+pub use self::serving::ServingSettings;
 pub use self::settings::{BackendChoice, ClientAuth, StartupModel, TlsSettings};
 
 /// Why the configuration could not be built.
@@ -60,8 +62,8 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// Unix socket for gRPC.
     pub unix_socket: Option<PathBuf>,
-    /// Metrics HTTP address.
-    pub metrics_listen: Option<SocketAddr>,
+    /// HTTP address: metrics, probes, and the OIP and OpenAI REST routes.
+    pub http_listen: Option<SocketAddr>,
     /// Handle socket for fd passing.
     pub handle_socket: PathBuf,
     /// Model repository root.
@@ -96,6 +98,8 @@ pub struct Config {
     pub unix_socket_mode: Option<u32>,
     /// TLS of the TCP listener.
     pub tls: Option<TlsSettings>,
+    /// The request path.
+    pub serving: ServingSettings,
 }
 
 impl Config {
@@ -193,11 +197,23 @@ impl Config {
                 "TLS is for the TCP listener, and none is configured (--listen)".into(),
             ));
         }
+        let serving = ServingSettings::merge(
+            serving::ServingFlags {
+                max_queue_delay_us: args.max_queue_delay_us,
+                no_worker_wait_ms: args.no_worker_wait_ms,
+                max_request_secs: args.max_request_secs,
+            },
+            file.serving,
+        )?;
         let defaults = RegistryLimits::default();
         let weight_defaults = WeightLimits::default();
         Ok(Self {
             listen,
-            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            http_listen: args
+                .http_listen
+                .or(args.metrics_listen)
+                .or(file.http_listen)
+                .or(file.metrics_listen),
             unix_socket,
             handle_socket,
             model_root,
@@ -234,6 +250,7 @@ impl Config {
             tenants_file: args.tenants_file.or(file.tenants_file),
             unix_socket_mode,
             tls,
+            serving,
             weights: WeightLimits {
                 max_header_bytes: limits
                     .max_header_bytes

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use crate::app::App;
 use crate::devices::Devices;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -18,4 +19,6 @@ pub struct HttpState {
     pub devices: Arc<Devices>,
     /// Set once the start-up models are loaded.
     pub ready: Arc<AtomicBool>,
+    /// The whole application, for the inference routes (engine, tenants, configuration).
+    pub app: App,
 }

@@ -71,25 +71,31 @@ fn labels(path: &str) -> (&str, &str) {
 }
 
 fn code_name(code: &str) -> &'static str {
-    match code.parse::<i32>().map(tonic::Code::from) {
-        Ok(tonic::Code::Ok) => "OK",
-        Ok(tonic::Code::Cancelled) => "CANCELLED",
-        Ok(tonic::Code::Unknown) => "UNKNOWN",
-        Ok(tonic::Code::InvalidArgument) => "INVALID_ARGUMENT",
-        Ok(tonic::Code::DeadlineExceeded) => "DEADLINE_EXCEEDED",
-        Ok(tonic::Code::NotFound) => "NOT_FOUND",
-        Ok(tonic::Code::AlreadyExists) => "ALREADY_EXISTS",
-        Ok(tonic::Code::PermissionDenied) => "PERMISSION_DENIED",
-        Ok(tonic::Code::ResourceExhausted) => "RESOURCE_EXHAUSTED",
-        Ok(tonic::Code::FailedPrecondition) => "FAILED_PRECONDITION",
-        Ok(tonic::Code::Aborted) => "ABORTED",
-        Ok(tonic::Code::OutOfRange) => "OUT_OF_RANGE",
-        Ok(tonic::Code::Unimplemented) => "UNIMPLEMENTED",
-        Ok(tonic::Code::Internal) => "INTERNAL",
-        Ok(tonic::Code::Unavailable) => "UNAVAILABLE",
-        Ok(tonic::Code::DataLoss) => "DATA_LOSS",
-        Ok(tonic::Code::Unauthenticated) => "UNAUTHENTICATED",
-        Err(_) => "UNKNOWN",
+    code.parse::<i32>()
+        .map_or("UNKNOWN", |c| code_label(tonic::Code::from(c)))
+}
+
+/// The name of a gRPC code as metrics label it (`OK`, `NOT_FOUND`, ...).
+pub fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

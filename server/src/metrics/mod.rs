@@ -39,6 +39,20 @@ pub struct Metrics {
     pub load_bytes: IntCounter,
     /// Sessions ended, by reason.
     pub sessions_ended: IntCounterVec,
+    /// Inference requests by model, tenant and gRPC status code name.
+    pub inference_requests: IntCounterVec,
+    /// Inference request latency, arrival to answer, by model.
+    pub inference_seconds: HistogramVec,
+    /// Time items waited in the queue before a batch took them, by model.
+    pub inference_queue_seconds: HistogramVec,
+    /// Items per batch sent to workers, by model.
+    pub inference_batch_items: HistogramVec,
+    /// Items queued, by model.
+    pub inference_queue_items: IntGaugeVec,
+    /// Inference requests outstanding (queued or in flight), by tenant.
+    pub inference_outstanding: IntGaugeVec,
+    /// Serve streams, by model.
+    pub serving_workers: IntGaugeVec,
     /// Requests refused by the authentication layer, by reason.
     auth_refusals: IntCounterVec,
     /// Calls refused for a tenant quota, by tenant and quota.
@@ -105,6 +119,46 @@ impl Metrics {
             "Bytes copied into arenas by loads.",
         )?;
         registry.register(Box::new(load_bytes.clone()))?;
+        let histogram_vec = |name: &str, help: &str, buckets: Vec<f64>| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &["model"])?;
+            registry.register(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
+        let labelled_gauge = |name: &str, help: &str, label: &str| {
+            let g = IntGaugeVec::new(Opts::new(name, help), &[label])?;
+            registry.register(Box::new(g.clone()))?;
+            Ok::<_, prometheus::Error>(g)
+        };
+        let inference_seconds = histogram_vec(
+            "modelshare_inference_request_duration_seconds",
+            "Inference request latency, from arrival to answer, by model.",
+            latency_buckets(),
+        )?;
+        let inference_queue_seconds = histogram_vec(
+            "modelshare_inference_queue_duration_seconds",
+            "Time items waited in the queue before a batch took them, by model.",
+            latency_buckets(),
+        )?;
+        let inference_batch_items = histogram_vec(
+            "modelshare_inference_batch_items",
+            "Items per batch sent to workers, by model.",
+            vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+        )?;
+        let inference_queue_items = labelled_gauge(
+            "modelshare_inference_queue_items",
+            "Items queued for a batch, by model.",
+            "model",
+        )?;
+        let inference_outstanding = labelled_gauge(
+            "modelshare_inference_requests_outstanding",
+            "Inference requests queued or in flight, by tenant (admin: the admin).",
+            "tenant",
+        )?;
+        let serving_workers = labelled_gauge(
+            "modelshare_serving_workers",
+            "Worker Serve streams, by model.",
+            "model",
+        )?;
         let versions = IntGaugeVec::new(
             Opts::new("modelshare_model_versions", "Model versions by state."),
             &["state"],
@@ -140,6 +194,17 @@ impl Metrics {
                 &["service", "method", "code"],
             )?,
             grpc_seconds,
+            inference_requests: counter_vec(
+                "modelshare_inference_requests_total",
+                "Inference requests by model, tenant (admin: the admin) and gRPC status code.",
+                &["model", "tenant", "code"],
+            )?,
+            inference_seconds,
+            inference_queue_seconds,
+            inference_batch_items,
+            inference_queue_items,
+            inference_outstanding,
+            serving_workers,
             attaches: counter_vec(
                 "modelshare_attaches_total",
                 "Attaches by result.",

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::ids::{BatchId, ItemId, WorkerId};
+use super::ids::{BatchId, ItemId, Serves, WorkerId};
 use super::queue::QueuedItem;
 
 /// What a worker serves and how much it takes.
@@ -19,6 +19,8 @@ pub struct WorkerSpec {
     pub max_items: usize,
     /// Most payload bytes in one batch; an item larger than this is sent alone.
     pub max_bytes: u64,
+    /// Whose requests it may receive.
+    pub serves: Serves,
 }
 
 /// One item of a batch.

@@ -24,3 +24,23 @@ pub struct WorkerId(pub u64);
 /// A batch's id, assigned by [`super::Scheduler::next_batch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BatchId(pub u64);
+
+/// Whose requests a worker may receive; the tenants policy decides it when the worker offers
+/// to serve (`crate::tenants::policy::worker_serves`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Serves {
+    /// Every tenant's (the model owner's workers, and the admin's).
+    Everyone,
+    /// One tenant's only (a worker of a tenant the model is shared with serves itself).
+    Only(Tenant),
+}
+
+impl Serves {
+    /// Whether a request of `tenant` may go to such a worker.
+    pub fn admits(&self, tenant: &Tenant) -> bool {
+        match self {
+            Self::Everyone => true,
+            Self::Only(only) => only == tenant,
+        }
+    }
+}

@@ -91,6 +91,47 @@ impl ModelQueue {
             .min()
     }
 
+    /// The items, bytes and oldest arrival of `tenant`'s sub-queue.
+    pub(super) fn tenant_backlog(&self, tenant: &Tenant) -> (usize, u64, Option<Instant>) {
+        self.tenants.get(tenant).map_or((0, 0, None), |q| {
+            let bytes = q.items.iter().map(|item| item.bytes).sum();
+            (
+                q.items.len(),
+                bytes,
+                q.items.front().map(|item| item.arrival),
+            )
+        })
+    }
+
+    /// Cuts a batch from `tenant`'s sub-queue alone, in order (for a worker that serves only
+    /// that tenant: there is no round to take turns in). Same limits as [`Self::take`].
+    pub(super) fn take_tenant(&mut self, tenant: &Tenant, cut: Cut) -> Vec<(Tenant, QueuedItem)> {
+        let max_items = cut.max_items.max(1);
+        let mut out: Vec<(Tenant, QueuedItem)> = Vec::new();
+        let mut bytes: u64 = 0;
+        let Some(queue) = self.tenants.get_mut(tenant) else {
+            return out;
+        };
+        while out.len() < max_items {
+            let Some(front) = queue.items.front() else {
+                break;
+            };
+            if !out.is_empty() && bytes.saturating_add(front.bytes) > cut.max_bytes {
+                break;
+            }
+            let Some(item) = queue.items.pop_front() else {
+                break;
+            };
+            bytes = bytes.saturating_add(item.bytes);
+            out.push((tenant.clone(), item));
+        }
+        for (_, item) in &out {
+            self.count_out(item);
+        }
+        self.prune();
+        out
+    }
+
     /// Queues an item behind `tenant`'s others.
     pub(super) fn push_back(&mut self, tenant: &Tenant, item: QueuedItem) {
         self.count_in(&item);

@@ -20,6 +20,9 @@ pub struct NewRequest {
     pub deadline: Instant,
     /// When the request arrived (the start of its items' queue delay).
     pub arrival: Instant,
+    /// The tenant's own limit on requests outstanding (its quota), instead of
+    /// [`super::Limits::max_tenant_requests`].
+    pub quota: Option<usize>,
 }
 
 /// Why an item has no result.
@@ -32,21 +35,37 @@ pub enum ItemError {
     /// No worker served its model within the wait given to
     /// [`super::Scheduler::expire_without_workers`].
     NoWorker,
+    /// The server began to shut down before it was dispatched.
+    ShuttingDown,
     /// The worker reported a failure, with its message.
     Failed(String),
+    /// The worker reported a failure with a status code (a `google.rpc.Code` value).
+    Worker {
+        /// The code.
+        code: i32,
+        /// The worker's message.
+        message: String,
+    },
 }
 
-/// The outcome of one item.
+impl From<String> for ItemError {
+    fn from(message: String) -> Self {
+        Self::Failed(message)
+    }
+}
+
+/// The outcome of one item; `O` is the worker's output (bytes in tests, the protocol's
+/// `ItemOutput` in the server).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The result bytes, or why there are none.
-    pub result: Result<Vec<u8>, ItemError>,
+pub struct Outcome<O = Vec<u8>> {
+    /// The output, or why there is none.
+    pub result: Result<O, ItemError>,
     /// The version of the worker that computed it; `None` when the scheduler decided it
     /// (deadline, no worker, unavailable).
     pub version: Option<u32>,
 }
 
-impl Outcome {
+impl<O> Outcome<O> {
     /// An outcome the scheduler decided, with no worker's version.
     pub(super) fn failed(error: ItemError) -> Self {
         Self {
@@ -58,7 +77,7 @@ impl Outcome {
 
 /// A request whose items all have an outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completed {
+pub struct Completed<O = Vec<u8>> {
     /// The request.
     pub id: RequestId,
     /// Who asked.
@@ -66,7 +85,7 @@ pub struct Completed {
     /// The model asked.
     pub model: String,
     /// One outcome per item, in item order.
-    pub outcomes: Vec<Outcome>,
+    pub outcomes: Vec<Outcome<O>>,
 }
 
 /// An item of a cancelled request that a worker is computing: the caller may tell the worker.
@@ -82,31 +101,41 @@ pub struct InFlightItem {
 
 /// Where one item is.
 #[derive(Debug)]
-enum Slot {
+enum Slot<O> {
     Queued,
     InFlight { worker: WorkerId, batch: BatchId },
-    Done(Outcome),
+    Done(Outcome<O>),
 }
 
 /// An outstanding request.
 #[derive(Debug)]
-struct Record {
+struct Record<O> {
     tenant: Tenant,
     model: String,
-    slots: Vec<Slot>,
+    slots: Vec<Slot<O>>,
     /// Slots not yet `Done`.
     remaining: usize,
 }
 
 /// The outstanding requests, and how many each tenant has.
-#[derive(Debug, Default)]
-pub(super) struct Requests {
-    records: HashMap<RequestId, Record>,
+#[derive(Debug)]
+pub(super) struct Requests<O> {
+    records: HashMap<RequestId, Record<O>>,
     per_tenant: HashMap<Tenant, usize>,
     next_id: u64,
 }
 
-impl Requests {
+impl<O> Default for Requests<O> {
+    fn default() -> Self {
+        Self {
+            records: HashMap::new(),
+            per_tenant: HashMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+impl<O> Requests<O> {
     /// Requests outstanding (not complete, not cancelled), over all tenants.
     pub(super) fn len(&self) -> usize {
         self.records.len()
@@ -159,7 +188,7 @@ impl Requests {
         }
     }
 
-    fn slot_mut(&mut self, item: ItemId) -> Option<&mut Slot> {
+    fn slot_mut(&mut self, item: ItemId) -> Option<&mut Slot<O>> {
         let record = self.records.get_mut(&item.request)?;
         match record.slots.get_mut(item.index) {
             Some(Slot::Done(_)) | None => None,
@@ -170,7 +199,7 @@ impl Requests {
     /// Records an item's outcome. If it was the request's last, the request is removed and
     /// returned with its outcomes in item order. Items of unknown (cancelled) requests, and items
     /// that already have an outcome, are ignored.
-    pub(super) fn finish(&mut self, item: ItemId, outcome: Outcome) -> Option<Completed> {
+    pub(super) fn finish(&mut self, item: ItemId, outcome: Outcome<O>) -> Option<Completed<O>> {
         let slot = self.slot_mut(item)?;
         *slot = Slot::Done(outcome);
         let record = self.records.get_mut(&item.request)?;
@@ -214,7 +243,7 @@ impl Requests {
         Some((record.tenant, record.model, in_flight))
     }
 
-    fn remove_record(&mut self, id: RequestId) -> Option<Record> {
+    fn remove_record(&mut self, id: RequestId) -> Option<Record<O>> {
         let record = self.records.remove(&id)?;
         if let Some(count) = self.per_tenant.get_mut(&record.tenant) {
             *count = count.saturating_sub(1);

@@ -20,6 +20,7 @@ fn request(who: &Tenant, sizes: &[u64], at: Instant) -> NewRequest {
         item_bytes: sizes.to_vec(),
         deadline: at + Duration::from_secs(60),
         arrival: at,
+        quota: None,
     }
 }
 
@@ -30,6 +31,7 @@ fn spec(version: u32, credits: u32, max_items: usize, max_bytes: u64) -> WorkerS
         credits,
         max_items,
         max_bytes,
+        serves: Serves::Everyone,
     }
 }
 
@@ -591,4 +593,26 @@ fn nothing_leaks_after_a_mixed_workload() {
     assert!(s.unregister_worker(w1).is_empty());
     assert!(s.unregister_worker(w2).is_empty());
     assert_eq!((s.serving_workers(MODEL), s.next_deadline()), (0, None));
+}
+
+#[test]
+fn a_worker_that_serves_one_tenant_takes_only_that_tenants_items() {
+    let mut s = Scheduler::new(Limits::default());
+    let t0 = Instant::now();
+    let (a, b) = (tenant("a"), tenant("b"));
+    let mut only_b = spec(1, 1, 8, 1 << 20);
+    only_b.serves = Serves::Only(b.clone());
+    let w = register(&mut s, 1, only_b);
+    submit(&mut s, &a, &[1, 1, 1], t0);
+    let rb = submit(&mut s, &b, &[1, 1], t0);
+    let batch = s.next_batch(w, t0 + ms(5)).batch.expect("b's items");
+    assert_eq!(batch.items.len(), 2);
+    assert!(batch.items.iter().all(|i| i.id.request == rb));
+    let done = s.complete(w, batch.id, ok(2));
+    assert_eq!(done.len(), 1);
+    // a's items stay queued: this worker never takes them.
+    assert!(s.next_batch(w, t0 + ms(10)).batch.is_none());
+    assert_eq!(s.queue_depth(MODEL), 3);
+    // ...and with nothing of b's queued, no time-based retry is asked for a's items.
+    assert_eq!(s.queued_for_tenant(&a), 3);
 }

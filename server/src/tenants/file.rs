@@ -9,12 +9,14 @@
 //! token_hashes = ["sha256:…", "sha256:…"]   # several, to rotate without a gap
 //! uids = [1000]                         # optional: only these Unix uids, over the Unix socket
 //! model_dir = "search"                  # optional: its load paths are under <model root>/search
+//! weight = 2                            # optional: its share of the inference queues (default 1)
 //! [tenants.quota]                       # optional; a missing or 0 limit is unlimited
 //! device_bytes = 8_589_934_592
 //! models = 4
 //! sessions = 64
 //! leases = 256
 //! inflight = 32
+//! requests = 128                        # inference requests queued or in flight at once
 //! loads = 1
 //! ```
 //!
@@ -67,6 +69,7 @@ struct RawTenant {
     #[serde(default)]
     uids: Vec<u32>,
     model_dir: Option<String>,
+    weight: Option<u32>,
     #[serde(default)]
     quota: RawQuota,
 }
@@ -79,6 +82,7 @@ struct RawQuota {
     sessions: Option<u32>,
     leases: Option<u32>,
     inflight: Option<u32>,
+    requests: Option<u32>,
     loads: Option<u32>,
 }
 
@@ -94,6 +98,8 @@ pub struct TenantSpec {
     /// Directory under the model root that its load paths are relative to, and may not leave
     /// (none: the whole model root).
     pub model_dir: Option<String>,
+    /// Its weight in the inference queues' fair share (at least 1; default 1).
+    pub weight: u32,
     /// Its quota.
     pub quota: Quota,
 }
@@ -126,12 +132,14 @@ const SCHEMA_KEYS: &[&str] = &[
     "token_hashes",
     "uids",
     "model_dir",
+    "weight",
     "quota",
     "device_bytes",
     "models",
     "sessions",
     "leases",
     "inflight",
+    "requests",
     "loads",
 ];
 
@@ -244,12 +252,20 @@ impl TenantTable {
                 token_hashes,
                 uids: t.uids,
                 model_dir,
+                weight: match t.weight {
+                    None => 1,
+                    Some(w @ 1..=1000) => w,
+                    Some(w) => {
+                        return Err(format!("{at}: weight must be between 1 and 1000, got {w}"));
+                    }
+                },
                 quota: Quota {
                     device_bytes: nonzero(t.quota.device_bytes),
                     models: nonzero(t.quota.models),
                     sessions: nonzero(t.quota.sessions),
                     leases: nonzero(t.quota.leases),
                     inflight: nonzero(t.quota.inflight),
+                    requests: nonzero(t.quota.requests),
                     loads: nonzero(t.quota.loads),
                 },
             };

@@ -16,6 +16,9 @@ pub struct Quota {
     pub leases: Option<u32>,
     /// Requests handled at once, each up to its response head (session streams not counted).
     pub inflight: Option<u32>,
+    /// Inference requests queued or in flight at once, each for its whole life (the server's
+    /// `max_tenant_requests` when unset).
+    pub requests: Option<u32>,
     /// Loads of its models running at once (the server's `max_concurrent_loads` is shared).
     pub loads: Option<u32>,
 }

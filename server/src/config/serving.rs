@@ -1,0 +1,143 @@
+//! The request path's settings: the `[serving]` table of the file and its flags.
+//!
+//! ```toml
+//! [serving]
+//! max_queue_items = 4096        # items queued per model
+//! max_tenant_requests = 256     # inference requests a tenant may have outstanding (quota
+//!                               # `requests` in the tenants file overrides it per tenant)
+//! max_queue_delay_us = 1000     # how long a batch may wait to fill
+//! no_worker_wait_ms = 5000      # how long a request waits for a worker to serve its model
+//! max_request_secs = 60         # the longest deadline a request may have (and the default)
+//! max_request_bytes = 67108864  # the largest HTTP request body
+//! [serving.queue_delay_us]      # per model
+//! my-encoder = 0
+//! ```
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// The `[serving]` table, as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileServing {
+    pub(super) max_queue_items: Option<usize>,
+    pub(super) max_tenant_requests: Option<usize>,
+    pub(super) max_queue_delay_us: Option<u64>,
+    pub(super) no_worker_wait_ms: Option<u64>,
+    pub(super) max_request_secs: Option<u64>,
+    pub(super) max_request_bytes: Option<usize>,
+    #[serde(default)]
+    pub(super) queue_delay_us: HashMap<String, u64>,
+}
+
+/// The flags that override it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ServingFlags {
+    pub(super) max_queue_delay_us: Option<u64>,
+    pub(super) no_worker_wait_ms: Option<u64>,
+    pub(super) max_request_secs: Option<u64>,
+}
+
+/// The request path's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServingSettings {
+    /// Items queued per model.
+    pub max_queue_items: usize,
+    /// Inference requests a tenant may have outstanding, unless its quota says otherwise.
+    pub max_tenant_requests: usize,
+    /// How long a batch may wait to fill, unless the model has its own.
+    pub max_queue_delay: Duration,
+    /// Per-model queue delays.
+    pub queue_delays: HashMap<String, Duration>,
+    /// How long a request waits for a worker to serve its model.
+    pub no_worker_wait: Duration,
+    /// The longest (and the default) time a request may take.
+    pub max_request_time: Duration,
+    /// The largest HTTP request body, in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for ServingSettings {
+    fn default() -> Self {
+        Self {
+            max_queue_items: 4096,
+            max_tenant_requests: 256,
+            max_queue_delay: Duration::from_millis(1),
+            queue_delays: HashMap::new(),
+            no_worker_wait: Duration::from_secs(5),
+            max_request_time: Duration::from_secs(60),
+            max_request_bytes: 64 << 20,
+        }
+    }
+}
+
+impl ServingSettings {
+    /// Merges flags over the file over the defaults, with range checks.
+    pub(super) fn merge(flags: ServingFlags, file: FileServing) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let max_queue_items = file.max_queue_items.unwrap_or(d.max_queue_items);
+        if !(1..=1 << 20).contains(&max_queue_items) {
+            return invalid(format!(
+                "serving.max_queue_items must be between 1 and {}, got {max_queue_items}",
+                1 << 20
+            ));
+        }
+        let max_tenant_requests = file.max_tenant_requests.unwrap_or(d.max_tenant_requests);
+        if max_tenant_requests == 0 {
+            return invalid("serving.max_tenant_requests must be at least 1".into());
+        }
+        const MAX_DELAY_US: u64 = 10_000_000;
+        let delay_us = flags
+            .max_queue_delay_us
+            .or(file.max_queue_delay_us)
+            .unwrap_or(1000);
+        if delay_us > MAX_DELAY_US {
+            return invalid(format!(
+                "max_queue_delay_us must be at most {MAX_DELAY_US}, got {delay_us}"
+            ));
+        }
+        let mut queue_delays = HashMap::new();
+        for (model, us) in file.queue_delay_us {
+            if us > MAX_DELAY_US {
+                return invalid(format!(
+                    "serving.queue_delay_us.{model} must be at most {MAX_DELAY_US}, got {us}"
+                ));
+            }
+            queue_delays.insert(model, Duration::from_micros(us));
+        }
+        let wait_ms = flags
+            .no_worker_wait_ms
+            .or(file.no_worker_wait_ms)
+            .unwrap_or(5000);
+        let request_secs = flags
+            .max_request_secs
+            .or(file.max_request_secs)
+            .unwrap_or(60);
+        if !(1..=86_400).contains(&request_secs) {
+            return invalid(format!(
+                "max_request_secs must be between 1 and 86400, got {request_secs}"
+            ));
+        }
+        let max_request_bytes = file.max_request_bytes.unwrap_or(d.max_request_bytes);
+        if !(1024..=1 << 30).contains(&max_request_bytes) {
+            return invalid(format!(
+                "serving.max_request_bytes must be between 1024 and {}, got {max_request_bytes}",
+                1 << 30
+            ));
+        }
+        Ok(Self {
+            max_queue_items,
+            max_tenant_requests,
+            max_queue_delay: Duration::from_micros(delay_us),
+            queue_delays,
+            no_worker_wait: Duration::from_millis(wait_ms),
+            max_request_time: Duration::from_secs(request_secs),
+            max_request_bytes,
+        })
+    }
+}

@@ -1,0 +1,525 @@
+//! The request path's scheduler: admission, per-tenant fair queues, batching and dispatch to
+//! worker streams, and the reassembly of results. Pure and synchronous: no I/O, no clock (every
+//! call that depends on time takes `now`), no lock. The driver task (`super::driver`) owns it.
+//!
+//! [`Scheduler`] is the facade over `ids`, `request`, `queue` and `batch` (siblings of this
+//! file), and [`Admission`] its one refusal type; every public type of those files is
+//! re-exported here. Imports go one way: `ids` ← `request`, `queue` ← `batch` ← this file.
+//!
+//! # The path of a request
+//! [`Scheduler::submit`] admits it (or refuses at once, changing nothing) and queues its items
+//! under its tenant. [`Scheduler::next_batch`], asked for a worker with a credit left, cuts a
+//! batch when enough items or bytes wait or the oldest has waited the model's queue delay; it
+//! fails items whose deadline has passed instead of sending them. [`Scheduler::complete`]
+//! records the worker's results and returns the requests that are now complete. A worker that
+//! goes away ([`Scheduler::unregister_worker`]) has its items requeued once; an item that loses
+//! a second worker fails with [`ItemError::Unavailable`].
+//!
+//! # Versions
+//! A worker of an older version of a model gets no batch while a worker of the model's newest
+//! registered version has a credit left: old workers take only the overflow. The caller should
+//! ask every idle worker again when a credit is returned or items are queued.
+//!
+//! # Limits of this version
+//! Deadline expiry and [`Scheduler::next_deadline`] scan the queued items (queues are bounded by
+//! [`Limits::max_queue_items`]); a batch stops at the first item of the round that would pass
+//! its byte limit rather than looking further for smaller ones.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::batch::{self, Backlog, Closing, Worker};
+pub use super::batch::{Batch, BatchItem, WorkerSpec};
+pub use super::ids::{BatchId, ItemId, RequestId, Serves, Tenant, WorkerId};
+use super::queue::{Cut, ModelQueue, QueuedItem};
+use super::request::Requests;
+pub use super::request::{Completed, InFlightItem, ItemError, NewRequest, Outcome};
+
+/// Limits and defaults of a [`Scheduler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Most items queued (not in flight) per model.
+    pub max_queue_items: usize,
+    /// Most requests a named tenant may have outstanding (queued or in flight), over all
+    /// models; the admin (`None`) has no quota.
+    pub max_tenant_requests: usize,
+    /// How long the oldest item of a model may wait for a batch to fill, unless the model has
+    /// its own ([`Scheduler::set_queue_delay`]).
+    pub max_queue_delay: Duration,
+    /// Items a weight-1 tenant may take per turn of the round robin (0 is taken as 1).
+    pub quantum: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_queue_items: 4096,
+            max_tenant_requests: 256,
+            max_queue_delay: Duration::from_millis(1),
+            quantum: 1,
+        }
+    }
+}
+
+/// Why a request was refused at submission. Nothing was queued or counted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Admission {
+    /// The model's queue would hold more than its limit of items.
+    #[error("model '{model}' queues at most {limit} items; this request would pass that")]
+    QueueFull {
+        /// The model.
+        model: String,
+        /// Its limit, in items.
+        limit: usize,
+    },
+    /// The tenant already has its limit of requests outstanding.
+    #[error("tenant '{tenant}' may have at most {limit} requests outstanding")]
+    TenantQuota {
+        /// The tenant.
+        tenant: String,
+        /// Its limit, in requests.
+        limit: usize,
+    },
+    /// The request has no items.
+    #[error("request for model '{model}' has no items")]
+    NoItems {
+        /// The model.
+        model: String,
+    },
+}
+
+/// What [`Scheduler::next_batch`] did.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Dispatch<O = Vec<u8>> {
+    /// The batch for the worker, if one closed.
+    pub batch: Option<Batch>,
+    /// Requests completed because items of theirs passed their deadline while queued.
+    pub expired: Vec<Completed<O>>,
+    /// When no batch closed because the queue is short and young: when to ask again.
+    pub retry_at: Option<Instant>,
+}
+
+impl<O> Default for Dispatch<O> {
+    fn default() -> Self {
+        Self {
+            batch: None,
+            expired: Vec::new(),
+            retry_at: None,
+        }
+    }
+}
+
+/// The scheduler: every model's queue, the outstanding requests and the workers. `O` is the
+/// type of a worker's output for one item.
+#[derive(Debug)]
+pub struct Scheduler<O = Vec<u8>> {
+    limits: Limits,
+    delays: HashMap<String, Duration>,
+    weights: HashMap<Tenant, u32>,
+    queues: HashMap<String, ModelQueue>,
+    requests: Requests<O>,
+    workers: BTreeMap<WorkerId, Worker>,
+    next_batch_id: u64,
+}
+
+impl<O> Scheduler<O> {
+    /// An empty scheduler with `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            delays: HashMap::new(),
+            weights: HashMap::new(),
+            queues: HashMap::new(),
+            requests: Requests::default(),
+            workers: BTreeMap::new(),
+            next_batch_id: 0,
+        }
+    }
+
+    /// Sets a model's queue delay (the default is [`Limits::max_queue_delay`]).
+    pub fn set_queue_delay(&mut self, model: &str, delay: Duration) {
+        self.delays.insert(model.to_owned(), delay);
+    }
+
+    /// Sets a tenant's weight in the round robin (the default is 1; 0 is taken as 1).
+    pub fn set_tenant_weight(&mut self, tenant: Tenant, weight: u32) {
+        self.weights.insert(tenant, weight.max(1));
+    }
+
+    fn queue_delay(&self, model: &str) -> Duration {
+        self.delays
+            .get(model)
+            .copied()
+            .unwrap_or(self.limits.max_queue_delay)
+    }
+
+    /// Admits a request and queues its items, or refuses it with nothing changed.
+    pub fn submit(&mut self, request: NewRequest) -> Result<RequestId, Admission> {
+        let NewRequest {
+            tenant,
+            model,
+            item_bytes,
+            deadline,
+            arrival,
+            quota,
+        } = request;
+        if item_bytes.is_empty() {
+            return Err(Admission::NoItems { model });
+        }
+        let queued = self.queues.get(&model).map_or(0, ModelQueue::len);
+        let limit = self.limits.max_queue_items;
+        if queued.saturating_add(item_bytes.len()) > limit {
+            return Err(Admission::QueueFull { model, limit });
+        }
+        if let Some(name) = &tenant {
+            let limit = quota.unwrap_or(self.limits.max_tenant_requests);
+            if self.requests.outstanding(&tenant) >= limit {
+                return Err(Admission::TenantQuota {
+                    tenant: name.clone(),
+                    limit,
+                });
+            }
+        }
+        let id = self
+            .requests
+            .insert(tenant.clone(), model.clone(), item_bytes.len());
+        let queue = self.queues.entry(model).or_default();
+        for (index, bytes) in item_bytes.into_iter().enumerate() {
+            let item = QueuedItem {
+                id: ItemId { request: id, index },
+                bytes,
+                arrival,
+                deadline,
+                requeued: false,
+            };
+            queue.push_back(&tenant, item);
+        }
+        Ok(id)
+    }
+
+    /// Registers a worker stream. Returns false, changing nothing, if the id is taken.
+    #[must_use]
+    pub fn register_worker(&mut self, id: WorkerId, spec: WorkerSpec) -> bool {
+        if self.workers.contains_key(&id) {
+            return false;
+        }
+        self.workers.insert(id, Worker::new(spec));
+        true
+    }
+
+    /// Changes how many batches a worker may hold (0: it gets no more, e.g. while it drains).
+    pub fn set_credits(&mut self, id: WorkerId, credits: u32) {
+        if let Some(worker) = self.workers.get_mut(&id) {
+            worker.spec.credits = credits;
+        }
+    }
+
+    /// Removes a worker that left or was lost. Its items in flight go back to the front of
+    /// their tenants' queues, once: an item already requeued fails with
+    /// [`ItemError::Unavailable`]. Returns the requests that this completed.
+    pub fn unregister_worker(&mut self, id: WorkerId) -> Vec<Completed<O>> {
+        let Some(worker) = self.workers.remove(&id) else {
+            return Vec::new();
+        };
+        let mut completed = Vec::new();
+        let mut requeue: Vec<(Tenant, QueuedItem)> = Vec::new();
+        for item in worker.in_flight.into_values().flatten() {
+            let Some(tenant) = self.requests.tenant_of(item.id.request).cloned() else {
+                continue; // cancelled while in flight
+            };
+            if item.requeued {
+                let outcome = Outcome::failed(ItemError::Unavailable);
+                completed.extend(self.requests.finish(item.id, outcome));
+            } else {
+                requeue.push((tenant, item));
+            }
+        }
+        if !requeue.is_empty() {
+            let queue = self.queues.entry(worker.spec.model).or_default();
+            // In reverse, so that each tenant's items keep their order at the front.
+            for (tenant, mut item) in requeue.into_iter().rev() {
+                item.requeued = true;
+                self.requests.set_queued(item.id);
+                queue.push_front(&tenant, item);
+            }
+        }
+        completed
+    }
+
+    /// Whether a worker of a newer version of the worker's model has a credit left.
+    fn outranked(&self, spec: &WorkerSpec) -> bool {
+        self.workers
+            .values()
+            .any(|w| w.spec.model == spec.model && w.spec.version > spec.version && w.has_credit())
+    }
+
+    /// Cuts the next batch for a worker, if it has a credit and one closes; fails the model's
+    /// queued items whose deadline has passed on the way.
+    pub fn next_batch(&mut self, worker_id: WorkerId, now: Instant) -> Dispatch<O> {
+        let mut dispatch = Dispatch::default();
+        let Some(spec) = self.workers.get(&worker_id).map(|w| w.spec.clone()) else {
+            return dispatch;
+        };
+        dispatch.expired = self.expire_model(&spec.model, now);
+        let has_credit = self.workers.get(&worker_id).is_some_and(Worker::has_credit);
+        if !has_credit || self.outranked(&spec) {
+            return dispatch;
+        }
+        let delay = self.queue_delay(&spec.model);
+        let quantum = u64::from(self.limits.quantum);
+        let weights = &self.weights;
+        let Some(queue) = self.queues.get_mut(&spec.model) else {
+            return dispatch;
+        };
+        let backlog = match &spec.serves {
+            Serves::Everyone => Backlog {
+                items: queue.len(),
+                bytes: queue.bytes(),
+                oldest: queue.oldest_arrival(),
+            },
+            Serves::Only(tenant) => {
+                let (items, bytes, oldest) = queue.tenant_backlog(tenant);
+                Backlog {
+                    items,
+                    bytes,
+                    oldest,
+                }
+            }
+        };
+        match batch::closing(backlog, &spec, delay, now) {
+            Closing::Now => {}
+            Closing::At(at) => {
+                dispatch.retry_at = Some(at);
+                return dispatch;
+            }
+            Closing::Empty | Closing::Never => return dispatch,
+        }
+        let cut = Cut {
+            max_items: spec.max_items,
+            max_bytes: spec.max_bytes,
+            quantum,
+        };
+        let taken = match &spec.serves {
+            Serves::Everyone => queue.take(cut, |t| weights.get(t).copied().unwrap_or(1)),
+            Serves::Only(tenant) => queue.take_tenant(tenant, cut),
+        };
+        if queue.is_empty() {
+            self.queues.remove(&spec.model);
+        }
+        self.next_batch_id = self.next_batch_id.wrapping_add(1);
+        let batch_id = BatchId(self.next_batch_id);
+        let items: Vec<QueuedItem> = taken.into_iter().map(|(_, item)| item).collect();
+        for item in &items {
+            self.requests.set_in_flight(item.id, worker_id, batch_id);
+        }
+        let batch_items = items
+            .iter()
+            .map(|item| BatchItem {
+                id: item.id,
+                bytes: item.bytes,
+            })
+            .collect();
+        if let Some(worker) = self.workers.get_mut(&worker_id) {
+            worker.in_flight.insert(batch_id, items);
+        }
+        dispatch.batch = Some(Batch {
+            id: batch_id,
+            worker: worker_id,
+            model: spec.model,
+            version: spec.version,
+            items: batch_items,
+        });
+        dispatch
+    }
+
+    /// Records a worker's results for a batch, one per item in batch order (`Err` carries the
+    /// worker's message; a missing result fails its item), and returns the batch's credit.
+    /// Returns the requests now complete. A batch the worker no longer holds (it was
+    /// unregistered, or the batch was completed already) is ignored.
+    pub fn complete<E: Into<ItemError>>(
+        &mut self,
+        worker_id: WorkerId,
+        batch: BatchId,
+        results: Vec<Result<O, E>>,
+    ) -> Vec<Completed<O>> {
+        let Some(worker) = self.workers.get_mut(&worker_id) else {
+            return Vec::new();
+        };
+        let Some(items) = worker.in_flight.remove(&batch) else {
+            return Vec::new();
+        };
+        let version = Some(worker.spec.version);
+        let count = items.len();
+        let mut results = results.into_iter();
+        let mut completed = Vec::new();
+        for item in items {
+            let result = match results.next() {
+                Some(Ok(output)) => Ok(output),
+                Some(Err(error)) => Err(error.into()),
+                None => Err(ItemError::Failed(format!(
+                    "the worker returned fewer results than the batch's {count} items"
+                ))),
+            };
+            completed.extend(self.requests.finish(item.id, Outcome { result, version }));
+        }
+        completed
+    }
+
+    /// Cancels a request: its queued items are dropped and it will not complete. Returns its
+    /// items in flight (their results will be ignored; the caller may tell the workers), or
+    /// `None` if the request is not outstanding.
+    pub fn cancel(&mut self, id: RequestId) -> Option<Vec<InFlightItem>> {
+        let (tenant, model, in_flight) = self.requests.cancel(id)?;
+        if let Some(queue) = self.queues.get_mut(&model) {
+            queue.remove_request(&tenant, id);
+            if queue.is_empty() {
+                self.queues.remove(&model);
+            }
+        }
+        Some(in_flight)
+    }
+
+    /// Fails the queued items of every model whose deadline has passed.
+    pub fn expire_deadlines(&mut self, now: Instant) -> Vec<Completed<O>> {
+        let models: Vec<String> = self.queues.keys().cloned().collect();
+        models
+            .iter()
+            .flat_map(|model| self.expire_model(model, now))
+            .collect()
+    }
+
+    fn expire_model(&mut self, model: &str, now: Instant) -> Vec<Completed<O>> {
+        self.fail_queued(model, ItemError::DeadlineExceeded, |item| {
+            now >= item.deadline
+        })
+    }
+
+    /// Fails the queued items of models with no worker that have waited `wait` or longer, with
+    /// [`ItemError::NoWorker`].
+    pub fn expire_without_workers(&mut self, now: Instant, wait: Duration) -> Vec<Completed<O>> {
+        let models: Vec<String> = self
+            .queues
+            .keys()
+            .filter(|model| self.serving_workers(model) == 0)
+            .cloned()
+            .collect();
+        models
+            .iter()
+            .flat_map(|model| {
+                self.fail_queued(model, ItemError::NoWorker, |item| {
+                    now.saturating_duration_since(item.arrival) >= wait
+                })
+            })
+            .collect()
+    }
+
+    /// Fails every queued item of every model with `error` (at shutdown).
+    pub fn fail_all_queued(&mut self, error: &ItemError) -> Vec<Completed<O>> {
+        let models: Vec<String> = self.queues.keys().cloned().collect();
+        models
+            .iter()
+            .flat_map(|model| self.fail_queued(model, error.clone(), |_| true))
+            .collect()
+    }
+
+    /// Removes the queued items of `model` that `pred` picks and fails them with `error`.
+    fn fail_queued(
+        &mut self,
+        model: &str,
+        error: ItemError,
+        pred: impl FnMut(&QueuedItem) -> bool,
+    ) -> Vec<Completed<O>> {
+        let Some(queue) = self.queues.get_mut(model) else {
+            return Vec::new();
+        };
+        let removed = queue.remove_where(pred);
+        if queue.is_empty() {
+            self.queues.remove(model);
+        }
+        removed
+            .into_iter()
+            .filter_map(|item| {
+                self.requests
+                    .finish(item.id, Outcome::failed(error.clone()))
+            })
+            .collect()
+    }
+
+    /// The next instant at which time alone changes something: the earliest deadline of a
+    /// queued item, or when the oldest item of a model that has a worker with credit reaches the
+    /// model's queue delay. `None` if nothing is queued.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.queues
+            .iter()
+            .flat_map(|(model, queue)| {
+                let servable = self
+                    .workers
+                    .values()
+                    .any(|w| &w.spec.model == model && w.has_credit());
+                let due = if servable {
+                    queue
+                        .oldest_arrival()
+                        .and_then(|t| t.checked_add(self.queue_delay(model)))
+                } else {
+                    None
+                };
+                [queue.earliest_deadline(), due]
+            })
+            .flatten()
+            .min()
+    }
+
+    /// When the oldest queued item of a model with no worker will have waited `wait`: the next
+    /// instant at which [`Self::expire_without_workers`] fails something. `None` if every model
+    /// with queued items has a worker.
+    pub fn next_no_worker_expiry(&self, wait: Duration) -> Option<Instant> {
+        self.queues
+            .iter()
+            .filter(|(model, _)| self.serving_workers(model) == 0)
+            .filter_map(|(_, queue)| queue.oldest_arrival()?.checked_add(wait))
+            .min()
+    }
+
+    /// Items queued for a model.
+    pub fn queue_depth(&self, model: &str) -> usize {
+        self.queues.get(model).map_or(0, ModelQueue::len)
+    }
+
+    /// Items a tenant has queued, over all models.
+    pub fn queued_for_tenant(&self, tenant: &Tenant) -> usize {
+        self.queues.values().map(|q| q.tenant_len(tenant)).sum()
+    }
+
+    /// Requests a tenant has outstanding (queued or in flight).
+    pub fn outstanding_for_tenant(&self, tenant: &Tenant) -> usize {
+        self.requests.outstanding(tenant)
+    }
+
+    /// Requests outstanding, over all tenants.
+    pub fn outstanding(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Items a worker has in flight (`None` for an unknown worker).
+    pub fn in_flight(&self, worker: WorkerId) -> Option<usize> {
+        self.workers.get(&worker).map(Worker::in_flight_items)
+    }
+
+    /// Workers registered for a model.
+    pub fn serving_workers(&self, model: &str) -> usize {
+        self.workers
+            .values()
+            .filter(|w| w.spec.model == model)
+            .count()
+    }
+
+    /// Whether nothing is held: no request outstanding, no item queued or in flight, no
+    /// per-model queue or per-tenant count left behind (workers may stay registered).
+    pub fn is_drained(&self) -> bool {
+        self.requests.len() == 0
+            && self.requests.tenants() == 0
+            && self.queues.is_empty()
+            && self.workers.values().all(|w| w.in_flight.is_empty())
+    }
+}
