@@ -63,6 +63,15 @@ pub enum ServerError {
     /// Unknown session id (never opened, or already ended).
     #[error("session '{0}' not found")]
     SessionNotFound(String),
+    /// A Serve offer names a version its session holds no lease on (or, for version 0, no
+    /// ready version of the model).
+    #[error("session holds no lease on {} of model '{model}'", version.map_or_else(|| "a ready version".to_owned(), |v| format!("version {v}")))]
+    NotLeased {
+        /// Model name.
+        model: String,
+        /// The version offered (`None`: any ready one).
+        version: Option<u32>,
+    },
     /// Unknown lease id, or a lease of another session.
     #[error("lease '{0}' not found in this session")]
     LeaseNotFound(String),

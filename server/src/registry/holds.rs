@@ -78,6 +78,62 @@ impl Registry {
         })
     }
 
+    /// What a Serve offer of `session` (which must be `caller`'s) for `model`@`version` serves:
+    /// the version (0: the newest ready version the session holds a lease on) and the model's
+    /// owner. The session must hold a lease on that version, and it must be ready.
+    pub fn serve_target(
+        &self,
+        caller: &Caller,
+        session: &str,
+        model: &str,
+        version: u32,
+    ) -> Result<(u32, Option<String>), ServerError> {
+        let st = self.lock();
+        let rec = st.own_session(caller, session)?;
+        let model_rec = st.visible_model(caller, model)?;
+        let held: Vec<u32> = rec
+            .leases
+            .iter()
+            .filter_map(|l| st.leases.get(l))
+            .filter(|l| l.model == model)
+            .map(|l| l.version)
+            .collect();
+        let chosen = if version == 0 {
+            held.iter()
+                .copied()
+                .filter(|v| {
+                    model_rec
+                        .versions
+                        .get(v)
+                        .is_some_and(|r| r.state == VersionState::Ready)
+                })
+                .max()
+                .ok_or_else(|| ServerError::NotLeased {
+                    model: model.to_owned(),
+                    version: None,
+                })?
+        } else if held.contains(&version) {
+            version
+        } else {
+            return Err(ServerError::NotLeased {
+                model: model.to_owned(),
+                version: Some(version),
+            });
+        };
+        let state = model_rec
+            .versions
+            .get(&chosen)
+            .map_or(VersionState::Freed, |r| r.state);
+        if state != VersionState::Ready {
+            return Err(ServerError::WrongState {
+                model: model.to_owned(),
+                version: chosen,
+                state,
+            });
+        }
+        Ok((chosen, model_rec.owner.clone()))
+    }
+
     /// Takes a lease on `model`@`version` (0: latest ready) for `session`, which must be
     /// `caller`'s; the model must be one `caller` may see, within its leases quota.
     pub fn attach(

@@ -22,7 +22,8 @@ impl From<ServerError> for Status {
             ServerError::ModelNotFound(_)
             | ServerError::VersionNotFound { .. }
             | ServerError::SessionNotFound(_)
-            | ServerError::LeaseNotFound(_) => Code::NotFound,
+            | ServerError::LeaseNotFound(_)
+            | ServerError::NotLeased { .. } => Code::NotFound,
             ServerError::NoReadyVersion(_) | ServerError::WrongState { .. } => {
                 Code::FailedPrecondition
             }

@@ -1,5 +1,5 @@
 //! `modelshare.v1.WorkerService`: sessions, attach and release — a thin adapter over the
-//! sessions hub ([`crate::sessions`]) and the registry.
+//! sessions hub ([`crate::sessions`]) and the registry — and Serve ([`super::serve`]).
 //!
 //! A session lives as long as its stream: it ends when the worker closes it, when the
 //! connection breaks (the worker exited or was killed: the kernel closes its socket), after
@@ -111,17 +111,16 @@ impl WorkerService for WorkerApi {
         Ok(Response::new(pb::ReleaseResponse {}))
     }
 
-    type ServeStream = Pin<Box<dyn Stream<Item = Result<pb::ServeEvent, Status>> + Send>>;
+    type ServeStream = super::serve::ServeStream;
 
-    /// Not implemented yet: the request path exists only as a contract in the proto so far.
+    /// A worker's stream of batches ([`super::serve`]).
     async fn serve(
         &self,
         request: Request<Streaming<pb::ServeRequest>>,
     ) -> Result<Response<Self::ServeStream>, Status> {
-        caller_of(&request)?;
-        Err(Status::unimplemented(
-            "WorkerService.Serve is not implemented yet",
-        ))
+        let caller = caller_of(&request)?;
+        let stream = super::serve::open(&self.app, caller, request.into_inner()).await?;
+        Ok(Response::new(stream))
     }
 }
 

@@ -61,6 +61,10 @@ pub(super) enum Command {
         id: WorkerId,
         end: StreamEnd,
     },
+    ProtocolError {
+        id: WorkerId,
+        message: String,
+    },
     Drain {
         id: WorkerId,
         reason: String,
@@ -78,6 +82,7 @@ impl std::fmt::Debug for Command {
             Self::OpenWorker { .. } => "OpenWorker",
             Self::Result { .. } => "Result",
             Self::Ended { .. } => "Ended",
+            Self::ProtocolError { .. } => "ProtocolError",
             Self::Drain { .. } => "Drain",
             Self::Snapshot { .. } => "Snapshot",
         };
@@ -247,6 +252,7 @@ impl Driver {
             Command::OpenWorker { id, offer, events } => self.open_worker(id, offer, events),
             Command::Result { id, result } => self.result(id, result),
             Command::Ended { id, end } => self.ended(id, end),
+            Command::ProtocolError { id, message } => self.protocol_error(id, message),
             Command::Drain { id, reason } => self.drain(id, &reason),
             Command::Snapshot { reply } => {
                 let _ = reply.send(self.snapshot());
@@ -743,7 +749,7 @@ impl Driver {
                     .values()
                     .filter(|c| c.offer.spec.model == model)
                     .collect();
-                conns.sort_by(|a, b| b.offer.spec.version.cmp(&a.offer.spec.version));
+                conns.sort_by_key(|c| std::cmp::Reverse(c.offer.spec.version));
                 let mut versions: Vec<u32> = conns.iter().map(|c| c.offer.spec.version).collect();
                 versions.dedup();
                 let newest = conns.first();

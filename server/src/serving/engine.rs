@@ -246,6 +246,11 @@ impl Engine {
         let _ = self.send(Command::Result { id, result });
     }
 
+    /// A worker broke the protocol: its stream ends with INVALID_ARGUMENT and `message`.
+    pub fn worker_protocol_error(&self, id: WorkerId, message: String) {
+        let _ = self.send(Command::ProtocolError { id, message });
+    }
+
     /// A Serve stream ended.
     pub fn worker_ended(&self, id: WorkerId, end: StreamEnd) {
         let _ = self.send(Command::Ended { id, end });

@@ -24,6 +24,8 @@
 mod batch;
 mod driver;
 pub mod engine;
+#[cfg(test)]
+mod engine_tests;
 pub mod error;
 mod ids;
 mod queue;

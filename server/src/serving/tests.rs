@@ -507,7 +507,7 @@ fn zero_settings_neither_hang_nor_panic() {
     assert_eq!(s.next_batch(WorkerId(99), t0), Dispatch::default());
     assert!(s.complete(WorkerId(99), b.id, ok(1)).is_empty());
     assert!(s.complete(w, BatchId(12345), ok(1)).is_empty());
-    let _ = s.complete(w, b.id, Vec::new());
+    let _ = s.complete(w, b.id, Vec::<Result<Vec<u8>, String>>::new());
     let b = s.next_batch(w, t0).batch.expect("the second item");
     let done = s.complete(w, b.id, ok(3));
     let c = done.first().expect("complete");

@@ -19,12 +19,18 @@
 //! - A tenant loads models for itself only; the admin for any configured tenant
 //!   ([`load_owner`]).
 //! - Only the admin reloads the tenants file ([`may_reload_tenants`]).
+//! - Whose inference requests a worker receives ([`worker_serves`]): a worker of the model's
+//!   owner (and the admin's, or any worker when no tenants are configured) serves every tenant
+//!   that may see the model; a worker of another tenant that may see it (shared or public)
+//!   serves that tenant's own requests only. So a request's payload reaches the owner's
+//!   workers or the requester's own, never a third tenant's.
 
 use std::collections::BTreeSet;
 
 use super::caller::Caller;
 use super::file::TenantTable;
 use crate::error::ServerError;
+use crate::serving::Serves;
 
 /// Who besides its owner may see and attach a model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -239,5 +245,42 @@ mod tests {
         assert_eq!(err.to_string(), "unknown tenant 'z\\n'");
         assert!(may_reload_tenants(&Caller::Admin));
         assert!(!may_reload_tenants(&tenant("a")));
+    }
+}
+
+/// Whose inference requests a worker of `worker` may receive for a model owned by `owner`
+/// (the worker's session may see the model: it holds a lease on it).
+pub fn worker_serves(owner: Option<&str>, worker: &Caller) -> Serves {
+    match worker {
+        Caller::Admin => Serves::Everyone,
+        Caller::Tenant { name, .. } if owner == Some(&**name) => Serves::Everyone,
+        Caller::Tenant { name, .. } => Serves::Only(Some(name.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod serving_tests {
+    use super::*;
+
+    fn tenant(name: &str) -> Caller {
+        Caller::Tenant {
+            name: name.into(),
+            quota: Default::default(),
+        }
+    }
+
+    #[test]
+    fn owners_workers_serve_everyone_and_others_serve_themselves() {
+        assert_eq!(worker_serves(Some("a"), &tenant("a")), Serves::Everyone);
+        assert_eq!(worker_serves(None, &Caller::Admin), Serves::Everyone);
+        assert_eq!(worker_serves(Some("a"), &Caller::Admin), Serves::Everyone);
+        assert_eq!(
+            worker_serves(Some("a"), &tenant("b")),
+            Serves::Only(Some("b".into()))
+        );
+        assert_eq!(
+            worker_serves(None, &tenant("b")),
+            Serves::Only(Some("b".into()))
+        );
     }
 }

@@ -157,9 +157,9 @@ impl Server {
     pub fn metrics_address(&self) -> String {
         let log = self.log();
         let at = log
-            .find("metrics=Some(")
-            .unwrap_or_else(|| panic!("no metrics address in log:\n{log}"));
-        let rest = &log[at + "metrics=Some(".len()..];
+            .find("http=Some(")
+            .unwrap_or_else(|| panic!("no http address in log:\n{log}"));
+        let rest = &log[at + "http=Some(".len()..];
         rest[..rest.find(')').expect("paren")].to_owned()
     }
 
@@ -387,6 +387,45 @@ pub async fn raw_session(address: &str, hello: pb::Hello) -> RawSession {
     .expect("hello");
     let mut events = worker
         .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("session")
+        .into_inner();
+    let welcome = match events
+        .message()
+        .await
+        .expect("welcome")
+        .and_then(|e| e.kind)
+    {
+        Some(pb::session_event::Kind::Welcome(w)) => w,
+        other => panic!("expected a welcome, got {other:?}"),
+    };
+    RawSession {
+        worker,
+        tx,
+        events,
+        welcome,
+    }
+}
+
+/// [`raw_session`] with a bearer token on the session call.
+pub async fn raw_session_with_token(address: &str, hello: pb::Hello, token: &str) -> RawSession {
+    let ch = modelshare_worker::connect::channel(address)
+        .await
+        .expect("channel");
+    let token: tonic::metadata::MetadataValue<_> =
+        format!("Bearer {token}").parse().expect("header");
+    let worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::SessionRequest {
+        kind: Some(pb::session_request::Kind::Hello(hello)),
+    })
+    .await
+    .expect("hello");
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request.metadata_mut().insert("authorization", token);
+    let mut events = worker
+        .clone()
+        .session(request)
         .await
         .expect("session")
         .into_inner();

@@ -3,6 +3,7 @@
 //! One test binary (faster to build and link); modules by subject.
 
 mod common;
+mod worker_util;
 
 mod cli;
 mod lifecycle;
