@@ -204,7 +204,8 @@ impl Config {
                 max_request_secs: args.max_request_secs,
             },
             file.serving,
-        )?;
+        )
+        .map_err(ConfigError::Invalid)?;
         let defaults = RegistryLimits::default();
         let weight_defaults = WeightLimits::default();
         Ok(Self {

@@ -18,8 +18,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::ConfigError;
-
 /// The `[serving]` table, as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,10 +74,11 @@ impl Default for ServingSettings {
 }
 
 impl ServingSettings {
-    /// Merges flags over the file over the defaults, with range checks.
-    pub(super) fn merge(flags: ServingFlags, file: FileServing) -> Result<Self, ConfigError> {
+    /// Merges flags over the file over the defaults, with range checks (`Err`: what is out of
+    /// range).
+    pub(super) fn merge(flags: ServingFlags, file: FileServing) -> Result<Self, String> {
         let d = Self::default();
-        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let invalid = |m: String| Err(m);
         let max_queue_items = file.max_queue_items.unwrap_or(d.max_queue_items);
         if !(1..=1 << 20).contains(&max_queue_items) {
             return invalid(format!(

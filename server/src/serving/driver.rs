@@ -17,14 +17,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use tracing::{debug, info, warn};
 
-use super::engine::{
-    EngineConfig, InferRequest, InferResponse, ModelServing, ServingSnapshot, StreamEnd,
-    WorkerInfo, WorkerOffer,
-};
 use super::error::InferError;
 use super::scheduler::{
     Batch, BatchId, Completed, ItemError, ItemId, NewRequest, RequestId, Scheduler, Tenant,
     WorkerId,
+};
+use super::types::{
+    EngineConfig, InferRequest, InferResponse, ModelServing, ServingSnapshot, StreamEnd,
+    WorkerInfo, WorkerOffer,
 };
 use crate::metrics::Metrics;
 use crate::metrics::grpc::code_label;

@@ -1,10 +1,9 @@
 //! [`Engine`]: the handle to the request path that the front doors and the Serve streams hold.
 //! Every call is a message to the driver task (`super::driver`), which owns all the state.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use modelshare_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
@@ -13,82 +12,12 @@ use tonic::Status;
 
 use super::driver::{self, Command};
 use super::error::InferError;
-use super::scheduler::{Limits, Tenant, WorkerId, WorkerSpec};
+use super::scheduler::WorkerId;
+pub use super::types::{
+    EngineConfig, InferRequest, InferResponse, ModelServing, ServingSnapshot, StreamEnd,
+    WorkerInfo, WorkerOffer,
+};
 use crate::metrics::Metrics;
-
-/// How the request path behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// Queue and quota limits, and the default queue delay.
-    pub limits: Limits,
-    /// Queue delay of particular models (the default is `limits.max_queue_delay`).
-    pub queue_delays: HashMap<String, Duration>,
-    /// Tenants' weights in the fair queues (the default is 1).
-    pub tenant_weights: HashMap<String, u32>,
-    /// How long a request for a model that no worker serves waits for one.
-    pub no_worker_wait: Duration,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            limits: Limits::default(),
-            queue_delays: HashMap::new(),
-            tenant_weights: HashMap::new(),
-            no_worker_wait: Duration::from_secs(5),
-        }
-    }
-}
-
-/// A request as a front door hands it in.
-#[derive(Debug, Clone)]
-pub struct InferRequest {
-    /// Who asks (`None`: the admin).
-    pub tenant: Tenant,
-    /// The model asked for.
-    pub model: String,
-    /// The items, each with its input and parameters (ids and deadlines are filled in here).
-    pub items: Vec<pb::Item>,
-    /// After this instant no item is dispatched and the request fails with DEADLINE_EXCEEDED.
-    pub deadline: Instant,
-    /// The tenant's own limit on requests outstanding, if its quota sets one.
-    pub max_outstanding: Option<usize>,
-}
-
-/// A computed request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InferResponse {
-    /// The model.
-    pub model: String,
-    /// The version that computed the first item (during a hot swap items of one request may be
-    /// computed by two versions: `versions` has each item's).
-    pub version: u32,
-    /// Each item's version.
-    pub versions: Vec<u32>,
-    /// One output per item, in item order.
-    pub outputs: Vec<pb::ItemOutput>,
-}
-
-/// A Serve stream's offer, as the Serve handler validated it.
-#[derive(Debug, Clone)]
-pub struct WorkerOffer {
-    /// Model, version, credits, batch limits, and whose requests it may receive.
-    pub spec: WorkerSpec,
-    /// The stream's id, for logs and `modelshare ps`.
-    pub serve_id: String,
-    /// The session it belongs to.
-    pub session_id: String,
-    /// The session's tenant.
-    pub tenant: Tenant,
-    /// It takes text items.
-    pub accepts_text: bool,
-    /// It takes tensor items.
-    pub accepts_tensors: bool,
-    /// The inputs it declared.
-    pub inputs: Vec<pb::TensorSpec>,
-    /// The outputs it declared.
-    pub outputs: Vec<pb::TensorSpec>,
-}
 
 /// A registered Serve stream: its id and the events to send it. The stream ends when the
 /// sender is dropped (the driver let it go) or an `Err` status comes (a protocol error).
@@ -98,88 +27,6 @@ pub struct WorkerStream {
     pub id: WorkerId,
     /// What to send it.
     pub events: mpsc::UnboundedReceiver<Result<pb::ServeEvent, Status>>,
-}
-
-/// How a Serve stream ended, as its handler saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamEnd {
-    /// The worker closed its side (after a drain, or to stop): nothing of it is in flight, or
-    /// what is goes back to the queue.
-    Closed,
-    /// The stream broke, the worker went silent, or its session ended.
-    Lost,
-}
-
-/// One Serve stream, as `modelshare ps` and the admin API show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerInfo {
-    /// The stream's id.
-    pub serve_id: String,
-    /// Its session.
-    pub session_id: String,
-    /// The session's tenant.
-    pub tenant: Tenant,
-    /// The model.
-    pub model: String,
-    /// The version.
-    pub version: u32,
-    /// Batches it takes at once.
-    pub credits: u32,
-    /// Batches it holds now.
-    pub batches_in_flight: usize,
-    /// Items it holds now.
-    pub items_in_flight: usize,
-    /// Batches it has answered.
-    pub batches_done: u64,
-    /// Whether it is draining.
-    pub draining: bool,
-}
-
-/// One model on the request path.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ModelServing {
-    /// The model.
-    pub model: String,
-    /// Items queued.
-    pub queued_items: usize,
-    /// Serve streams of the model.
-    pub workers: usize,
-    /// The versions they serve, newest first, each once.
-    pub versions: Vec<u32>,
-    /// Inputs declared by a worker of the newest version.
-    pub inputs: Vec<pb::TensorSpec>,
-    /// Outputs declared by a worker of the newest version.
-    pub outputs: Vec<pb::TensorSpec>,
-}
-
-/// The whole request path at one instant.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ServingSnapshot {
-    /// Every Serve stream.
-    pub workers: Vec<WorkerInfo>,
-    /// Every model with a queue or a worker, by name.
-    pub models: Vec<ModelServing>,
-    /// Requests outstanding (queued or in flight) per tenant, tenants with none left out.
-    pub tenants: Vec<(Tenant, usize)>,
-    /// Requests outstanding, over all tenants.
-    pub outstanding: usize,
-    /// Whether nothing is queued, in flight or counted against a tenant.
-    pub drained: bool,
-}
-
-impl ServingSnapshot {
-    /// The model's entry, if it has a queue or a worker.
-    pub fn model(&self, name: &str) -> Option<&ModelServing> {
-        self.models.iter().find(|m| m.model == name)
-    }
-
-    /// Requests `tenant` has outstanding.
-    pub fn outstanding_for(&self, tenant: &Tenant) -> usize {
-        self.tenants
-            .iter()
-            .find(|(t, _)| t == tenant)
-            .map_or(0, |(_, n)| *n)
-    }
 }
 
 /// The handle to the request path. Cheap to clone.

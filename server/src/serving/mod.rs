@@ -13,13 +13,16 @@
 //!   nothing but a channel to the driver: [`Engine::infer`] submits a request and waits for its
 //!   answer (dropping the future cancels the request), [`Engine::open_worker`] registers a
 //!   Serve stream.
+//! - `types`: the values passed around (configuration, request and answer, a worker's offer,
+//!   the snapshot), re-exported by [`engine`].
 //! - `driver`: the one task that owns the [`Scheduler`], the items' payloads, the callers
 //!   waiting and the workers' outbound streams, fed by the engine's channel and woken by its
 //!   next deadline. No lock: every change to the request path's state is a message to it.
 //! - [`error`]: [`InferError`], why a request got no answer, and its gRPC and HTTP statuses
 //!   (mapped here, once, for every front door).
 //!
-//! Imports go one way: front doors and `service::serve` → `engine` → `driver` → `scheduler`.
+//! Imports go one way: front doors and `service::serve` → `engine` → `driver` → `types` →
+//! `scheduler`.
 
 mod batch;
 mod driver;
@@ -33,6 +36,7 @@ mod request;
 pub mod scheduler;
 #[cfg(test)]
 mod tests;
+mod types;
 
 pub use self::engine::{Engine, EngineConfig, InferRequest, InferResponse, WorkerStream};
 pub use self::error::InferError;
