@@ -36,7 +36,8 @@
 //! - [`front`]: what the inference front doors share: admission of a caller's request
 //!   (visibility, quota, deadline) and the OIP tensor conversions.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
-//! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`).
+//! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`) and
+//!   the inference ones (`embed`, `infer`, through the OIP gRPC front door).
 //! - [`demo`]: a small generated model, so the server can run with no model at hand.
 //! - [`telemetry`]: logging set-up.
 //!

@@ -4,6 +4,7 @@
 //! `MODELSHARE_TOKEN_FILE`), over TLS for `https://` addresses (`--tls-*`). `token new` and
 //! `token hash` need no server: they make what goes in the tenants file.
 
+mod infer;
 pub(crate) mod output;
 mod probe;
 
@@ -170,8 +171,26 @@ pub enum ClientCommand {
     },
     /// Show memory use and models by state.
     Stats,
-    /// List worker sessions and their leases.
+    /// List worker sessions, their leases, and the models they serve with what they hold.
     Ps,
+    /// Embed texts with a model (KServe v2 ModelInfer, one BYTES input): prints each text's
+    /// embedding.
+    Embed {
+        /// Model name.
+        #[arg(long)]
+        model: String,
+        /// The texts.
+        texts: Vec<String>,
+    },
+    /// Send tensors to a model (KServe v2 ModelInfer) and print its outputs.
+    Infer {
+        /// Model name.
+        #[arg(long)]
+        model: String,
+        /// An input, as NAME:DATATYPE:SHAPE=VALUES, e.g. x:FP32:2x3=1,2,3,4,5,6 (repeatable).
+        #[arg(long = "input", required = true)]
+        inputs: Vec<infer::InputArg>,
+    },
     /// Attach to a model like a worker, verify every tensor's checksum, report the mapping.
     Probe(ProbeArgs),
     /// Set who besides its owner may see and attach a model (no flags: private to the owner).
@@ -219,6 +238,9 @@ pub enum CliError {
     /// The load stream ended without its final message.
     #[error("the server ended the load without a result")]
     Truncated,
+    /// The command line asks for something that cannot be sent.
+    #[error("{0}")]
+    Usage(String),
 }
 
 fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> CliError {
@@ -346,6 +368,16 @@ pub async fn run(
                 .map_err(rpc("ListSessions"))?
                 .into_inner();
             output::sessions(&r.sessions, out);
+        }
+        ClientCommand::Embed { model, texts } => {
+            let channel =
+                modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+            infer::embed(channel, model, texts, out).await?
+        }
+        ClientCommand::Infer { model, inputs } => {
+            let channel =
+                modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+            infer::infer(channel, model, inputs, out).await?
         }
         ClientCommand::Probe(probe) => {
             let options = args.connect_options()?;

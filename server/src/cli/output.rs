@@ -80,7 +80,7 @@ fn backend_name(v: i32) -> &'static str {
     }
 }
 
-fn table(header: &[&str]) -> Table {
+pub(super) fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
     t.set_header(header.iter().copied());
@@ -91,7 +91,7 @@ fn right(s: impl ToString) -> Cell {
     Cell::new(s.to_string()).set_alignment(CellAlignment::Right)
 }
 
-fn print_json(v: &Value) {
+pub(super) fn print_json(v: &Value) {
     say!("{v}");
 }
 
@@ -219,6 +219,7 @@ fn tenant_usage_json(t: &pb::TenantUsage) -> Value {
         "leases": t.leases,
         "inflight": t.inflight,
         "loads": t.loads,
+        "requests": t.requests,
         "quota": {
             "device_bytes": q.device_bytes,
             "models": q.models,
@@ -226,6 +227,7 @@ fn tenant_usage_json(t: &pb::TenantUsage) -> Value {
             "leases": q.leases,
             "inflight": q.inflight,
             "loads": q.loads,
+            "requests": q.requests,
         },
     })
 }
@@ -390,6 +392,11 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
             "leases": s.leases,
             "device_used_bytes": s.device_used_bytes,
             "tenants": s.tenants.iter().map(tenant_usage_json).collect::<Vec<_>>(),
+            "requests_outstanding": s.requests_outstanding,
+            "serving": s.serving.iter().map(|m| json!({
+                "model": m.model, "queued_items": m.queued_items,
+                "serving_workers": m.serving_workers, "versions": m.versions,
+            })).collect::<Vec<_>>(),
         })),
         OutputFormat::Table => {
             let mut t = table(&["STAT", "VALUE"]);
@@ -417,7 +424,24 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
             }
             t.add_row(vec![Cell::new("sessions"), right(s.sessions)]);
             t.add_row(vec![Cell::new("leases"), right(s.leases)]);
+            t.add_row(vec![
+                Cell::new("requests outstanding"),
+                right(s.requests_outstanding),
+            ]);
             say!("{t}");
+            if !s.serving.is_empty() {
+                let mut m = table(&["MODEL", "SERVING WORKERS", "VERSIONS", "QUEUED ITEMS"]);
+                for q in &s.serving {
+                    let versions: Vec<String> = q.versions.iter().map(u32::to_string).collect();
+                    m.add_row(vec![
+                        Cell::new(&q.model),
+                        right(q.serving_workers),
+                        Cell::new(versions.join(", ")),
+                        right(q.queued_items),
+                    ]);
+                }
+                say!("{m}");
+            }
             if !s.tenants.is_empty() {
                 say!("{}", tenant_table(&s.tenants));
             }
@@ -435,6 +459,7 @@ fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
         "LEASES",
         "INFLIGHT",
         "LOADS",
+        "REQUESTS",
     ]);
     let count = |n: u64| n.to_string();
     for u in tenants {
@@ -451,6 +476,7 @@ fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
             right(against(u.leases, q.leases.into(), count)),
             right(against(u.inflight, q.inflight.into(), count)),
             right(against(u.loads, q.loads.into(), count)),
+            right(against(u.requests, q.requests.into(), count)),
         ]);
     }
     t
@@ -470,15 +496,47 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
                 "leases": s.leases.iter().map(|l| json!({
                     "lease_id": l.lease_id, "model": l.model, "version": l.version,
                 })).collect::<Vec<_>>(),
+                "serving": s.serving.iter().map(|w| json!({
+                    "serve_id": w.serve_id, "model": w.model, "version": w.version,
+                    "credits": w.credits, "batches_in_flight": w.batches_in_flight,
+                    "items_in_flight": w.items_in_flight, "batches_done": w.batches_done,
+                    "draining": w.draining,
+                })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>()
         })),
         OutputFormat::Table => {
-            let mut t = table(&["SESSION", "TENANT", "WORKER", "PID", "LEASES"]);
+            let mut t = table(&[
+                "SESSION",
+                "TENANT",
+                "WORKER",
+                "PID",
+                "LEASES",
+                "SERVING",
+                "IN FLIGHT",
+            ]);
             for s in ss {
                 let leases: Vec<String> = s
                     .leases
                     .iter()
                     .map(|l| format!("{}@{}", l.model, l.version))
+                    .collect();
+                let serving: Vec<String> = s
+                    .serving
+                    .iter()
+                    .map(|w| {
+                        let drain = if w.draining { " (draining)" } else { "" };
+                        format!("{}@{}{drain}", w.model, w.version)
+                    })
+                    .collect();
+                let in_flight: Vec<String> = s
+                    .serving
+                    .iter()
+                    .map(|w| {
+                        format!(
+                            "{} items / {} of {} batches",
+                            w.items_in_flight, w.batches_in_flight, w.credits
+                        )
+                    })
                     .collect();
                 t.add_row(vec![
                     Cell::new(&s.session_id),
@@ -486,6 +544,8 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
                     Cell::new(&s.worker_name),
                     right(s.pid),
                     Cell::new(leases.join(", ")),
+                    Cell::new(serving.join(", ")),
+                    Cell::new(in_flight.join(", ")),
                 ]);
             }
             say!("{t}");

@@ -212,6 +212,20 @@ impl AdminService for AdminApi {
         let device = self.app.devices.primary();
         let used = self.app.devices.used_bytes(device.uuid()).await;
         let mut reply = convert::stats(&stats, device.info(), used);
+        let serving = self.app.engine.snapshot().await;
+        reply.serving = serving
+            .models
+            .iter()
+            .filter(|m| registry.visible(&caller, &m.model))
+            .map(convert::model_serving)
+            .collect();
+        let own = caller.tenant().map(str::to_owned);
+        let outstanding = if caller.is_admin() {
+            serving.outstanding
+        } else {
+            serving.outstanding_for(&own)
+        };
+        reply.requests_outstanding = u32::try_from(outstanding).unwrap_or(u32::MAX);
         let table = self.app.tenants.current();
         reply.tenants = table
             .tenants
@@ -222,6 +236,7 @@ impl AdminService for AdminApi {
                     &t.name,
                     registry.usage(&t.name),
                     self.app.tenants.inflight(&t.name),
+                    serving.outstanding_for(&Some(t.name.clone())),
                     t.quota,
                 )
             })
@@ -235,9 +250,21 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let caller = caller_of(&request)?;
         let sessions = self.app.registry.sessions(&caller);
-        Ok(Response::new(pb::ListSessionsResponse {
-            sessions: sessions.iter().map(convert::session).collect(),
-        }))
+        let serving = self.app.engine.snapshot().await;
+        let sessions = sessions
+            .iter()
+            .map(|s| {
+                let mut info = convert::session(s);
+                info.serving = serving
+                    .workers
+                    .iter()
+                    .filter(|w| w.session_id == s.id)
+                    .map(convert::serve_stream)
+                    .collect();
+                info
+            })
+            .collect();
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
     }
 
     async fn set_model_access(

@@ -7,6 +7,7 @@ use modelshare_proto::v1 as pb;
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
 use crate::registry::{ModelSnapshot, SessionSnapshot, Stats, Usage, VersionSnapshot, WorkerHello};
+use crate::serving::engine::{ModelServing, WorkerInfo};
 use crate::tenants::policy::{self, Access};
 use crate::tenants::{Caller, Quota, TenantTable};
 use crate::weights::dtype::DType;
@@ -210,6 +211,8 @@ pub fn stats(s: &Stats, dev: &DeviceInfo, used: Option<u64>) -> pb::GetStatsResp
         leases: s.leases,
         device_used_bytes: used.unwrap_or(0),
         tenants: Vec::new(),
+        serving: Vec::new(),
+        requests_outstanding: 0,
     }
 }
 
@@ -236,6 +239,32 @@ pub fn session(s: &SessionSnapshot) -> pb::SessionInfo {
             })
             .collect(),
         tenant: s.tenant.clone().unwrap_or_default(),
+        serving: Vec::new(),
+    }
+}
+
+/// A Serve stream as the admin API shows it.
+pub fn serve_stream(w: &WorkerInfo) -> pb::ServeStreamInfo {
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    pb::ServeStreamInfo {
+        serve_id: w.serve_id.clone(),
+        model: w.model.clone(),
+        version: w.version,
+        credits: w.credits,
+        batches_in_flight: n(w.batches_in_flight),
+        items_in_flight: n(w.items_in_flight),
+        batches_done: w.batches_done,
+        draining: w.draining,
+    }
+}
+
+/// One model's request path as the admin API shows it.
+pub fn model_serving(m: &ModelServing) -> pb::ModelServingStats {
+    pb::ModelServingStats {
+        model: m.model.clone(),
+        queued_items: u32::try_from(m.queued_items).unwrap_or(u32::MAX),
+        serving_workers: u32::try_from(m.workers).unwrap_or(u32::MAX),
+        versions: m.versions.clone(),
     }
 }
 
@@ -317,7 +346,13 @@ pub fn access_from(a: pb::ModelAccess, table: &TenantTable) -> Result<Access, Se
 }
 
 /// The protobuf usage of one tenant.
-pub fn tenant_usage(name: &str, used: Usage, inflight: u32, quota: Quota) -> pb::TenantUsage {
+pub fn tenant_usage(
+    name: &str,
+    used: Usage,
+    inflight: u32,
+    requests: usize,
+    quota: Quota,
+) -> pb::TenantUsage {
     pb::TenantUsage {
         name: name.to_owned(),
         device_bytes: used.device_bytes,
@@ -326,6 +361,7 @@ pub fn tenant_usage(name: &str, used: Usage, inflight: u32, quota: Quota) -> pb:
         leases: used.leases,
         inflight,
         loads: used.loads,
+        requests: u32::try_from(requests).unwrap_or(u32::MAX),
         quota: Some(pb::TenantQuota {
             device_bytes: quota.device_bytes.unwrap_or(0),
             models: quota.models.unwrap_or(0),
@@ -333,6 +369,7 @@ pub fn tenant_usage(name: &str, used: Usage, inflight: u32, quota: Quota) -> pb:
             leases: quota.leases.unwrap_or(0),
             inflight: quota.inflight.unwrap_or(0),
             loads: quota.loads.unwrap_or(0),
+            requests: quota.requests.unwrap_or(0),
         }),
     }
 }
