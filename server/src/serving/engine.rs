@@ -54,12 +54,14 @@ impl Engine {
         self.tx.send(command).map_err(|_| InferError::ShuttingDown)
     }
 
-    /// Submits a request and waits for its answer. Dropping the returned future (the caller
-    /// went away) cancels the request: its queued items leave the queue and the workers
-    /// computing the others are told.
+    /// Submits a request and waits for its answer, until its deadline at most. Dropping the
+    /// returned future (the caller went away) cancels the request: its queued items leave the
+    /// queue and the workers computing the others are told; so does the deadline.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, InferError> {
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
+        let deadline = request.deadline;
+        let request_model = request.model.clone();
         self.send(Command::Submit {
             ticket,
             request,
@@ -71,7 +73,13 @@ impl Engine {
             ticket,
             armed: true,
         };
-        let result = answer.await.unwrap_or(Err(InferError::ShuttingDown));
+        // The driver fails items still queued at the deadline; one in flight is given up here
+        // (the guard then cancels it, and its worker is told).
+        let model = request_model;
+        let result = match tokio::time::timeout_at(deadline.into(), answer).await {
+            Ok(answer) => answer.unwrap_or(Err(InferError::ShuttingDown)),
+            Err(_) => return Err(InferError::DeadlineExceeded { model }),
+        };
         guard.armed = false;
         result
     }

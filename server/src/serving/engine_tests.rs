@@ -390,3 +390,25 @@ async fn a_result_for_an_unknown_batch_ends_the_stream_with_invalid_argument() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(e.snapshot().await.workers.is_empty());
 }
+
+#[tokio::test]
+async fn a_deadline_that_passes_in_flight_answers_deadline_exceeded_and_cancels() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["slow"], Duration::from_millis(100)))
+                .await
+        }
+    });
+    let batch = next_batch(&mut w).await;
+    let err = call.await.expect("task").expect_err("deadline");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+    assert!(matches!(
+        next(&mut w).await,
+        pb::serve_event::Kind::Cancel(_)
+    ));
+    e.worker_result(w.id, answer(&batch));
+    drained(&e).await;
+}
