@@ -10,6 +10,7 @@ mod lifecycle;
 mod load;
 mod malformed;
 mod metrics;
+mod serving;
 mod tenants;
 mod tls;
 mod transport;

@@ -46,6 +46,8 @@ pub struct Offer {
     pub max_batch_bytes: u64,
     pub accepts: Vec<String>,
     pub version: u32,
+    /// Milliseconds each batch takes, whatever its size (as a GPU batch roughly does).
+    pub batch_ms: u64,
 }
 
 impl Default for Offer {
@@ -56,6 +58,7 @@ impl Default for Offer {
             max_batch_bytes: 0,
             accepts: vec!["text".into(), "tensor".into()],
             version: 0,
+            batch_ms: 0,
         }
     }
 }
@@ -146,7 +149,13 @@ pub async fn try_serve(
     };
     assert_eq!(accepted.version, version);
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let task = tokio::spawn(run(events, tx.clone(), seen.clone(), version));
+    let task = tokio::spawn(run(
+        events,
+        tx.clone(),
+        seen.clone(),
+        version,
+        offer.batch_ms,
+    ));
     Ok(TestWorker {
         seen,
         accepted,
@@ -204,6 +213,7 @@ async fn run(
     tx: mpsc::Sender<pb::ServeRequest>,
     seen: Arc<Mutex<Seen>>,
     version: u32,
+    batch_ms: u64,
 ) -> Result<(), tonic::Status> {
     let beat_tx = tx.clone();
     let beats = tokio::spawn(async move {
@@ -235,6 +245,7 @@ async fn run(
                 }
                 let (tx, seen) = (tx.clone(), seen.clone());
                 tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(batch_ms)).await;
                     let mut results = Vec::new();
                     for item in batch.items {
                         results.push(answer(item, version).await);
