@@ -219,7 +219,7 @@ fn write_model(root: &std::path::Path) {
         .collect();
     let header = r#"{"w":{"dtype":"F32","shape":[16],"data_offsets":[0,64]}}"#;
     let mut header = header.as_bytes().to_vec();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut file = (header.len() as u64).to_le_bytes().to_vec();
