@@ -10,18 +10,23 @@
 //!
 //! # Layout
 //! - here: [`Session::serve`] (wait for a link on which the model is attached, offer, run the
-//!   stream, offer again after a break), [`ServeOptions`], the [`Handler`] trait, [`ServeEnd`].
-//! - `item` (re-exported here): the typed work ([`Batch`], [`Item`], [`Input`],
-//!   [`InputTensor`], [`Parameter`]), converted from the wire and checked.
-//! - `output` (re-exported here): the answers ([`Output`], [`OutputTensor`],
-//!   [`ItemFailure`]) and their wire form.
+//!   stream, offer again after a break), [`ServeOptions`], [`ServeEnd`].
+//! - `failure`: [`ItemFailure`], why one item failed.
+//! - `item`: the typed work ([`Batch`], [`Item`], [`Input`], [`InputTensor`],
+//!   [`Parameter`]; [`Accepts`]), converted from the wire and checked.
+//! - `output`: the answers ([`Output`], [`OutputTensor`], [`Outcome`]) and their wire form.
+//! - `handler`: the [`Handler`] trait.
 //! - `stream`: one stream, from the offer to its end (credits, cancels, heartbeats, drain).
+//!
+//! Each depends only on those above it; this module uses them all and re-exports the
+//! public types.
 
+mod failure;
+mod handler;
 mod item;
 mod output;
 mod stream;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,10 +35,12 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+pub use failure::ItemFailure;
+pub use handler::Handler;
 pub use item::{
-    Batch, Input, InputTensor, Item, Parameter, element_size, oip_datatype, tensor_spec,
+    Accepts, Batch, Input, InputTensor, Item, Parameter, element_size, oip_datatype, tensor_spec,
 };
-pub use output::{ItemFailure, Outcome, Output, OutputTensor};
+pub use output::{Outcome, Output, OutputTensor};
 
 use crate::link::{Link, SessionCore};
 use crate::{Model, Session, SessionEvent, WorkerError};
@@ -48,77 +55,6 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How often to look whether the model is attached on the session's new connection.
 const REATTACH_POLL: Duration = Duration::from_millis(20);
-
-/// Runs batches. `handle` may be called up to [`ServeOptions::credits`] times at once, each
-/// call on its own task.
-///
-/// ```no_run
-/// use modelshare_worker::serve::{Batch, Input, ItemFailure, Outcome, Output};
-///
-/// struct Lengths;
-///
-/// impl modelshare_worker::Handler for Lengths {
-///     async fn handle(&self, batch: Batch) -> Vec<Outcome> {
-///         batch
-///             .items
-///             .iter()
-///             .map(|item| match &item.input {
-///                 Input::Text(s) => Ok(Output::tensor_f32("length", [1], &[s.len() as f32])),
-///                 Input::Tensors(_) => Err(ItemFailure::invalid_argument("text only")),
-///             })
-///             .collect()
-///     }
-/// }
-/// ```
-pub trait Handler: Send + Sync + 'static {
-    /// Runs `batch`: one outcome per item, in the order of `batch.items`. An item with no
-    /// outcome fails with INTERNAL; an item the server cancelled meanwhile is answered
-    /// CANCELLED whatever its outcome.
-    fn handle(&self, batch: Batch) -> impl Future<Output = Vec<Outcome>> + Send;
-}
-
-impl<F, Fut> Handler for F
-where
-    F: Fn(Batch) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Vec<Outcome>> + Send,
-{
-    fn handle(&self, batch: Batch) -> impl Future<Output = Vec<Outcome>> + Send {
-        self(batch)
-    }
-}
-
-/// The input kinds a worker takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Accepts {
-    /// Text inputs (OpenAI-style requests).
-    pub text: bool,
-    /// Tensor inputs (KServe v2 / OIP requests).
-    pub tensor: bool,
-}
-
-impl Default for Accepts {
-    /// Both kinds.
-    fn default() -> Self {
-        Self {
-            text: true,
-            tensor: true,
-        }
-    }
-}
-
-impl Accepts {
-    /// The offer's `accepts` list.
-    fn names(self) -> Vec<String> {
-        let mut names = Vec::new();
-        if self.text {
-            names.push("text".to_owned());
-        }
-        if self.tensor {
-            names.push("tensor".to_owned());
-        }
-        names
-    }
-}
 
 /// How a worker serves a model.
 #[derive(Debug, Clone)]
@@ -232,8 +168,10 @@ impl Session {
     /// A broken stream (the server restarted, the connection dropped) is offered again with
     /// backoff once the session has reconnected and re-attached the model. Errors: options
     /// the server would refuse; a model of another session; a refusal retrying cannot fix
-    /// (INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND on a live session, UNAUTHENTICATED
-    /// once the session has ended); the model gone after a reconnection; the session ended.
+    /// (INVALID_ARGUMENT, PERMISSION_DENIED, UNIMPLEMENTED, NOT_FOUND on a live session,
+    /// UNAUTHENTICATED once the session has ended); the model gone after a reconnection; the
+    /// session ended. Every other refusal or break (UNAVAILABLE, FAILED_PRECONDITION,
+    /// RESOURCE_EXHAUSTED, a lost connection, ...) is retried with backoff, up to 2 s apart.
     pub async fn serve<H: Handler>(
         &self,
         model: &Model,
@@ -289,9 +227,12 @@ impl Session {
                 backoff = MIN_BACKOFF;
             }
             if let Some(status) = &status {
+                // A server without Serve (UNIMPLEMENTED) will not grow one by being asked again.
                 if matches!(
                     status.code(),
-                    tonic::Code::InvalidArgument | tonic::Code::PermissionDenied
+                    tonic::Code::InvalidArgument
+                        | tonic::Code::PermissionDenied
+                        | tonic::Code::Unimplemented
                 ) {
                     return Err(rpc_error(status.clone()));
                 }

@@ -1,5 +1,5 @@
 //! The work a handler receives: [`Batch`], [`Item`], [`Input`], [`InputTensor`] and
-//! [`Parameter`], made from the wire messages with their inputs checked (a dtype the SDK
+//! [`Parameter`] (of the input kinds in [`Accepts`]), made from the wire messages with their inputs checked (a dtype the SDK
 //! knows, a shape without negative dimensions, exactly the bytes the shape needs), so that a
 //! handler never sees a malformed tensor.
 
@@ -10,7 +10,7 @@ use modelshare_proto::v1 as pb;
 use prost::bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use super::output::ItemFailure;
+use super::failure::ItemFailure;
 use crate::tensor::Element;
 
 /// A batch of items of one model version. The handler answers each item.
@@ -79,7 +79,7 @@ impl Item {
     /// `cancel` is cancelled when the server cancels it.
     pub(super) fn from_pb(
         item: pb::Item,
-        accepts: super::Accepts,
+        accepts: Accepts,
         cancel: CancellationToken,
     ) -> Result<Self, ItemFailure> {
         let input = match item.input {
@@ -111,6 +111,39 @@ impl Item {
             deadline: deadline(item.deadline_unix_ms),
             cancel,
         })
+    }
+}
+
+/// The input kinds a worker takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepts {
+    /// Text inputs (OpenAI-style requests).
+    pub text: bool,
+    /// Tensor inputs (KServe v2 / OIP requests).
+    pub tensor: bool,
+}
+
+impl Default for Accepts {
+    /// Both kinds.
+    fn default() -> Self {
+        Self {
+            text: true,
+            tensor: true,
+        }
+    }
+}
+
+impl Accepts {
+    /// The offer's `accepts` list.
+    pub(super) fn names(self) -> Vec<String> {
+        let mut names = Vec::new();
+        if self.text {
+            names.push("text".to_owned());
+        }
+        if self.tensor {
+            names.push("tensor".to_owned());
+        }
+        names
     }
 }
 

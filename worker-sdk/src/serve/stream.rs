@@ -18,9 +18,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::item::{Batch, Item};
-use super::output::{ItemFailure, Outcome, item_result};
-use super::{Accepts, Handler};
+use super::failure::ItemFailure;
+use super::handler::Handler;
+use super::item::{Accepts, Batch, Item, deadline};
+use super::output::{Outcome, item_result};
 use crate::WorkerError;
 use crate::link::Link;
 
@@ -335,7 +336,7 @@ impl<H: Handler> Serving<H> {
             let token = self.tokens.get(&id).cloned().unwrap_or_default();
             let ready = if token.is_cancelled() {
                 Err(cancelled())
-            } else if super::item::deadline(item.deadline_unix_ms).is_some_and(|d| d <= now) {
+            } else if deadline(item.deadline_unix_ms).is_some_and(|d| d <= now) {
                 Err(ItemFailure::deadline_exceeded(
                     "the item's deadline passed before it ran",
                 ))

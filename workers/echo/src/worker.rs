@@ -185,7 +185,9 @@ fn fatal(e: &WorkerError) -> bool {
         | WorkerError::Protocol(_) => true,
         WorkerError::Rpc { status, .. } => matches!(
             status.code(),
-            tonic::Code::InvalidArgument | tonic::Code::PermissionDenied
+            tonic::Code::InvalidArgument
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unimplemented
         ),
         WorkerError::Connect { .. }
         | WorkerError::Device { .. }
