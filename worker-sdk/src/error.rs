@@ -70,6 +70,23 @@ pub enum WorkerError {
     /// The session has ended (or is reconnecting).
     #[error("the session has ended")]
     SessionEnded,
+    /// Serve options the server would refuse.
+    #[error("serve options: {0}")]
+    BadServeOptions(String),
+    /// A model attached by another session was given to serve.
+    #[error("model '{model}' was attached by another session")]
+    WrongSession {
+        /// Model name.
+        model: String,
+    },
+    /// A model being served could not be attached again after a reconnection.
+    #[error("model '{model}' is gone: {reason}")]
+    ModelGone {
+        /// Model name.
+        model: String,
+        /// Why the attach failed.
+        reason: String,
+    },
 }
 
 impl WorkerError {

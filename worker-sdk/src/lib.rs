@@ -16,6 +16,11 @@
 //!   [`Mapping`] of its arena.
 //! - [`tensor`]: [`Tensor`], a read-only view of one tensor inside the shared arena, as bytes or
 //!   as a typed slice (`&[f32]`, `&[half::bf16]`, ...), or in device memory ([`DeviceView`]).
+//! - [`serve`]: serving requests: [`Session::serve`] offers a [`Model`] over
+//!   `WorkerService.Serve` and runs a [`Handler`] on the batches the server sends (typed
+//!   [`serve::Batch`] in, one [`serve::Outcome`] per item out), by credit, with heartbeats,
+//!   cancels and drains, offering again after a reconnection. Its `item` and `output`
+//!   submodules convert between the wire and the typed batch; `stream` runs one stream.
 //! - `link` (private): what a session shares with its models: the current connection (session
 //!   id and client) and the session's life (it closes when the last session handle or model
 //!   goes).
@@ -23,12 +28,14 @@
 //!   ([`Mapping::import`] on a blocking thread): the only code that knows handle kinds.
 //! - [`error`]: the error type, [`WorkerError`].
 //!
-//! Modules depend downwards only: `client` → `session` → `model` → {`tensor`, `link`,
-//! `import`}; `link` → `connect` → `credentials`; everything → `error`. An attach goes
+//! Modules depend downwards only: `serve` → `session` (and `model`, `tensor`'s [`Element`]);
+//! `client` → `session` → `model` → {`tensor`, `link`, `import`}; `link` → `connect` →
+//! `credentials`; everything → `error`. An attach goes
 //! `Session::attach` → `Model::attach` (the Attach call on the current link, then `import`)
 //! → `Model::tensor` → [`Tensor::bytes`] / [`Tensor::device_ptr`]. After a reconnection the
 //! session's supervisor re-attaches every `Model` still alive; tensors taken before keep the
-//! old mapping alive.
+//! old mapping alive. A request goes `Session::serve` → `serve::stream` (offer, then one task
+//! per batch) → [`Handler::handle`] → one `BatchResult` per batch.
 //!
 //! # Example
 //! ```no_run
@@ -49,6 +56,7 @@ pub mod error;
 mod import;
 mod link;
 pub mod model;
+pub mod serve;
 pub mod session;
 pub mod tensor;
 
@@ -58,5 +66,8 @@ pub use credentials::{BearerInterceptor, ConnectOptions, TlsOptions, Token, Toke
 pub use error::WorkerError;
 pub use model::Model;
 pub use modelshare_device::Mapping;
+pub use prost::bytes::Bytes;
+pub use serve::{Handler, ServeEnd, ServeOptions};
 pub use session::{Session, SessionEvent, SessionOptions};
 pub use tensor::{DeviceView, Element, Tensor};
+pub use tokio_util::sync::CancellationToken;

@@ -6,6 +6,7 @@
 //! neither of those needs the other's internals to reach the server.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use modelshare_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio_util::sync::CancellationToken;
@@ -13,19 +14,23 @@ use tokio_util::sync::CancellationToken;
 use crate::WorkerError;
 use crate::connect::AuthChannel;
 
-/// The current connection: session id and client.
+/// The current connection: session id, client, and the heartbeat interval its welcome asked
+/// for (`None` when the welcome said 0).
 #[derive(Debug, Clone)]
 pub(crate) struct Link {
     pub(crate) id: String,
     pub(crate) client: WorkerServiceClient<AuthChannel>,
+    pub(crate) heartbeat: Option<Duration>,
 }
 
 /// The shared core of a session: the link now in use (none while reconnecting or after the
-/// end), and the token cancelled when the session closes.
+/// end), the token cancelled when the session closes, and the one cancelled when its
+/// supervisor stops for good (closed, or a broken stream with reconnection turned off).
 #[derive(Debug, Default)]
 pub(crate) struct SessionCore {
     link: Mutex<Option<Link>>,
     closed: CancellationToken,
+    ended: CancellationToken,
 }
 
 impl SessionCore {
@@ -47,6 +52,11 @@ impl SessionCore {
     pub(crate) fn closed(&self) -> &CancellationToken {
         &self.closed
     }
+
+    /// Cancelled when the supervisor has stopped: no link will come any more.
+    pub(crate) fn ended(&self) -> &CancellationToken {
+        &self.ended
+    }
 }
 
 /// A share in keeping a session open, held by every `Session` clone and every `Model` of it:
@@ -63,6 +73,11 @@ impl KeepOpen {
     /// The session's current link.
     pub(crate) fn link(&self) -> Result<Link, WorkerError> {
         self.0.0.link()
+    }
+
+    /// The core of the session this share keeps open.
+    pub(crate) fn core(&self) -> &Arc<SessionCore> {
+        &self.0.0
     }
 }
 

@@ -8,13 +8,15 @@ use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
 use crate::import;
-use crate::link::{KeepOpen, Link};
+use crate::link::{KeepOpen, Link, SessionCore};
 use crate::tensor::Tensor;
 
-/// What one successful attach gave: the lease, the manifest and the mapped arena.
+/// What one successful attach gave: the lease (and the session it belongs to), the manifest
+/// and the mapped arena.
 #[derive(Debug, Clone)]
 struct Attached {
     lease_id: String,
+    session_id: String,
     manifest: Arc<pb::Manifest>,
     view: Mapping,
     index: Arc<HashMap<String, usize>>,
@@ -101,6 +103,17 @@ impl Model {
     /// Lease id now held.
     pub fn lease_id(&self) -> String {
         self.inner.current().lease_id
+    }
+
+    /// The session id the current lease belongs to: until the supervisor has re-attached the
+    /// model after a reconnection, an old one.
+    pub(crate) fn lease_session(&self) -> String {
+        self.inner.current().session_id
+    }
+
+    /// Whether the model was attached by the session whose core is `core`.
+    pub(crate) fn belongs_to(&self, core: &Arc<SessionCore>) -> bool {
+        Arc::ptr_eq(self.session.core(), core)
     }
 
     /// The manifest of the version attached now.
@@ -265,6 +278,7 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
                 .collect();
             Ok(Attached {
                 lease_id,
+                session_id: link.id.clone(),
                 manifest: Arc::new(manifest),
                 view,
                 index: Arc::new(index),

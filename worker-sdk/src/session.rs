@@ -189,6 +189,11 @@ impl Session {
         Ok(model)
     }
 
+    /// The core shared with the supervisor and the models (for `serve`).
+    pub(crate) fn core(&self) -> &Arc<SessionCore> {
+        &self.inner.core
+    }
+
     /// A receiver of this session's events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
         self.inner.events.subscribe()
@@ -239,6 +244,8 @@ async fn handshake(
     let link = Link {
         id: welcome.session_id.clone(),
         client,
+        heartbeat: (welcome.heartbeat_interval_ms > 0)
+            .then(|| Duration::from_millis(u64::from(welcome.heartbeat_interval_ms))),
     };
     Ok((link, welcome, HeartbeatStream { tx, inbound }))
 }
@@ -258,15 +265,23 @@ struct HeartbeatStream {
     inbound: tonic::Streaming<pb::SessionEvent>,
 }
 
-/// Runs the live stream until it ends; then reconnects and re-attaches, until closed.
-async fn supervise(
-    inner: Arc<SessionInner>,
+/// Runs the live stream until it ends; then reconnects and re-attaches, until closed. Marks
+/// the session ended when it stops.
+async fn supervise(inner: Arc<SessionInner>, welcome: pb::Welcome, stream: HeartbeatStream) {
+    let _ended = inner.core.ended().clone().drop_guard();
+    supervise_streams(&inner, welcome, stream).await;
+}
+
+/// The supervisor's loop; returns when the session is closed, or when its stream broke and
+/// reconnection is off.
+async fn supervise_streams(
+    inner: &Arc<SessionInner>,
     mut welcome: pb::Welcome,
     mut stream: HeartbeatStream,
 ) {
     loop {
         let revoked = tokio::select! {
-            r = run_stream(&inner, &welcome, &mut stream) => r,
+            r = run_stream(inner, &welcome, &mut stream) => r,
             () = inner.core.closed().cancelled() => return,
         };
         inner.core.set_link(None);
@@ -284,7 +299,7 @@ async fn supervise(
                 () = tokio::time::sleep(backoff) => {}
                 () = inner.core.closed().cancelled() => return,
             }
-            match handshake(&inner).await {
+            match handshake(inner).await {
                 Ok(ok) => break ok,
                 Err(e) => {
                     // Refused credentials need an operator (a revoked token, a bad token file):
@@ -306,7 +321,7 @@ async fn supervise(
         inner.emit(SessionEvent::Reconnected {
             session_id: link.id.clone(),
         });
-        reattach_all(&inner).await;
+        reattach_all(inner).await;
     }
 }
 

@@ -1,0 +1,124 @@
+//! `modelshare-echo-worker`: serves one model of a modelshare server with a simple, exactly
+//! specified computation over its shared weights, for tests of the request path (the
+//! OpenAI and KServe v2 front doors, batching, cancels, drains) without a real model.
+//!
+//! # Layout
+//! - `main` (here): the command line ([`Args`]), logging, and the signals (SIGTERM or SIGINT
+//!   drain the stream and exit 0; a second one exits at once).
+//! - [`worker`]: the handler over the attached weights and the attach / serve loop, which
+//!   after a server drain serves the latest version again.
+//! - [`echo`]: the computation itself (see its docs for the exact rules), tested on fixed
+//!   inputs with no server.
+//!
+//! Token and TLS settings come from the environment (`MODELSHARE_TOKEN`,
+//! `MODELSHARE_TOKEN_FILE`, `MODELSHARE_TLS_*`), as for every SDK worker.
+#![forbid(unsafe_code)]
+
+mod echo;
+mod worker;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use modelshare_worker::CancellationToken;
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+/// Serve a model of a modelshare server with the echo computation.
+#[derive(Debug, Parser)]
+#[command(name = "modelshare-echo-worker", version, about)]
+struct Args {
+    /// Server address: unix:/path, http://host:port or https://host:port.
+    #[arg(
+        long,
+        env = "MODELSHARE_SERVER",
+        default_value = "unix:/run/modelshare/grpc.sock"
+    )]
+    server: String,
+    /// The model to serve (its latest ready version).
+    #[arg(long)]
+    model: String,
+    /// Worker name shown by `modelshare ps`.
+    #[arg(long, default_value = "echo-worker")]
+    name: String,
+    /// Batches taken at once.
+    #[arg(long, default_value_t = 2)]
+    credits: u32,
+    /// Most items in one batch.
+    #[arg(long, default_value_t = 32)]
+    max_batch_items: u32,
+    /// Most input bytes in one batch.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_batch_bytes: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let config = worker::Config {
+        server: args.server,
+        model: args.model,
+        name: args.name,
+        credits: args.credits,
+        max_batch_items: args.max_batch_items,
+        max_batch_bytes: args.max_batch_bytes,
+    };
+    let result = runtime.block_on(async move {
+        let stop = CancellationToken::new();
+        tokio::spawn(stop_on_signals(stop.clone()));
+        worker::run(config, stop).await
+    });
+    match result {
+        Ok(()) => {
+            info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Cancels `stop` on the first SIGTERM or SIGINT (drain, then exit 0); exits at once on the
+/// second.
+async fn stop_on_signals(stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for signals");
+        return;
+    };
+    for first in [true, false] {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if first {
+            info!("signal: draining");
+            stop.cancel();
+        } else {
+            info!("second signal: exiting now");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The serving side of the echo worker: the [`Echo`] handler over the attached weights, the
+//! offer's options, and [`run`], the loop that attaches, serves, and after a server drain
+//! attaches the latest version and serves again, until the worker is stopped.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use modelshare_proto::v1 as pb;
+use modelshare_worker::serve::{Batch, ItemFailure, Outcome, ServeEnd, ServeOptions, tensor_spec};
+use modelshare_worker::{
+    CancellationToken, ConnectOptions, Handler, Model, Session, SessionOptions, WorkerError,
+};
+use tracing::{info, warn};
+
+use crate::echo::{Weights, compute, sleep_ms};
+
+/// What the worker serves, and how.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Server address.
+    pub server: String,
+    /// Model to serve.
+    pub model: String,
+    /// Worker name shown by `modelshare ps`.
+    pub name: String,
+    /// Batches at once.
+    pub credits: u32,
+    /// Most items per batch.
+    pub max_batch_items: u32,
+    /// Most input bytes per batch.
+    pub max_batch_bytes: u64,
+}
+
+/// First delay before trying again; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest delay between two tries.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The offer's options: both input kinds, and the tensors the echo computation reads and
+/// writes (`input_ids` INT64 `[-1]` and any other tensor, `input` FP32 `[-1]` standing for
+/// it; outputs `embedding` FP32 `[-1]`, `echo` (the input's dtype and shape, FP32 `[-1]`
+/// here) and `plus_weights` FP32 `[-1]`).
+pub fn serve_options(config: &Config, stop: CancellationToken) -> ServeOptions {
+    use pb::DType::{DtypeF32, DtypeI64};
+    ServeOptions {
+        credits: config.credits,
+        max_batch_items: config.max_batch_items,
+        max_batch_bytes: config.max_batch_bytes,
+        inputs: vec![
+            tensor_spec("input_ids", DtypeI64, &[-1]),
+            tensor_spec("input", DtypeF32, &[-1]),
+        ],
+        outputs: vec![
+            tensor_spec("embedding", DtypeF32, &[-1]),
+            tensor_spec("echo", DtypeF32, &[-1]),
+            tensor_spec("plus_weights", DtypeF32, &[-1]),
+        ],
+        stop,
+        ..ServeOptions::default()
+    }
+}
+
+/// The echo handler: the computation of [`crate::echo`] over the model's weights (read
+/// again when the attached version changes).
+#[derive(Debug)]
+pub struct Echo {
+    model: Arc<Model>,
+    weights: Mutex<Option<(u32, Arc<Weights>)>>,
+}
+
+impl Echo {
+    /// A handler over `model`'s weights.
+    pub fn new(model: Arc<Model>) -> Self {
+        Self {
+            model,
+            weights: Mutex::new(None),
+        }
+    }
+
+    /// `w` of the version attached now.
+    fn weights(&self) -> Result<Arc<Weights>, WorkerError> {
+        let version = self.model.version();
+        let mut cached = self.weights.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((v, w)) = cached.as_ref()
+            && *v == version
+        {
+            return Ok(w.clone());
+        }
+        let w = Arc::new(Weights::of(&self.model)?);
+        *cached = Some((version, w.clone()));
+        Ok(w)
+    }
+}
+
+impl Handler for Echo {
+    async fn handle(&self, batch: Batch) -> Vec<Outcome> {
+        let w = match self.weights() {
+            Ok(w) => w,
+            Err(e) => {
+                let failure = ItemFailure::internal(format!("cannot read the weights: {e}"));
+                return batch.items.iter().map(|_| Err(failure.clone())).collect();
+            }
+        };
+        let sleeps: Vec<Result<u64, ItemFailure>> = batch.items.iter().map(sleep_ms).collect();
+        let longest = sleeps.iter().filter_map(|s| s.as_ref().ok()).max();
+        if let Some(&ms) = longest.filter(|&&ms| ms > 0) {
+            // The items of a batch sleep together; all of them cancelled ends the sleep.
+            let all_cancelled = async {
+                for item in &batch.items {
+                    item.cancelled().await;
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                () = all_cancelled => {}
+            }
+        }
+        batch
+            .items
+            .iter()
+            .zip(sleeps)
+            .map(|(item, slept)| slept.and_then(|_| compute(&w, item)))
+            .collect()
+    }
+}
+
+/// Serves until `stop` is cancelled: opens the session, attaches the latest version, serves
+/// it; after a server drain, attaches the latest version again. Retries with backoff what
+/// may pass (the server away, the model not loaded yet); returns an error for what will not.
+pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
+    // A token file is read again at every connection; the settings themselves once.
+    let connect = ConnectOptions::from_env()?;
+    let Some(session) = retry(&stop, "open a session", || {
+        Session::open_with(
+            &config.server,
+            SessionOptions {
+                worker_name: config.name.clone(),
+                connect: connect.clone(),
+                ..SessionOptions::default()
+            },
+        )
+    })
+    .await?
+    else {
+        return Ok(());
+    };
+    info!(session = %session.id(), server = %config.server, "session open");
+    loop {
+        let Some(model) =
+            retry(&stop, "attach the model", || session.attach(&config.model)).await?
+        else {
+            return Ok(());
+        };
+        let model = Arc::new(model);
+        info!(model = %model.name(), version = model.version(), "attached");
+        let handler = Echo::new(model.clone());
+        match session
+            .serve(&model, serve_options(&config, stop.clone()), handler)
+            .await
+        {
+            Ok(ServeEnd::Stopped) => return Ok(()),
+            Ok(ServeEnd::Drained { reason }) => {
+                info!(%reason, "drained; attaching the latest version again");
+            }
+            Err(e) if fatal(&e) => return Err(e.into()),
+            Err(e) => {
+                warn!(error = %e, "serving ended; attaching again");
+                tokio::select! {
+                    () = tokio::time::sleep(MAX_BACKOFF) => {}
+                    () = stop.cancelled() => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Errors that trying again cannot fix: a bad address or credentials, options or a protocol
+/// the server refuses.
+fn fatal(e: &WorkerError) -> bool {
+    match e {
+        WorkerError::BadAddress { .. }
+        | WorkerError::Credentials { .. }
+        | WorkerError::BadServeOptions(_)
+        | WorkerError::WrongSession { .. }
+        | WorkerError::Protocol(_) => true,
+        WorkerError::Rpc { status, .. } => matches!(
+            status.code(),
+            tonic::Code::InvalidArgument
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unimplemented
+        ),
+        WorkerError::Connect { .. }
+        | WorkerError::Device { .. }
+        | WorkerError::NoSuchTensor { .. }
+        | WorkerError::WrongDtype { .. }
+        | WorkerError::SessionEnded
+        | WorkerError::ModelGone { .. } => false,
+    }
+}
+
+/// Runs `attempt` until it succeeds (`Some`), `stop` is cancelled (`None`), or it fails with
+/// a fatal error.
+async fn retry<T, F, Fut>(
+    stop: &CancellationToken,
+    what: &str,
+    mut attempt: F,
+) -> anyhow::Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, WorkerError>>,
+{
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let result = tokio::select! {
+            r = attempt() => r,
+            () = stop.cancelled() => return Ok(None),
+        };
+        match result {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if fatal(&e) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot {what}")));
+            }
+            Err(e) => warn!(error = %e, "cannot {what}; retrying in {backoff:?}"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return Ok(None),
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
