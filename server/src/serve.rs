@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use modelshare_proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use modelshare_proto::v1::admin_service_server::AdminServiceServer;
 use modelshare_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio::net::{TcpListener, UnixListener};
@@ -32,6 +33,7 @@ use crate::metrics::Metrics;
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::registry::LoadFor;
 use crate::service::admin::AdminApi;
+use crate::service::inference::InferenceApi;
 use crate::service::worker::WorkerApi;
 use crate::tenants::auth::AuthLayer;
 use crate::tenants::{Access, Caller, TenantStore};
@@ -166,6 +168,9 @@ fn router(
     let worker = WorkerServiceServer::new(WorkerApi::new(app.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let inference = GrpcInferenceServiceServer::new(InferenceApi::new(app.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut builder = Server::builder();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
@@ -183,7 +188,8 @@ fn router(
         .add_service(health)
         .add_service(reflection)
         .add_service(admin)
-        .add_service(worker))
+        .add_service(worker)
+        .add_service(inference))
 }
 
 /// Where the server listens, once bound.
@@ -351,6 +357,9 @@ pub async fn run_notify(
             reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
             reporter
                 .set_serving::<WorkerServiceServer<WorkerApi>>()
+                .await;
+            reporter
+                .set_serving::<GrpcInferenceServiceServer<InferenceApi>>()
                 .await;
             app.ready.store(true, std::sync::atomic::Ordering::SeqCst);
             info!(models = config.models.len(), "ready");

@@ -3,10 +3,13 @@
 //! to [`infer`], which checks the model is one the caller may see, applies the tenant's request
 //! quota and the deadline, and waits on the [`crate::serving::Engine`].
 //!
+//! - [`oip`]: the OIP tensors shared by its gRPC and REST doors (datatypes, raw layout, split
+//!   into items, stack of outputs).
 //! - [`deadline`]: a request's deadline from `grpc-timeout` or an HTTP timeout header, bounded
 //!   by the server's longest request time.
 
 pub mod deadline;
+pub mod oip;
 
 use std::time::Instant;
 

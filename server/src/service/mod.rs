@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod convert;
+pub mod inference;
 pub mod serve;
 pub mod status;
 #[cfg(test)]

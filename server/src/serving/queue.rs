@@ -230,16 +230,23 @@ impl ModelQueue {
         out
     }
 
-    /// Removes every item `pred` picks (in queue order per tenant).
+    /// The tenants with items queued.
+    pub(super) fn tenants(&self) -> impl Iterator<Item = (&Tenant, Option<Instant>)> {
+        self.tenants
+            .iter()
+            .map(|(t, q)| (t, q.items.front().map(|item| item.arrival)))
+    }
+
+    /// Removes every item `pred` picks, given its tenant (in queue order per tenant).
     pub(super) fn remove_where(
         &mut self,
-        mut pred: impl FnMut(&QueuedItem) -> bool,
+        mut pred: impl FnMut(&Tenant, &QueuedItem) -> bool,
     ) -> Vec<QueuedItem> {
         let mut removed = Vec::new();
-        for queue in self.tenants.values_mut() {
+        for (tenant, queue) in self.tenants.iter_mut() {
             let (gone, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut queue.items)
                 .into_iter()
-                .partition(&mut pred);
+                .partition(|item| pred(tenant, item));
             queue.items = kept;
             removed.extend(gone);
         }

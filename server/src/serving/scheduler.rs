@@ -390,25 +390,38 @@ impl<O> Scheduler<O> {
     }
 
     fn expire_model(&mut self, model: &str, now: Instant) -> Vec<Completed<O>> {
-        self.fail_queued(model, ItemError::DeadlineExceeded, |item| {
+        self.fail_queued(model, ItemError::DeadlineExceeded, |_, item| {
             now >= item.deadline
         })
     }
 
-    /// Fails the queued items of models with no worker that have waited `wait` or longer, with
-    /// [`ItemError::NoWorker`].
+    /// Whether some worker of `model` may receive `tenant`'s requests.
+    fn served(&self, model: &str, tenant: &Tenant) -> bool {
+        self.workers
+            .values()
+            .any(|w| w.spec.model == model && w.spec.serves.admits(tenant))
+    }
+
+    /// Fails, with [`ItemError::NoWorker`], the queued items that have waited `wait` or longer
+    /// while no worker of their model may receive their tenant's requests (none serves the
+    /// model, or only other tenants' workers do).
     pub fn expire_without_workers(&mut self, now: Instant, wait: Duration) -> Vec<Completed<O>> {
-        let models: Vec<String> = self
+        let unserved: Vec<(String, Tenant)> = self
             .queues
-            .keys()
-            .filter(|model| self.serving_workers(model) == 0)
-            .cloned()
-            .collect();
-        models
             .iter()
-            .flat_map(|model| {
-                self.fail_queued(model, ItemError::NoWorker, |item| {
-                    now.saturating_duration_since(item.arrival) >= wait
+            .flat_map(|(model, queue)| {
+                queue
+                    .tenants()
+                    .filter(|(tenant, _)| !self.served(model, tenant))
+                    .map(|(tenant, _)| (model.clone(), tenant.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        unserved
+            .iter()
+            .flat_map(|(model, tenant)| {
+                self.fail_queued(model, ItemError::NoWorker, |t, item| {
+                    t == tenant && now.saturating_duration_since(item.arrival) >= wait
                 })
             })
             .collect()
@@ -419,7 +432,7 @@ impl<O> Scheduler<O> {
         let models: Vec<String> = self.queues.keys().cloned().collect();
         models
             .iter()
-            .flat_map(|model| self.fail_queued(model, error.clone(), |_| true))
+            .flat_map(|model| self.fail_queued(model, error.clone(), |_, _| true))
             .collect()
     }
 
@@ -428,7 +441,7 @@ impl<O> Scheduler<O> {
         &mut self,
         model: &str,
         error: ItemError,
-        pred: impl FnMut(&QueuedItem) -> bool,
+        pred: impl FnMut(&Tenant, &QueuedItem) -> bool,
     ) -> Vec<Completed<O>> {
         let Some(queue) = self.queues.get_mut(model) else {
             return Vec::new();
@@ -470,14 +483,19 @@ impl<O> Scheduler<O> {
             .min()
     }
 
-    /// When the oldest queued item of a model with no worker will have waited `wait`: the next
-    /// instant at which [`Self::expire_without_workers`] fails something. `None` if every model
-    /// with queued items has a worker.
+    /// When the oldest queued item that no worker may receive will have waited `wait`: the next
+    /// instant at which [`Self::expire_without_workers`] fails something. `None` if every
+    /// tenant with queued items has a worker for them.
     pub fn next_no_worker_expiry(&self, wait: Duration) -> Option<Instant> {
         self.queues
             .iter()
-            .filter(|(model, _)| self.serving_workers(model) == 0)
-            .filter_map(|(_, queue)| queue.oldest_arrival()?.checked_add(wait))
+            .flat_map(|(model, queue)| {
+                queue
+                    .tenants()
+                    .filter(|(tenant, _)| !self.served(model, tenant))
+                    .filter_map(|(_, oldest)| oldest?.checked_add(wait))
+                    .collect::<Vec<_>>()
+            })
             .min()
     }
 

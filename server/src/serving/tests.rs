@@ -616,3 +616,23 @@ fn a_worker_that_serves_one_tenant_takes_only_that_tenants_items() {
     // ...and with nothing of b's queued, no time-based retry is asked for a's items.
     assert_eq!(s.queued_for_tenant(&a), 3);
 }
+
+#[test]
+fn items_no_worker_may_receive_expire_even_when_the_model_has_workers() {
+    let mut s = Scheduler::new(Limits::default());
+    let t0 = Instant::now();
+    let (a, b) = (tenant("a"), tenant("b"));
+    let mut only_b = spec(1, 1, 8, 1 << 20);
+    only_b.serves = Serves::Only(b.clone());
+    register(&mut s, 1, only_b);
+    let ra = submit(&mut s, &a, &[1], t0);
+    submit(&mut s, &b, &[1], t0);
+    assert_eq!(s.next_no_worker_expiry(ms(100)), Some(t0 + ms(100)));
+    assert!(s.expire_without_workers(t0 + ms(50), ms(100)).is_empty());
+    let done = s.expire_without_workers(t0 + ms(100), ms(100));
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].id, ra);
+    assert_eq!(done[0].outcomes[0].result, Err(ItemError::NoWorker));
+    assert_eq!(s.queued_for_tenant(&b), 1);
+    assert_eq!(s.next_no_worker_expiry(ms(100)), None);
+}

@@ -68,7 +68,8 @@ pub struct TestWorker {
     pub seen: Arc<Mutex<Seen>>,
     pub accepted: pb::ServeAccepted,
     pub session_id: String,
-    tx: Option<mpsc::Sender<pb::ServeRequest>>,
+    stop: tokio_util::sync::CancellationToken,
+    dead: tokio_util::sync::CancellationToken,
     task: JoinHandle<Result<(), tonic::Status>>,
     beats: JoinHandle<()>,
 }
@@ -149,18 +150,23 @@ pub async fn try_serve(
     };
     assert_eq!(accepted.version, version);
     let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dead = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(run(
         events,
-        tx.clone(),
+        tx,
         seen.clone(),
         version,
         offer.batch_ms,
+        stop.clone(),
+        dead.clone(),
     ));
     Ok(TestWorker {
         seen,
         accepted,
         session_id,
-        tx: Some(tx),
+        stop,
+        dead,
         task,
         beats,
     })
@@ -192,7 +198,7 @@ impl TestWorker {
 
     /// Closes its side of the stream (a clean stop), then waits for the server to end it.
     pub async fn close(mut self) -> Result<(), tonic::Status> {
-        self.tx.take();
+        self.stop.cancel();
         let r = tokio::time::timeout(Duration::from_secs(10), &mut self.task)
             .await
             .expect("stream ended")
@@ -201,8 +207,10 @@ impl TestWorker {
         r
     }
 
-    /// Drops everything at once, as a killed process would.
+    /// Drops everything at once, as a killed process would: no answer, no heartbeat, the
+    /// streams gone.
     pub fn kill(self) {
+        self.dead.cancel();
         self.task.abort();
         self.beats.abort();
     }
@@ -214,11 +222,18 @@ async fn run(
     seen: Arc<Mutex<Seen>>,
     version: u32,
     batch_ms: u64,
+    stop: tokio_util::sync::CancellationToken,
+    dead: tokio_util::sync::CancellationToken,
 ) -> Result<(), tonic::Status> {
-    let beat_tx = tx.clone();
+    let mut tx = Some(tx);
+    let beat_tx = tx.clone().expect("sender");
+    let beat_dead = dead.clone();
     let beats = tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = beat_dead.cancelled() => return,
+            }
             let beat = pb::ServeRequest {
                 kind: Some(pb::serve_request::Kind::Heartbeat(pb::Heartbeat::default())),
             };
@@ -228,7 +243,16 @@ async fn run(
         }
     });
     let result = loop {
-        let event = match events.message().await {
+        let message = tokio::select! {
+            m = events.message() => m,
+            () = stop.cancelled(), if tx.is_some() => {
+                // Close our side: no more results or heartbeats; the server then ends the stream.
+                beats.abort();
+                tx = None;
+                continue;
+            }
+        };
+        let event = match message {
             Ok(Some(e)) => e,
             Ok(None) => break Ok(()),
             Err(status) => break Err(status),
@@ -243,12 +267,23 @@ async fn run(
                     s.held += 1;
                     s.max_held = s.max_held.max(s.held);
                 }
-                let (tx, seen) = (tx.clone(), seen.clone());
+                let Some(tx) = tx.clone() else { continue };
+                let (seen, dead) = (seen.clone(), dead.clone());
+                // Batch times vary by ±20%, as real ones do (and so that slots do not stay in step).
+                let jitter = 0.8
+                    + 0.4 * ((batch.batch_id.wrapping_mul(2_654_435_761) % 1000) as f64 / 1000.0);
+                let took = Duration::from_secs_f64(batch_ms as f64 * jitter / 1000.0);
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(batch_ms)).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(took) => {}
+                        () = dead.cancelled() => return,
+                    }
                     let mut results = Vec::new();
                     for item in batch.items {
-                        results.push(answer(item, version).await);
+                        tokio::select! {
+                            r = answer(item, version) => results.push(r),
+                            () = dead.cancelled() => return,
+                        }
                     }
                     seen.lock().expect("seen").held -= 1;
                     let result = pb::BatchResult {

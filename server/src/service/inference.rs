@@ -1,0 +1,166 @@
+//! `inference.GRPCInferenceService`: the KServe v2 Open Inference Protocol over gRPC, on the
+//! gRPC port (TCP and the Unix socket), behind the same authentication as the other services.
+//!
+//! A request's `model_version` may be empty or a number; requests always go to the newest
+//! version a worker serves (during a hot swap, the older one's workers take the overflow), and
+//! the response's `model_version` names the version that computed it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use modelshare_proto::inference as oip;
+use modelshare_proto::inference::grpc_inference_service_server::GrpcInferenceService;
+use tonic::{Request, Response, Status};
+
+use crate::app::App;
+use crate::front::{self, deadline, oip as tensors};
+use crate::serving::InferError;
+use crate::tenants::auth::caller_of;
+
+/// The OIP gRPC service.
+#[derive(Debug, Clone)]
+pub struct InferenceApi {
+    app: App,
+}
+
+impl InferenceApi {
+    /// The service over `app`.
+    pub fn new(app: App) -> Self {
+        Self { app }
+    }
+}
+
+/// A version asked for: `None` for any (empty), else its number.
+fn version(text: &str) -> Result<Option<u32>, Status> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        Status::invalid_argument(format!(
+            "model_version '{}' is not a version number",
+            text.escape_debug()
+        ))
+    })
+}
+
+fn tensor_metadata(
+    specs: &[modelshare_proto::v1::TensorSpec],
+) -> Vec<oip::model_metadata_response::TensorMetadata> {
+    specs
+        .iter()
+        .map(|s| oip::model_metadata_response::TensorMetadata {
+            name: s.name.clone(),
+            datatype: s.datatype.clone(),
+            shape: s.shape.clone(),
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceApi {
+    async fn server_live(
+        &self,
+        _: Request<oip::ServerLiveRequest>,
+    ) -> Result<Response<oip::ServerLiveResponse>, Status> {
+        Ok(Response::new(oip::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<oip::ServerReadyRequest>,
+    ) -> Result<Response<oip::ServerReadyResponse>, Status> {
+        let ready = self.app.ready.load(Ordering::SeqCst) && !self.app.shutdown.is_cancelled();
+        Ok(Response::new(oip::ServerReadyResponse { ready }))
+    }
+
+    async fn model_ready(
+        &self,
+        request: Request<oip::ModelReadyRequest>,
+    ) -> Result<Response<oip::ModelReadyResponse>, Status> {
+        let caller = caller_of(&request)?;
+        let req = request.into_inner();
+        let wanted = version(&req.version)?;
+        if !self.app.registry.visible(&caller, &req.name) {
+            return Err(InferError::ModelNotFound(req.name).into());
+        }
+        let snapshot = self.app.engine.snapshot().await;
+        let ready = snapshot
+            .model(&req.name)
+            .is_some_and(|m| wanted.map_or(m.workers > 0, |v| m.versions.contains(&v)));
+        Ok(Response::new(oip::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<oip::ServerMetadataRequest>,
+    ) -> Result<Response<oip::ServerMetadataResponse>, Status> {
+        Ok(Response::new(oip::ServerMetadataResponse {
+            name: "modelshare".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: Vec::new(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<oip::ModelMetadataRequest>,
+    ) -> Result<Response<oip::ModelMetadataResponse>, Status> {
+        let caller = caller_of(&request)?;
+        let req = request.into_inner();
+        version(&req.version)?;
+        if !self.app.registry.visible(&caller, &req.name) {
+            return Err(InferError::ModelNotFound(req.name).into());
+        }
+        let snapshot = self.app.engine.snapshot().await;
+        let serving = snapshot.model(&req.name).cloned().unwrap_or_default();
+        Ok(Response::new(oip::ModelMetadataResponse {
+            versions: serving.versions.iter().map(u32::to_string).collect(),
+            platform: "modelshare".into(),
+            inputs: tensor_metadata(&serving.inputs),
+            outputs: tensor_metadata(&serving.outputs),
+            name: req.name,
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<oip::ModelInferRequest>,
+    ) -> Result<Response<oip::ModelInferResponse>, Status> {
+        let arrived = Instant::now();
+        let caller = caller_of(&request)?;
+        let longest = self.app.config.serving.max_request_time;
+        let deadline = deadline::grpc(request.metadata(), arrived, longest)?;
+        let mut req = request.into_inner();
+        version(&req.model_version)?;
+        let inputs = tensors::grpc_inputs(&mut req)?;
+        let parameters: HashMap<_, _> = req
+            .parameters
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), tensors::parameter(v)?)))
+            .collect();
+        let items = tensors::to_items(inputs, &parameters)?;
+        let answer = front::infer(&self.app, &caller, &req.model_name, items, deadline).await?;
+        let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+        let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested)?;
+        let mut outputs = Vec::with_capacity(stacked.len());
+        let mut raw = Vec::with_capacity(stacked.len());
+        for t in stacked {
+            outputs.push(oip::model_infer_response::InferOutputTensor {
+                datatype: t.datatype().to_owned(),
+                name: t.name,
+                shape: t.shape,
+                ..Default::default()
+            });
+            raw.push(t.data);
+        }
+        Ok(Response::new(oip::ModelInferResponse {
+            model_name: answer.model,
+            model_version: answer.version.to_string(),
+            id: req.id,
+            parameters: HashMap::new(),
+            outputs,
+            raw_output_contents: raw,
+        }))
+    }
+}
