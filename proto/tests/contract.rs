@@ -110,7 +110,7 @@ fn model_infer_request_uses_the_spec_field_numbers() {
                 },
             )]),
         }],
-        raw_input_contents: vec![vec![1, 0, 0, 0], vec![2, 0, 0, 0]],
+        raw_input_contents: vec![vec![1, 0, 0, 0].into(), vec![2, 0, 0, 0].into()],
     };
 
     let decoded = ModelInferRequest::decode(wire.as_slice()).expect("hand-built bytes decode");
@@ -140,7 +140,7 @@ fn model_infer_response_round_trips() {
                 }),
             },
         ],
-        raw_output_contents: vec![vec![9, 9]],
+        raw_output_contents: vec![vec![9, 9].into()],
     };
     let wire = response.encode_to_vec();
     assert_eq!(
@@ -402,7 +402,7 @@ fn serve_messages_round_trip() {
                         name: "input_ids".into(),
                         dtype: DType::DtypeI64 as i32,
                         shape: vec![1, 3],
-                        data: vec![0; 24],
+                        data: vec![0; 24].into(),
                     }],
                 })),
                 parameters: HashMap::from([(

@@ -6,8 +6,8 @@ use modelshare_proto::inference::grpc_inference_service_client::GrpcInferenceSer
 use modelshare_worker::AuthChannel;
 use serde_json::{Value, json};
 
+use super::error::{CliError, rpc};
 use super::output::{OutputFormat, print_json, say, table};
-use super::{CliError, rpc};
 
 /// One `--input NAME:DATATYPE:SHAPE=VALUES` of `modelshare infer`.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,8 +2,10 @@
 //!
 //! Every call carries the bearer token of `--token` / `--token-file` (or `MODELSHARE_TOKEN` /
 //! `MODELSHARE_TOKEN_FILE`), over TLS for `https://` addresses (`--tls-*`). `token new` and
-//! `token hash` need no server: they make what goes in the tenants file.
+//! `token hash` need no server: they make what goes in the tenants file. `embed` and `infer`
+//! call the OIP front door (`GRPCInferenceService.ModelInfer`).
 
+mod error;
 mod infer;
 pub(crate) mod output;
 mod probe;
@@ -22,6 +24,9 @@ use crate::tenants::token::{TokenHash, generate};
 pub(crate) use output::say;
 pub use output::{OutputFormat, human_bytes};
 pub use probe::ProbeArgs;
+
+pub use error::CliError;
+use error::rpc;
 
 /// A token as given on the command line or in `MODELSHARE_TOKEN`; `Debug` does not show it.
 /// Validated when the connection is made, so that a malformed token is never echoed by clap.
@@ -219,32 +224,6 @@ pub enum TokenCommand {
     New,
     /// Read a token on stdin (its first line) and print its hash.
     Hash,
-}
-
-/// Why a client command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// No connection.
-    #[error(transparent)]
-    Connect(#[from] modelshare_worker::WorkerError),
-    /// The server refused the call.
-    #[error("{}: {} ({:?})", .call, .status.message(), .status.code())]
-    Rpc {
-        /// The call.
-        call: &'static str,
-        /// The status.
-        status: tonic::Status,
-    },
-    /// The load stream ended without its final message.
-    #[error("the server ended the load without a result")]
-    Truncated,
-    /// The command line asks for something that cannot be sent.
-    #[error("{0}")]
-    Usage(String),
-}
-
-fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> CliError {
-    move |status| CliError::Rpc { call, status }
 }
 
 async fn admin_client(args: &ClientArgs) -> Result<AdminServiceClient<AuthChannel>, CliError> {
