@@ -97,37 +97,9 @@ fn tensor(input: &InputArg) -> Result<oip::model_infer_request::InferInputTensor
 
 /// The values of one raw output, as JSON numbers (or strings for BYTES).
 fn values(datatype: &str, raw: &[u8]) -> Vec<Value> {
-    fn each<const N: usize>(raw: &[u8], f: impl Fn([u8; N]) -> Value) -> Vec<Value> {
-        raw.chunks_exact(N)
-            .map(|c| f(c.try_into().unwrap_or([0; N])))
-            .collect()
-    }
-    match datatype {
-        "BOOL" => raw.iter().map(|b| json!(*b != 0)).collect(),
-        "UINT8" => raw.iter().map(|b| json!(b)).collect(),
-        "INT8" => raw.iter().map(|b| json!(i8::from_le_bytes([*b]))).collect(),
-        "INT16" => each::<2>(raw, |b| json!(i16::from_le_bytes(b))),
-        "UINT16" => each::<2>(raw, |b| json!(u16::from_le_bytes(b))),
-        "INT32" => each::<4>(raw, |b| json!(i32::from_le_bytes(b))),
-        "UINT32" => each::<4>(raw, |b| json!(u32::from_le_bytes(b))),
-        "INT64" => each::<8>(raw, |b| json!(i64::from_le_bytes(b))),
-        "UINT64" => each::<8>(raw, |b| json!(u64::from_le_bytes(b))),
-        "FP32" => each::<4>(raw, |b| json!(f32::from_le_bytes(b))),
-        "FP64" => each::<8>(raw, |b| json!(f64::from_le_bytes(b))),
-        "FP16" => each::<2>(raw, |b| json!(half::f16::from_le_bytes(b).to_f32())),
-        "BF16" => each::<2>(raw, |b| json!(half::bf16::from_le_bytes(b).to_f32())),
-        "BYTES" => {
-            let mut out = Vec::new();
-            let mut rest = raw;
-            while rest.len() >= 4 {
-                let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let Some(s) = rest.get(4..4 + n) else { break };
-                out.push(json!(String::from_utf8_lossy(s)));
-                rest = &rest[4 + n..];
-            }
-            out
-        }
-        _ => vec![json!(format!("{} raw bytes", raw.len()))],
+    match crate::front::oip::dtype(datatype) {
+        Ok(dtype) => crate::front::oip::raw_to_json(dtype, raw),
+        Err(_) => vec![json!(format!("{} raw bytes", raw.len()))],
     }
 }
 

@@ -1,32 +1,65 @@
-//! The HTTP listener (axum), on its own port (`--metrics-listen`): `/metrics`, `/healthz` and
-//! `/readyz` today; the REST faces (OpenAI, OIP) are to join them.
+//! The HTTP listener (axum), on its own port (`--http-listen`): `/metrics`, `/healthz`,
+//! `/readyz`, and the REST front doors.
 //!
 //! - [`router`]: every route, built from one [`HttpState`] ([`state`]); a new face adds its
 //!   routes there and what it reads to the state.
-//! - [`probes`]: `/healthz` (the process is up) and `/readyz` (start-up models loaded).
+//! - [`probes`]: `/healthz` (the process is up) and `/readyz` (start-up models loaded; the body
+//!   says which loaded models have a serving worker).
 //! - [`metrics`]: `/metrics`, which gathers the gauges' values from the registry
 //!   ([`metrics::gauge_values`]) and hands them to [`crate::metrics::Metrics::refresh`].
+//! - [`oip`]: the KServe v2 / OIP REST routes (`/v2/...`); [`openai`]: `/v1/embeddings` and
+//!   `/v1/models`; [`door`]: what they share (admission by bearer token, deadlines, the error
+//!   value both render in their own shape).
+//!
+//! Request bodies are limited to `max_request_bytes` (413 past it).
 //!
 //! Like the gRPC services, the handlers are thin: they read the shared state and convert.
 
+pub mod door;
 pub mod metrics;
+pub mod oip;
+pub mod openai;
 pub mod probes;
 pub mod state;
 
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::routing::get;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 pub use state::HttpState;
 
 /// Every route of the HTTP port, over `state`.
 pub fn router(state: HttpState) -> Router {
+    let limit = state.app.config.serving.max_request_bytes;
     Router::new()
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
+        .route("/v2", get(oip::server_metadata))
+        .route("/v2/health/live", get(oip::live))
+        .route("/v2/health/ready", get(oip::ready))
+        .route("/v2/models/{name}", get(oip::model_metadata))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(oip::model_metadata),
+        )
+        .route("/v2/models/{name}/ready", get(oip::model_ready))
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(oip::model_ready),
+        )
+        .route("/v2/models/{name}/infer", post(oip::infer))
+        .route(
+            "/v2/models/{name}/versions/{version}/infer",
+            post(oip::infer),
+        )
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
+        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 

@@ -1,5 +1,6 @@
 //! Probes: `/healthz` answers while the process runs; `/readyz` once the start-up models are
-//! loaded (503 before).
+//! loaded (503 before), its body listing each model with a ready version and whether a worker
+//! serves it.
 
 use std::sync::atomic::Ordering;
 
@@ -7,6 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::state::HttpState;
+use crate::tenants::Caller;
 
 /// `GET /healthz`.
 pub async fn healthz() -> &'static str {
@@ -14,10 +16,26 @@ pub async fn healthz() -> &'static str {
 }
 
 /// `GET /readyz`.
-pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "loading start-up models\n")
+pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    if !s.ready.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "loading start-up models\n".into(),
+        );
     }
+    let serving = s.app.engine.snapshot().await;
+    let mut body = String::from("ready\n");
+    for m in s.registry.list(&Caller::Admin) {
+        if m.latest_ready == 0 {
+            continue;
+        }
+        let workers = serving.model(&m.name).map_or(0, |x| x.workers);
+        let line = if workers == 0 {
+            format!("model {}: no serving worker\n", m.name)
+        } else {
+            format!("model {}: {workers} serving worker(s)\n", m.name)
+        };
+        body.push_str(&line);
+    }
+    (StatusCode::OK, body)
 }

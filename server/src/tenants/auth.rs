@@ -80,8 +80,9 @@ pub struct Auth<S> {
 
 /// Decrements a tenant's in-flight count when the request's response head is out (or the
 /// request is dropped).
+/// A request of a tenant counted in flight, until dropped.
 #[derive(Debug)]
-struct InflightGuard(Arc<AtomicU32>);
+pub struct InflightGuard(Arc<AtomicU32>);
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
@@ -134,6 +135,23 @@ fn peer_text(extensions: &http::Extensions) -> String {
                 .and_then(|i| i.get_ref().remote_addr())
         });
     tcp.map_or_else(|| "unknown".into(), |a| format!("tcp {a}"))
+}
+
+/// Admits or refuses one HTTP request of the inference routes, as the gRPC layer does its
+/// calls: without a tenants file every caller is the admin; else the bearer token says who,
+/// tenants bound to uids are refused (HTTP is TCP), and the request counts against the
+/// tenant's `inflight` quota while the guard lives.
+pub fn admit_http(
+    store: &TenantStore,
+    metrics: &Metrics,
+    path: &str,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+) -> Result<(Caller, Option<InflightGuard>), ServerError> {
+    if !store.enabled() {
+        return Ok((Caller::Admin, None));
+    }
+    admit(store, metrics, path, headers, extensions)
 }
 
 /// Admits or refuses one request; on admission, the caller and its in-flight guard.

@@ -1,0 +1,405 @@
+//! The OpenAI-compatible routes: `POST /v1/embeddings`, `GET /v1/models`,
+//! `GET /v1/models/{id}`; many models behind one endpoint, chosen by `model`.
+//!
+//! - `input`: a string, a list of strings, a list of token ids, or a list of lists of token ids;
+//!   each string or token list is one item (strings as text items, token ids as a tensor item
+//!   `input_ids`, INT64 [n]).
+//! - `encoding_format`: `float` (default) or `base64` (the little-endian f32 bytes).
+//! - `dimensions`: passed to the worker as the item parameter `dimensions`; the worker refuses
+//!   it when the model cannot.
+//! - The embedding is the output tensor `embedding` (else the first FP32/FP16/BF16 one), rank 1
+//!   or [1, d]; `usage.prompt_tokens` sums the items' `prompt_tokens` output parameters.
+//! - Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use modelshare_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::door::{self, DoorError};
+use super::state::HttpState;
+use crate::front;
+use crate::serving::{InferError, InferResponse};
+
+/// Most inputs in one request (OpenAI's own limit).
+const MAX_INPUTS: usize = 2048;
+
+/// An error in OpenAI's shape.
+fn error(e: impl Into<DoorError>) -> Response {
+    let e = e.into();
+    let (kind, code) = match e.status {
+        StatusCode::UNAUTHORIZED => ("authentication_error", Some("invalid_api_key")),
+        StatusCode::FORBIDDEN => ("permission_error", None),
+        StatusCode::NOT_FOUND => ("invalid_request_error", Some("model_not_found")),
+        StatusCode::TOO_MANY_REQUESTS => ("rate_limit_error", Some("rate_limit_exceeded")),
+        s if s.is_client_error() => ("invalid_request_error", None),
+        _ => ("server_error", None),
+    };
+    let body = json!({
+        "error": { "message": e.message, "type": kind, "param": Value::Null, "code": code }
+    });
+    let response = (e.status, Json(body)).into_response();
+    e.decorate(response)
+}
+
+/// What `input` may be.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Input {
+    One(String),
+    Many(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Deserialize)]
+struct EmbeddingsBody {
+    input: Value,
+    model: String,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<i64>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+fn text_item(text: String) -> pb::Item {
+    pb::Item {
+        input: Some(pb::item::Input::Text(pb::TextInput { text })),
+        ..Default::default()
+    }
+}
+
+fn tokens_item(ids: &[i64]) -> pb::Item {
+    let data: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    pb::Item {
+        input: Some(pb::item::Input::Tensors(pb::Tensors {
+            tensors: vec![pb::TensorInput {
+                name: "input_ids".into(),
+                dtype: pb::DType::DtypeI64 as i32,
+                shape: vec![ids.len() as i64],
+                data: data.into(),
+            }],
+        })),
+        ..Default::default()
+    }
+}
+
+/// The body's items, and whether floats (not base64) are asked.
+fn items(body: &[u8]) -> Result<(String, Vec<pb::Item>, bool), DoorError> {
+    let req: EmbeddingsBody = serde_json::from_slice(body)
+        .map_err(|e| DoorError::bad_request(format!("malformed request JSON: {e}")))?;
+    let input: Input = serde_json::from_value(req.input).map_err(|_| {
+        DoorError::bad_request(
+            "'input' must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
+        )
+    })?;
+    let mut items = match input {
+        Input::One(s) => vec![text_item(s)],
+        Input::Many(v) => v.into_iter().map(text_item).collect(),
+        Input::Tokens(ids) if ids.is_empty() => Vec::new(),
+        Input::Tokens(ids) => vec![tokens_item(&ids)],
+        Input::TokenLists(lists) => {
+            if lists.iter().any(Vec::is_empty) {
+                return Err(DoorError::bad_request(
+                    "'input' has an empty list of token ids",
+                ));
+            }
+            lists.iter().map(|l| tokens_item(l)).collect()
+        }
+    };
+    if items.is_empty() {
+        return Err(DoorError::bad_request("'input' is empty"));
+    }
+    if items.len() > MAX_INPUTS {
+        return Err(DoorError::bad_request(format!(
+            "'input' has {} entries; at most {MAX_INPUTS}",
+            items.len()
+        )));
+    }
+    let floats = match req.encoding_format.as_deref() {
+        None | Some("float") => true,
+        Some("base64") => false,
+        Some(other) => {
+            return Err(DoorError::bad_request(format!(
+                "'encoding_format' must be 'float' or 'base64', not '{}'",
+                other.escape_debug()
+            )));
+        }
+    };
+    if let Some(d) = req.dimensions {
+        if d < 1 {
+            return Err(DoorError::bad_request("'dimensions' must be at least 1"));
+        }
+        for item in &mut items {
+            item.parameters.insert(
+                "dimensions".into(),
+                pb::Parameter {
+                    value: Some(pb::parameter::Value::Int64Value(d)),
+                },
+            );
+        }
+    }
+    Ok((req.model, items, floats))
+}
+
+/// One item's embedding as f32 values.
+fn embedding(model: &str, output: &pb::ItemOutput) -> Result<Vec<f32>, InferError> {
+    let bad = |reason: String| InferError::BadOutput {
+        model: model.to_owned(),
+        reason,
+    };
+    let is_float = |t: &&pb::TensorOutput| {
+        matches!(
+            pb::DType::try_from(t.dtype),
+            Ok(pb::DType::DtypeF32 | pb::DType::DtypeF16 | pb::DType::DtypeBf16)
+        )
+    };
+    let t = output
+        .tensors
+        .iter()
+        .find(|t| t.name == "embedding")
+        .or_else(|| output.tensors.iter().find(is_float))
+        .ok_or_else(|| bad("no 'embedding' output and no float output".into()))?;
+    let vector = t.shape.len() == 1 || (t.shape.len() == 2 && t.shape[0] == 1);
+    if !vector {
+        return Err(bad(format!(
+            "output '{}' has shape {:?}; an embedding is one vector",
+            t.name, t.shape
+        )));
+    }
+    let values: Vec<f32> = match pb::DType::try_from(t.dtype) {
+        Ok(pb::DType::DtypeF32) => t
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Ok(pb::DType::DtypeF16) => t
+            .data
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Ok(pb::DType::DtypeBf16) => t
+            .data
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return Err(bad(format!("output '{}' is not a float tensor", t.name))),
+    };
+    let want = t.shape.iter().product::<i64>();
+    if values.len() as i64 != want {
+        return Err(bad(format!(
+            "output '{}' has {} values for shape {:?}",
+            t.name,
+            values.len(),
+            t.shape
+        )));
+    }
+    Ok(values)
+}
+
+fn prompt_tokens(output: &pb::ItemOutput) -> i64 {
+    match output
+        .parameters
+        .get("prompt_tokens")
+        .and_then(|p| p.value.as_ref())
+    {
+        Some(pb::parameter::Value::Int64Value(n)) => *n,
+        Some(pb::parameter::Value::Uint64Value(n)) => i64::try_from(*n).unwrap_or(i64::MAX),
+        _ => 0,
+    }
+}
+
+/// The response body of a computed request.
+fn answer(r: &InferResponse, floats: bool) -> Result<Value, InferError> {
+    let mut data = Vec::with_capacity(r.outputs.len());
+    let mut tokens: i64 = 0;
+    for (index, output) in r.outputs.iter().enumerate() {
+        let values = embedding(&r.model, output)?;
+        tokens = tokens.saturating_add(prompt_tokens(output));
+        let embedding = if floats {
+            json!(values)
+        } else {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+        };
+        data.push(json!({ "object": "embedding", "index": index, "embedding": embedding }));
+    }
+    Ok(json!({
+        "object": "list",
+        "data": data,
+        "model": r.model,
+        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
+    }))
+}
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    let result = async {
+        let (caller, _guard) = door::admit(&state, "/v1/embeddings", &headers)?;
+        let body = body?;
+        let deadline = door::deadline(&state, &headers, arrived)?;
+        let (model, items, floats) = items(&body)?;
+        let r = front::infer(&state.app, &caller, &model, items, deadline).await?;
+        Ok::<_, DoorError>(answer(&r, floats)?)
+    }
+    .await;
+    result.map_or_else(error, |v| Json(v).into_response())
+}
+
+fn model_json(m: &crate::registry::ModelSnapshot) -> Value {
+    let created = m.versions.first().map_or(0, |v| v.created_unix_ms / 1000);
+    json!({
+        "id": m.name,
+        "object": "model",
+        "created": created,
+        "owned_by": m.owner.as_deref().unwrap_or("modelshare"),
+    })
+}
+
+/// `GET /v1/models`: the models the caller may see.
+pub async fn models(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    match door::admit(&state, "/v1/models", &headers) {
+        Err(e) => error(e),
+        Ok((caller, _guard)) => {
+            let data: Vec<Value> = state
+                .app
+                .registry
+                .list(&caller)
+                .iter()
+                .map(model_json)
+                .collect();
+            Json(json!({ "object": "list", "data": data })).into_response()
+        }
+    }
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match door::admit(&state, "/v1/models", &headers) {
+        Err(e) => error(e),
+        Ok((caller, _guard)) => {
+            let found = state
+                .app
+                .registry
+                .list(&caller)
+                .into_iter()
+                .find(|m| m.name == id);
+            match found {
+                Some(m) => Json(model_json(&m)).into_response(),
+                None => error(InferError::ModelNotFound(id)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_input_form_becomes_items_and_bad_ones_are_400() {
+        let (model, it, floats) = items(br#"{"model":"m","input":"hi"}"#).expect("string");
+        assert_eq!((model.as_str(), it.len(), floats), ("m", 1, true));
+        let (_, it, _) = items(br#"{"model":"m","input":["a","b"],"dimensions":4}"#).expect("list");
+        assert_eq!(it.len(), 2);
+        assert!(it[1].parameters.contains_key("dimensions"));
+        let (_, it, _) = items(br#"{"model":"m","input":[1,2,3]}"#).expect("tokens");
+        assert_eq!(it.len(), 1);
+        let (_, it, floats) =
+            items(br#"{"model":"m","input":[[1],[2,3]],"encoding_format":"base64"}"#)
+                .expect("lists");
+        assert_eq!((it.len(), floats), (2, false));
+        for bad in [
+            &br#"{"model":"m","input":[]}"#[..],
+            br#"{"model":"m","input":[[]]}"#,
+            br#"{"model":"m","input":{"x":1}}"#,
+            br#"{"model":"m","input":"x","encoding_format":"int8"}"#,
+            br#"{"model":"m","input":"x","dimensions":0}"#,
+            br#"{"input":"x"}"#,
+            br#"{"model":"m","input":"#,
+        ] {
+            let e = items(bad).expect_err("bad");
+            assert_eq!(
+                e.status,
+                StatusCode::BAD_REQUEST,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn answers_carry_floats_or_base64_and_usage() {
+        let out = |v: &[f32], tokens: i64| pb::ItemOutput {
+            tensors: vec![pb::TensorOutput {
+                name: "embedding".into(),
+                dtype: pb::DType::DtypeF32 as i32,
+                shape: vec![v.len() as i64],
+                data: v
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+            }],
+            parameters: [(
+                "prompt_tokens".to_owned(),
+                pb::Parameter {
+                    value: Some(pb::parameter::Value::Int64Value(tokens)),
+                },
+            )]
+            .into(),
+        };
+        let r = InferResponse {
+            model: "m".into(),
+            version: 1,
+            versions: vec![1, 1],
+            outputs: vec![out(&[1.0, 2.0], 2), out(&[0.5, 0.25], 3)],
+        };
+        let v = answer(&r, true).expect("floats");
+        assert_eq!(v["data"][1]["embedding"], json!([0.5, 0.25]));
+        assert_eq!(v["usage"]["prompt_tokens"], 5);
+        let v = answer(&r, false).expect("base64");
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(v["data"][0]["embedding"].as_str().expect("string"))
+            .expect("base64");
+        assert_eq!(
+            b,
+            [1.0f32, 2.0]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+        );
+    }
+
+    #[test]
+    fn errors_have_openais_shape() {
+        let e = DoorError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: "full".into(),
+            retry_after: Some(std::time::Duration::from_secs(1)),
+        };
+        let r = error(e);
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()["retry-after"], "1");
+    }
+}
