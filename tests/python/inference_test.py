@@ -174,6 +174,8 @@ def check_clients(stack, who):
     texts = np.array([b"hello", "d\u00e9j\u00e0 vu".encode()], dtype=object)
 
     g = tg.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}")
+    # tritonclient.http writes Inference-Header-Content-Length into the headers dict it is
+    # given: each HTTP call gets its own copy.
     hdr = {"authorization": f"Bearer {TB}"}
     assert g.is_server_live(headers=hdr) and g.is_server_ready(headers=hdr)
     assert g.is_model_ready("enc", headers=hdr)
@@ -192,17 +194,17 @@ def check_clients(stack, who):
     expect_embedding(emb[1], len("d\u00e9j\u00e0 vu".encode()))
 
     h = th.InferenceServerClient(f"127.0.0.1:{stack.http_port}")
-    assert h.is_server_live(headers=hdr) and h.is_server_ready(headers=hdr)
-    assert h.is_model_ready("enc", headers=hdr)
+    assert h.is_server_live(headers=dict(hdr)) and h.is_server_ready(headers=dict(hdr))
+    assert h.is_model_ready("enc", headers=dict(hdr))
     for binary in (True, False):
         hi = th.InferInput("x", [2, 4], "FP32")
         hi.set_data_from_numpy(x, binary_data=binary)
         outs = [th.InferRequestedOutput("plus_weights", binary_data=binary)]
-        r = h.infer("enc", [hi], outputs=outs, headers=hdr)
+        r = h.infer("enc", [hi], outputs=outs, headers=dict(hdr))
         assert np.allclose(r.as_numpy("plus_weights"), plus), (who, binary, r.as_numpy("plus_weights"))
     ht = th.InferInput("text", [2], "BYTES")
     ht.set_data_from_numpy(texts)
-    emb = h.infer("enc", [ht], headers=hdr).as_numpy("embedding")
+    emb = h.infer("enc", [ht], headers=dict(hdr)).as_numpy("embedding")
     expect_embedding(emb[1], len("d\u00e9j\u00e0 vu".encode()))
 
     oa = OpenAI(base_url=f"{stack.http()}/v1", api_key=TB, max_retries=0)
