@@ -69,6 +69,11 @@ pub async fn serve(
     state: HttpState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Small answers on kept-alive connections: send each at once (no Nagle delay).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
