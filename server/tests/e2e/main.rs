@@ -6,6 +6,7 @@ mod common;
 mod worker_util;
 
 mod cli;
+mod front;
 mod lifecycle;
 mod load;
 mod malformed;
