@@ -120,7 +120,9 @@ pub async fn model_metadata(
     result.map_or_else(error, IntoResponse::into_response)
 }
 
-/// `GET /v2/models/{name}[/versions/{version}]/ready`.
+/// `GET /v2/models/{name}[/versions/{version}]/ready`: 200 when a worker that is not draining
+/// would take this caller's requests for the model, else 400 (unknown and invisible models
+/// too).
 pub async fn model_ready(
     State(state): State<HttpState>,
     Path(path): Path<ModelPath>,
@@ -129,21 +131,18 @@ pub async fn model_ready(
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v2/models", &headers)?;
         let wanted = version(path.version.as_deref())?;
-        if !state.app.registry.visible(&caller, &path.name) {
-            return Err(DoorError::from(InferError::ModelNotFound(
-                path.name.clone(),
-            )));
-        }
-        let snapshot = state.app.engine.snapshot().await;
-        let ready = snapshot
-            .model(&path.name)
-            .is_some_and(|m| wanted.map_or(m.workers > 0, |v| m.versions.contains(&v)));
+        // An unknown or invisible model is not ready (400, as Triton answers).
+        let ready = state.app.registry.visible(&caller, &path.name) && {
+            let snapshot = state.app.engine.snapshot().await;
+            let tenant = caller.tenant().map(str::to_owned);
+            snapshot.ready_for(&path.name, wanted, &tenant)
+        };
         let status = if ready {
             StatusCode::OK
         } else {
             StatusCode::BAD_REQUEST
         };
-        Ok((status, Json(json!({ "name": path.name, "ready": ready }))))
+        Ok::<_, DoorError>((status, Json(json!({ "name": path.name, "ready": ready }))))
     }
     .await;
     result.map_or_else(error, IntoResponse::into_response)

@@ -74,6 +74,8 @@ impl GrpcInferenceService for InferenceApi {
         Ok(Response::new(oip::ServerReadyResponse { ready }))
     }
 
+    /// Ready when a worker that is not draining would take this caller's requests for the
+    /// model (of that version, if named); an unknown or invisible model is not ready.
     async fn model_ready(
         &self,
         request: Request<oip::ModelReadyRequest>,
@@ -82,12 +84,11 @@ impl GrpcInferenceService for InferenceApi {
         let req = request.into_inner();
         let wanted = version(&req.version)?;
         if !self.app.registry.visible(&caller, &req.name) {
-            return Err(InferError::ModelNotFound(req.name).into());
+            return Ok(Response::new(oip::ModelReadyResponse { ready: false }));
         }
         let snapshot = self.app.engine.snapshot().await;
-        let ready = snapshot
-            .model(&req.name)
-            .is_some_and(|m| wanted.map_or(m.workers > 0, |v| m.versions.contains(&v)));
+        let tenant = caller.tenant().map(str::to_owned);
+        let ready = snapshot.ready_for(&req.name, wanted, &tenant);
         Ok(Response::new(oip::ModelReadyResponse { ready }))
     }
 

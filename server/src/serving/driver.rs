@@ -736,6 +736,7 @@ impl Driver {
                 items_in_flight: self.sched.in_flight(*id).unwrap_or(0),
                 batches_done: c.batches_done,
                 draining: c.draining,
+                serves: c.offer.spec.serves.clone(),
             })
             .collect();
         workers.sort_by(|a, b| a.serve_id.cmp(&b.serve_id));

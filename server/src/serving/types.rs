@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use modelshare_proto::v1 as pb;
 
-use super::scheduler::{Limits, Tenant, WorkerSpec};
+use super::scheduler::{Limits, Serves, Tenant, WorkerSpec};
 
 /// How the request path behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +116,8 @@ pub struct WorkerInfo {
     pub batches_done: u64,
     /// Whether it is draining.
     pub draining: bool,
+    /// Whose requests it may receive.
+    pub serves: Serves,
 }
 
 /// One model on the request path.
@@ -154,6 +156,17 @@ impl ServingSnapshot {
     /// The model's entry, if it has a queue or a worker.
     pub fn model(&self, name: &str) -> Option<&ModelServing> {
         self.models.iter().find(|m| m.model == name)
+    }
+
+    /// Whether a worker that takes batches (not draining) may receive `tenant`'s requests for
+    /// `model` (of `version`, if given): the model is ready for that caller.
+    pub fn ready_for(&self, model: &str, version: Option<u32>, tenant: &Tenant) -> bool {
+        self.workers.iter().any(|w| {
+            w.model == model
+                && !w.draining
+                && version.is_none_or(|v| w.version == v)
+                && w.serves.admits(tenant)
+        })
     }
 
     /// Requests `tenant` has outstanding.
