@@ -294,6 +294,13 @@ impl App {
                     "tenants reloaded"
                 );
                 crate::audit::tenants_reloaded(trigger, Ok(table.tenants.len()));
+                self.engine.set_tenant_weights(
+                    table
+                        .tenants
+                        .values()
+                        .map(|t| (t.name.clone(), t.weight))
+                        .collect(),
+                );
             }
             Err(e) => {
                 warn!(trigger, error = %e, "tenants not reloaded; the previous tenants stay in force");

@@ -72,6 +72,9 @@ pub(super) enum Command {
     Snapshot {
         reply: oneshot::Sender<ServingSnapshot>,
     },
+    Weights {
+        weights: HashMap<String, u32>,
+    },
 }
 
 impl std::fmt::Debug for Command {
@@ -85,6 +88,7 @@ impl std::fmt::Debug for Command {
             Self::ProtocolError { .. } => "ProtocolError",
             Self::Drain { .. } => "Drain",
             Self::Snapshot { .. } => "Snapshot",
+            Self::Weights { .. } => "Weights",
         };
         f.write_str(name)
     }
@@ -257,6 +261,12 @@ impl Driver {
             Command::Snapshot { reply } => {
                 let _ = reply.send(self.snapshot());
             }
+            Command::Weights { weights } => self.sched.set_tenant_weights(
+                weights
+                    .into_iter()
+                    .map(|(tenant, weight)| (Some(tenant), weight))
+                    .collect(),
+            ),
         }
     }
 

@@ -116,6 +116,12 @@ impl Engine {
         let _ = self.send(Command::Drain { id, reason });
     }
 
+    /// Replaces the tenants' weights in the fair queues (after the tenants file is reloaded);
+    /// a tenant not named gets the default, 1.
+    pub fn set_tenant_weights(&self, weights: std::collections::HashMap<String, u32>) {
+        let _ = self.send(Command::Weights { weights });
+    }
+
     /// The request path as it stands.
     pub async fn snapshot(&self) -> ServingSnapshot {
         let (reply, answer) = oneshot::channel();

@@ -147,6 +147,11 @@ impl<O> Scheduler<O> {
         self.weights.insert(tenant, weight.max(1));
     }
 
+    /// Replaces every tenant's weight (tenants not named get the default, 1).
+    pub fn set_tenant_weights(&mut self, weights: HashMap<Tenant, u32>) {
+        self.weights = weights.into_iter().map(|(t, w)| (t, w.max(1))).collect();
+    }
+
     fn queue_delay(&self, model: &str) -> Duration {
         self.delays
             .get(model)
