@@ -267,6 +267,12 @@ impl App {
         }
     }
 
+    /// Whether requests are taken: the start-up models are loaded and shutdown has not begun
+    /// (OIP `ServerReady`, `/v2/health/ready`).
+    pub fn takes_requests(&self) -> bool {
+        self.require_ready().is_ok() && !self.shutdown.is_cancelled()
+    }
+
     /// Turns a refusal into its status, counting quota refusals.
     pub fn refuse(&self, e: ServerError) -> tonic::Status {
         if let ServerError::QuotaExceeded { tenant, quota, .. } = &e {

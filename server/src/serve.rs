@@ -277,13 +277,7 @@ pub async fn run_notify(
         })?;
         let local = listener.local_addr().ok();
         info!(http = ?local, "http listening (metrics, probes, OIP and OpenAI routes)");
-        let state = HttpState {
-            metrics: metrics.clone(),
-            registry: registry.clone(),
-            devices: app.devices.clone(),
-            ready: app.ready.clone(),
-            app: app.clone(),
-        };
+        let state = HttpState { app: app.clone() };
         let stop = app.shutdown.clone();
         tasks.spawn(async move {
             http::serve(listener, state, stop)

@@ -16,6 +16,7 @@ use std::time::Instant;
 use modelshare_proto::v1 as pb;
 
 use crate::app::App;
+use crate::serving::engine::ModelServing;
 use crate::serving::{InferError, InferRequest, InferResponse};
 use crate::tenants::Caller;
 
@@ -31,12 +32,11 @@ pub async fn infer(
     if !app.registry.visible(caller, model) {
         return Err(InferError::ModelNotFound(model.to_owned()));
     }
+    // The tenant's own quota; without one the scheduler applies the server's
+    // `max_tenant_requests`, and the admin has none.
     let max_outstanding = match caller {
         Caller::Admin => None,
-        Caller::Tenant { quota, .. } => quota
-            .requests
-            .and_then(|n| usize::try_from(n).ok())
-            .or(Some(app.config.serving.max_tenant_requests)),
+        Caller::Tenant { quota, .. } => quota.requests.and_then(|n| usize::try_from(n).ok()),
     };
     let request = InferRequest {
         tenant: caller.tenant().map(str::to_owned),
@@ -46,4 +46,38 @@ pub async fn infer(
         max_outstanding,
     };
     app.engine.infer(request).await
+}
+
+/// What the request path knows of `model` for `caller` (its serving versions, and the inputs
+/// and outputs its newest worker declared), for the OIP's model metadata. A model the caller
+/// may not see is unknown.
+pub async fn model_serving(
+    app: &App,
+    caller: &Caller,
+    model: &str,
+) -> Result<ModelServing, InferError> {
+    if !app.registry.visible(caller, model) {
+        return Err(InferError::ModelNotFound(model.to_owned()));
+    }
+    let snapshot = app.engine.snapshot().await;
+    Ok(snapshot
+        .model(model)
+        .cloned()
+        .unwrap_or_else(|| ModelServing {
+            model: model.to_owned(),
+            ..ModelServing::default()
+        }))
+}
+
+/// Whether `caller`'s requests for `model` (of `version`, if named) would be taken now: a
+/// worker that is not draining may receive them. An unknown or invisible model is not ready.
+pub async fn model_ready(app: &App, caller: &Caller, model: &str, version: Option<u32>) -> bool {
+    if !app.registry.visible(caller, model) {
+        return false;
+    }
+    let tenant = caller.tenant().map(str::to_owned);
+    app.engine
+        .snapshot()
+        .await
+        .ready_for(model, version, &tenant)
 }

@@ -12,6 +12,8 @@ use modelshare_proto::inference as oip;
 use modelshare_proto::v1 as pb;
 use prost::bytes::{Bytes, BytesMut};
 
+use modelshare_worker::serve;
+
 use crate::serving::InferError;
 
 /// One tensor of a request or a response, in the raw layout.
@@ -65,37 +67,19 @@ pub fn dtype(datatype: &str) -> Result<pb::DType, InferError> {
     })
 }
 
-/// The OIP datatype name of a dtype (`""` for a dtype the OIP has no name for).
-pub fn datatype(dtype: pb::DType) -> &'static str {
-    use pb::DType as D;
-    match dtype {
-        D::DtypeBool => "BOOL",
-        D::DtypeU8 => "UINT8",
-        D::DtypeU16 => "UINT16",
-        D::DtypeU32 => "UINT32",
-        D::DtypeU64 => "UINT64",
-        D::DtypeI8 => "INT8",
-        D::DtypeI16 => "INT16",
-        D::DtypeI32 => "INT32",
-        D::DtypeI64 => "INT64",
-        D::DtypeF16 => "FP16",
-        D::DtypeBf16 => "BF16",
-        D::DtypeF32 => "FP32",
-        D::DtypeF64 => "FP64",
-        D::DtypeBytes => "BYTES",
-        _ => "",
-    }
+/// The OIP datatype name of a dtype (`""` for a dtype the OIP has no name for): the SDK's
+/// name, where it is one the OIP knows.
+pub fn datatype(d: pb::DType) -> &'static str {
+    let name = serve::oip_datatype(d);
+    if dtype(name).is_ok() { name } else { "" }
 }
 
 /// Bytes per element; `None` for BYTES (variable) and dtypes the OIP does not carry.
-pub fn element_size(dtype: pb::DType) -> Option<usize> {
-    use pb::DType as D;
-    match dtype {
-        D::DtypeBool | D::DtypeU8 | D::DtypeI8 => Some(1),
-        D::DtypeU16 | D::DtypeI16 | D::DtypeF16 | D::DtypeBf16 => Some(2),
-        D::DtypeU32 | D::DtypeI32 | D::DtypeF32 => Some(4),
-        D::DtypeU64 | D::DtypeI64 | D::DtypeF64 => Some(8),
-        _ => None,
+pub fn element_size(d: pb::DType) -> Option<usize> {
+    if datatype(d).is_empty() {
+        None
+    } else {
+        serve::element_size(d)
     }
 }
 

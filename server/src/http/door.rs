@@ -13,7 +13,7 @@ use super::state::HttpState;
 use crate::error::ServerError;
 use crate::front::deadline;
 use crate::serving::InferError;
-use crate::serving::error::http_status;
+use crate::serving::error::{http_status, retry_after};
 use crate::tenants::Caller;
 use crate::tenants::auth::{InflightGuard, admit_http};
 
@@ -66,11 +66,7 @@ impl From<ServerError> for DoorError {
         let code = status.code();
         Self {
             status: http_status(code),
-            retry_after: matches!(
-                code,
-                tonic::Code::ResourceExhausted | tonic::Code::Unavailable
-            )
-            .then_some(crate::serving::error::RETRY_AFTER),
+            retry_after: retry_after(code),
             message: status.message().to_owned(),
         }
     }
@@ -111,9 +107,4 @@ pub fn deadline(
 ) -> Result<Instant, DoorError> {
     let longest = state.app.config.serving.max_request_time;
     deadline::http(headers, arrived, longest).map_err(DoorError::from)
-}
-
-/// The server is ready for requests: start-up models loaded, not shutting down.
-pub fn server_ready(state: &HttpState) -> bool {
-    state.ready.load(std::sync::atomic::Ordering::SeqCst) && !state.app.shutdown.is_cancelled()
 }

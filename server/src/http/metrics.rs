@@ -14,12 +14,13 @@ use crate::tenants::Caller;
 pub async fn metrics(
     State(s): State<HttpState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    s.metrics
-        .refresh(&gauge_values(&s.registry, &s.devices).await);
+    let app = &s.app;
+    app.metrics
+        .refresh(&gauge_values(&app.registry, &app.devices).await);
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-        s.metrics.encode(),
+        app.metrics.encode(),
     )
 }
 

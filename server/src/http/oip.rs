@@ -28,7 +28,6 @@ use serde_json::{Map, Value, json};
 use super::door::{self, DoorError};
 use super::state::HttpState;
 use crate::front::{self, oip};
-use crate::serving::InferError;
 
 /// The header that carries the length of the JSON part of a binary request or response.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -58,7 +57,7 @@ pub async fn live() -> Response {
 /// `GET /v2/health/ready`: 200 once the start-up models are loaded, 503 before and at
 /// shutdown.
 pub async fn ready(State(state): State<HttpState>) -> Response {
-    let ready = door::server_ready(&state);
+    let ready = state.app.takes_requests();
     let status = if ready {
         StatusCode::OK
     } else {
@@ -96,19 +95,13 @@ pub async fn model_metadata(
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v2/models", &headers)?;
         version(path.version.as_deref())?;
-        if !state.app.registry.visible(&caller, &path.name) {
-            return Err(DoorError::from(InferError::ModelNotFound(
-                path.name.clone(),
-            )));
-        }
-        let snapshot = state.app.engine.snapshot().await;
-        let serving = snapshot.model(&path.name).cloned().unwrap_or_default();
+        let serving = front::model_serving(&state.app, &caller, &path.name).await?;
         let specs = |s: &[pb::TensorSpec]| -> Vec<Value> {
             s.iter()
                 .map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
                 .collect()
         };
-        Ok(Json(json!({
+        Ok::<_, DoorError>(Json(json!({
             "name": path.name,
             "versions": serving.versions.iter().map(u32::to_string).collect::<Vec<_>>(),
             "platform": "modelshare",
@@ -132,11 +125,7 @@ pub async fn model_ready(
         let (caller, _guard) = door::admit(&state, "/v2/models", &headers)?;
         let wanted = version(path.version.as_deref())?;
         // An unknown or invisible model is not ready (400, as Triton answers).
-        let ready = state.app.registry.visible(&caller, &path.name) && {
-            let snapshot = state.app.engine.snapshot().await;
-            let tenant = caller.tenant().map(str::to_owned);
-            snapshot.ready_for(&path.name, wanted, &tenant)
-        };
+        let ready = front::model_ready(&state.app, &caller, &path.name, wanted).await;
         let status = if ready {
             StatusCode::OK
         } else {
@@ -337,8 +326,8 @@ pub async fn infer(
             }
         }
         let mut head = json!({
+            "model_version": answer.version().to_string(),
             "model_name": answer.model,
-            "model_version": answer.version.to_string(),
             "outputs": outputs,
         });
         if let Some(id) = req.id {

@@ -371,7 +371,6 @@ mod tests {
         };
         let r = InferResponse {
             model: "m".into(),
-            version: 1,
             versions: vec![1, 1],
             outputs: vec![out(&[1.0, 2.0], 2), out(&[0.5, 0.25], 3)],
         };

@@ -2,8 +2,6 @@
 //! loaded (503 before), its body listing each model with a ready version and whether a worker
 //! serves it.
 
-use std::sync::atomic::Ordering;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 
@@ -17,7 +15,7 @@ pub async fn healthz() -> &'static str {
 
 /// `GET /readyz`.
 pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
-    if !s.ready.load(Ordering::SeqCst) {
+    if s.app.require_ready().is_err() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "loading start-up models\n".into(),
@@ -25,7 +23,7 @@ pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
     }
     let serving = s.app.engine.snapshot().await;
     let mut body = String::from("ready\n");
-    for m in s.registry.list(&Caller::Admin) {
+    for m in s.app.registry.list(&Caller::Admin) {
         if m.latest_ready == 0 {
             continue;
         }

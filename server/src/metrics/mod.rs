@@ -124,11 +124,6 @@ impl Metrics {
             registry.register(Box::new(h.clone()))?;
             Ok::<_, prometheus::Error>(h)
         };
-        let labelled_gauge = |name: &str, help: &str, label: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &[label])?;
-            registry.register(Box::new(g.clone()))?;
-            Ok::<_, prometheus::Error>(g)
-        };
         let inference_seconds = histogram_vec(
             "modelshare_inference_request_duration_seconds",
             "Inference request latency, from arrival to answer, by model.",
@@ -143,21 +138,6 @@ impl Metrics {
             "modelshare_inference_batch_items",
             "Items per batch sent to workers, by model.",
             vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
-        )?;
-        let inference_queue_items = labelled_gauge(
-            "modelshare_inference_queue_items",
-            "Items queued for a batch, by model.",
-            "model",
-        )?;
-        let inference_outstanding = labelled_gauge(
-            "modelshare_inference_requests_outstanding",
-            "Inference requests queued or in flight, by tenant (admin: the admin).",
-            "tenant",
-        )?;
-        let serving_workers = labelled_gauge(
-            "modelshare_serving_workers",
-            "Worker Serve streams, by model.",
-            "model",
         )?;
         let versions = IntGaugeVec::new(
             Opts::new("modelshare_model_versions", "Model versions by state."),
@@ -202,9 +182,21 @@ impl Metrics {
             inference_seconds,
             inference_queue_seconds,
             inference_batch_items,
-            inference_queue_items,
-            inference_outstanding,
-            serving_workers,
+            inference_queue_items: gauge_vec(
+                "modelshare_inference_queue_items",
+                "Items queued for a batch, by model.",
+                &["model"],
+            )?,
+            inference_outstanding: gauge_vec(
+                "modelshare_inference_requests_outstanding",
+                "Inference requests queued or in flight, by tenant (admin: the admin).",
+                &["tenant"],
+            )?,
+            serving_workers: gauge_vec(
+                "modelshare_serving_workers",
+                "Worker Serve streams, by model.",
+                &["model"],
+            )?,
             attaches: counter_vec(
                 "modelshare_attaches_total",
                 "Attaches by result.",

@@ -142,9 +142,10 @@ fn arenas_are_dropped_outside_the_lock() {
     registry
         .unload(&Caller::Admin, "m", None, false)
         .expect("unload");
-    assert_eq!(registry.stats(&Caller::Admin).arenas, 0);
-    // The free runs on the device thread: wait for it behind a round trip.
+    // The free runs on the device thread: wait for it behind a round trip, before this test
+    // takes the lock again itself (a free racing the test's own `stats` would see it held).
     device.used_bytes().wait().expect("device answers");
+    assert_eq!(registry.stats(&Caller::Admin).arenas, 0);
     assert_eq!(*probe.unlocked_at_drop.lock().expect("probe"), vec![true]);
 }
 

@@ -6,7 +6,6 @@
 //! the response's `model_version` names the version that computed it.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use modelshare_proto::inference as oip;
@@ -15,7 +14,6 @@ use tonic::{Request, Response, Status};
 
 use crate::app::App;
 use crate::front::{self, deadline, oip as tensors};
-use crate::serving::InferError;
 use crate::tenants::auth::caller_of;
 
 /// The OIP gRPC service.
@@ -70,7 +68,7 @@ impl GrpcInferenceService for InferenceApi {
         &self,
         _: Request<oip::ServerReadyRequest>,
     ) -> Result<Response<oip::ServerReadyResponse>, Status> {
-        let ready = self.app.ready.load(Ordering::SeqCst) && !self.app.shutdown.is_cancelled();
+        let ready = self.app.takes_requests();
         Ok(Response::new(oip::ServerReadyResponse { ready }))
     }
 
@@ -83,12 +81,7 @@ impl GrpcInferenceService for InferenceApi {
         let caller = caller_of(&request)?;
         let req = request.into_inner();
         let wanted = version(&req.version)?;
-        if !self.app.registry.visible(&caller, &req.name) {
-            return Ok(Response::new(oip::ModelReadyResponse { ready: false }));
-        }
-        let snapshot = self.app.engine.snapshot().await;
-        let tenant = caller.tenant().map(str::to_owned);
-        let ready = snapshot.ready_for(&req.name, wanted, &tenant);
+        let ready = front::model_ready(&self.app, &caller, &req.name, wanted).await;
         Ok(Response::new(oip::ModelReadyResponse { ready }))
     }
 
@@ -110,11 +103,7 @@ impl GrpcInferenceService for InferenceApi {
         let caller = caller_of(&request)?;
         let req = request.into_inner();
         version(&req.version)?;
-        if !self.app.registry.visible(&caller, &req.name) {
-            return Err(InferError::ModelNotFound(req.name).into());
-        }
-        let snapshot = self.app.engine.snapshot().await;
-        let serving = snapshot.model(&req.name).cloned().unwrap_or_default();
+        let serving = front::model_serving(&self.app, &caller, &req.name).await?;
         Ok(Response::new(oip::ModelMetadataResponse {
             versions: serving.versions.iter().map(u32::to_string).collect(),
             platform: "modelshare".into(),
@@ -156,8 +145,8 @@ impl GrpcInferenceService for InferenceApi {
             raw.push(t.data);
         }
         Ok(Response::new(oip::ModelInferResponse {
+            model_version: answer.version().to_string(),
             model_name: answer.model,
-            model_version: answer.version.to_string(),
             id: req.id,
             parameters: HashMap::new(),
             outputs,

@@ -47,6 +47,7 @@ pub(super) enum Command {
     },
     Cancel {
         ticket: u64,
+        why: Code,
     },
     OpenWorker {
         id: WorkerId,
@@ -252,7 +253,7 @@ impl Driver {
                 arrival,
                 reply,
             } => self.submit(ticket, request, arrival, reply),
-            Command::Cancel { ticket } => self.cancel(ticket),
+            Command::Cancel { ticket, why } => self.cancel(ticket, why),
             Command::OpenWorker { id, offer, events } => self.open_worker(id, offer, events),
             Command::Result { id, result } => self.result(id, result),
             Command::Ended { id, end } => self.ended(id, end),
@@ -344,7 +345,9 @@ impl Driver {
         );
     }
 
-    fn cancel(&mut self, ticket: u64) {
+    /// Drops a request whose caller stopped waiting (`why`: CANCELLED, or DEADLINE_EXCEEDED
+    /// when its deadline passed while its items were in flight), and tells its workers.
+    fn cancel(&mut self, ticket: u64, why: Code) {
         let Some(id) = self.tickets.remove(&ticket) else {
             return;
         };
@@ -354,7 +357,7 @@ impl Driver {
         self.drop_payloads(id, waiter.items);
         self.dirty.insert(waiter.model.clone());
         self.dirty_tenants.insert(waiter.tenant.clone());
-        self.count(&waiter, Code::Cancelled);
+        self.count(&waiter, why);
         let in_flight = self.sched.cancel(id).unwrap_or_default();
         let mut by_worker: HashMap<WorkerId, Vec<u64>> = HashMap::new();
         for item in in_flight {
@@ -369,7 +372,7 @@ impl Driver {
                 let _ = conn.events.send(Ok(pb::ServeEvent { kind: Some(cancel) }));
             }
         }
-        debug!(request = id.0, model = %waiter.model, "request cancelled by its caller");
+        debug!(request = id.0, model = %waiter.model, ?why, "request given up by its caller");
     }
 
     fn drop_payloads(&mut self, request: RequestId, items: usize) {
@@ -671,7 +674,6 @@ impl Driver {
             Some(error) => Err(error),
             None => Ok(InferResponse {
                 model,
-                version: versions.first().copied().unwrap_or(0),
                 versions,
                 outputs,
             }),

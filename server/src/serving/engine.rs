@@ -72,13 +72,17 @@ impl Engine {
             tx: &self.tx,
             ticket,
             armed: true,
+            why: tonic::Code::Cancelled,
         };
         // The driver fails items still queued at the deadline; one in flight is given up here
         // (the guard then cancels it, and its worker is told).
         let model = request_model;
         let result = match tokio::time::timeout_at(deadline.into(), answer).await {
             Ok(answer) => answer.unwrap_or(Err(InferError::ShuttingDown)),
-            Err(_) => return Err(InferError::DeadlineExceeded { model }),
+            Err(_) => {
+                guard.why = tonic::Code::DeadlineExceeded;
+                return Err(InferError::DeadlineExceeded { model });
+            }
         };
         guard.armed = false;
         result
@@ -132,11 +136,13 @@ impl Engine {
     }
 }
 
-/// Cancels a submitted request unless disarmed (the answer came).
+/// Cancels a submitted request unless disarmed (the answer came), saying why: the caller went
+/// away (CANCELLED) or its deadline passed (DEADLINE_EXCEEDED).
 struct CancelOnDrop<'a> {
     tx: &'a mpsc::UnboundedSender<Command>,
     ticket: u64,
     armed: bool,
+    why: tonic::Code,
 }
 
 impl Drop for CancelOnDrop<'_> {
@@ -144,6 +150,7 @@ impl Drop for CancelOnDrop<'_> {
         if self.armed {
             let _ = self.tx.send(Command::Cancel {
                 ticket: self.ticket,
+                why: self.why,
             });
         }
     }

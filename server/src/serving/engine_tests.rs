@@ -152,7 +152,7 @@ async fn a_request_is_batched_to_a_worker_and_answered_in_item_order() {
     e.worker_result(w.id, result);
     let r = call.await.expect("task").expect("answered");
     assert_eq!(lens(&r), vec![1, 3, 2]);
-    assert_eq!((r.version, r.versions.clone()), (3, vec![3, 3, 3]));
+    assert_eq!((r.version(), r.versions.clone()), (3, vec![3, 3, 3]));
     drained(&e).await;
 }
 

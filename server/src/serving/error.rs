@@ -90,10 +90,16 @@ impl InferError {
 
     /// How long the caller should wait before retrying, for refusals that a retry may pass.
     pub fn retry_after(&self) -> Option<Duration> {
-        match self.code() {
-            Code::ResourceExhausted | Code::Unavailable => Some(RETRY_AFTER),
-            _ => None,
-        }
+        retry_after(self.code())
+    }
+}
+
+/// How long a caller refused with `code` should wait before retrying: [`RETRY_AFTER`] for
+/// refusals that a retry may pass (RESOURCE_EXHAUSTED, UNAVAILABLE), else none.
+pub fn retry_after(code: Code) -> Option<Duration> {
+    match code {
+        Code::ResourceExhausted | Code::Unavailable => Some(RETRY_AFTER),
+        _ => None,
     }
 }
 

@@ -53,13 +53,17 @@ pub struct InferRequest {
 pub struct InferResponse {
     /// The model.
     pub model: String,
-    /// The version that computed the first item (during a hot swap items of one request may be
-    /// computed by two versions: `versions` has each item's).
-    pub version: u32,
-    /// Each item's version.
+    /// Each item's version (during a hot swap items of one request may be computed by two).
     pub versions: Vec<u32>,
     /// One output per item, in item order.
     pub outputs: Vec<pb::ItemOutput>,
+}
+
+impl InferResponse {
+    /// The version that computed the first item: the one a response names.
+    pub fn version(&self) -> u32 {
+        self.versions.first().copied().unwrap_or(0)
+    }
 }
 
 /// A Serve stream's offer, as the Serve handler validated it.

@@ -375,45 +375,18 @@ pub struct RawSession {
 
 /// Opens a session with `hello` and waits for the welcome.
 pub async fn raw_session(address: &str, hello: pb::Hello) -> RawSession {
-    let ch = modelshare_worker::connect::channel(address)
-        .await
-        .expect("channel");
-    let mut worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(pb::SessionRequest {
-        kind: Some(pb::session_request::Kind::Hello(hello)),
-    })
-    .await
-    .expect("hello");
-    let mut events = worker
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("session")
-        .into_inner();
-    let welcome = match events
-        .message()
-        .await
-        .expect("welcome")
-        .and_then(|e| e.kind)
-    {
-        Some(pb::session_event::Kind::Welcome(w)) => w,
-        other => panic!("expected a welcome, got {other:?}"),
-    };
-    RawSession {
-        worker,
-        tx,
-        events,
-        welcome,
-    }
+    open_raw_session(address, hello, None).await
 }
 
 /// [`raw_session`] with a bearer token on the session call.
 pub async fn raw_session_with_token(address: &str, hello: pb::Hello, token: &str) -> RawSession {
+    open_raw_session(address, hello, Some(token)).await
+}
+
+async fn open_raw_session(address: &str, hello: pb::Hello, token: Option<&str>) -> RawSession {
     let ch = modelshare_worker::connect::channel(address)
         .await
         .expect("channel");
-    let token: tonic::metadata::MetadataValue<_> =
-        format!("Bearer {token}").parse().expect("header");
     let worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(ch);
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(pb::SessionRequest {
@@ -422,7 +395,10 @@ pub async fn raw_session_with_token(address: &str, hello: pb::Hello, token: &str
     .await
     .expect("hello");
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    request.metadata_mut().insert("authorization", token);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("header");
+        request.metadata_mut().insert("authorization", value);
+    }
     let mut events = worker
         .clone()
         .session(request)
