@@ -309,9 +309,14 @@ fn sharded(
     Ok(shards)
 }
 
+/// The sentence-transformers file naming the module directories of a model.
+const MODULES_FILE: &str = "modules.json";
+
 /// Reads the metadata files directly in directory `dir`: regular files (or symlinks to
 /// regular files under the root) named `*.json`, `*.txt`, `*.model` or `*.jinja`, except
-/// the index. Sizes are checked against the limits before anything is read.
+/// the index; and the same files one level down in the module directories that a
+/// sentence-transformers `modules.json` names (`1_Pooling/config.json`, ...), named with
+/// their directory. Sizes are checked against the limits before anything is read.
 fn metadata_files(
     root: &Path,
     dir: &Path,
@@ -320,6 +325,55 @@ fn metadata_files(
 ) -> Result<Vec<(String, Vec<u8>)>, WeightsError> {
     let mut found = Vec::new();
     let mut total: u64 = 0;
+    list_metadata_files(root, dir, "", source, limits, &mut found, &mut total)?;
+    let modules = found
+        .iter()
+        .find(|(name, _, _)| name == MODULES_FILE)
+        .map(|(_, _, path)| path.clone());
+    if let Some(modules) = modules {
+        for sub in module_dirs(&modules, &format!("{source}/{MODULES_FILE}"), limits)? {
+            let Some(path) = canonicalize_under(root, &dir.join(&sub), &format!("{source}/{sub}"))?
+            else {
+                continue; // a module without files of its own (Normalize)
+            };
+            if path.is_dir() {
+                let prefix = format!("{sub}/");
+                list_metadata_files(root, &path, &prefix, source, limits, &mut found, &mut total)?;
+            }
+        }
+    }
+    if total > limits.max_metadata_total_bytes {
+        return Err(WeightsError::limit(
+            source,
+            "total size of metadata files",
+            limits.max_metadata_total_bytes,
+            total,
+        ));
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+
+    let mut out = Vec::with_capacity(found.len());
+    let mut remaining = limits.max_metadata_total_bytes;
+    for (name, display, path) in found {
+        let limit = limits.max_metadata_file_bytes.min(remaining);
+        let bytes = read_bounded(&path, &display, limit, "metadata file size")?;
+        remaining = remaining.saturating_sub(u64::try_from(bytes.len()).unwrap_or(u64::MAX));
+        out.push((name, bytes));
+    }
+    Ok(out)
+}
+
+/// Adds to `found` (name, display, path) of each metadata file directly in `dir`, named
+/// `prefix` + file name, and their sizes to `total`.
+fn list_metadata_files(
+    root: &Path,
+    dir: &Path,
+    prefix: &str,
+    source: &str,
+    limits: &WeightLimits,
+    found: &mut Vec<(String, String, PathBuf)>,
+    total: &mut u64,
+) -> Result<(), WeightsError> {
     for entry in fs::read_dir(dir).map_err(|e| WeightsError::io(source, e))? {
         let entry = entry.map_err(|e| WeightsError::io(source, e))?;
         let Ok(name) = entry.file_name().into_string() else {
@@ -328,6 +382,7 @@ fn metadata_files(
         if name == INDEX_FILE || !METADATA_EXTENSIONS.iter().any(|ext| name.ends_with(ext)) {
             continue;
         }
+        let name = format!("{prefix}{name}");
         let display = format!("{source}/{name}");
         let file_type = entry
             .file_type()
@@ -354,26 +409,43 @@ fn metadata_files(
                 meta.len(),
             ));
         }
-        total = total.saturating_add(meta.len());
+        *total = total.saturating_add(meta.len());
         found.push((name, display, path));
     }
-    if total > limits.max_metadata_total_bytes {
-        return Err(WeightsError::limit(
-            source,
-            "total size of metadata files",
-            limits.max_metadata_total_bytes,
-            total,
-        ));
-    }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(())
+}
 
-    let mut out = Vec::with_capacity(found.len());
-    let mut remaining = limits.max_metadata_total_bytes;
-    for (name, display, path) in found {
-        let limit = limits.max_metadata_file_bytes.min(remaining);
-        let bytes = read_bounded(&path, &display, limit, "metadata file size")?;
-        remaining = remaining.saturating_sub(u64::try_from(bytes.len()).unwrap_or(u64::MAX));
-        out.push((name, bytes));
-    }
-    Ok(out)
+/// The module directories a sentence-transformers `modules.json` names: each entry's
+/// `path`, when it is one plain directory name (`1_Pooling`); the empty path (the
+/// transformer itself, at the top) and anything else are skipped. A file that is not
+/// such a list is the model's business, not the loader's: it yields no directories.
+fn module_dirs(
+    path: &Path,
+    display: &str,
+    limits: &WeightLimits,
+) -> Result<Vec<String>, WeightsError> {
+    let bytes = read_bounded(
+        path,
+        display,
+        limits.max_metadata_file_bytes,
+        "metadata file size",
+    )?;
+    let Ok(serde_json::Value::Array(modules)) = serde_json::from_slice::<serde_json::Value>(&bytes)
+    else {
+        return Ok(Vec::new());
+    };
+    let mut dirs: Vec<String> = modules
+        .iter()
+        .filter_map(|m| m.get("path")?.as_str())
+        .filter(|p| {
+            !p.is_empty()
+                && !p.starts_with('.')
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        })
+        .map(str::to_owned)
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    Ok(dirs)
 }

@@ -79,6 +79,16 @@ fn resolves_a_directory_with_metadata_files() {
     write(&dir.join("vocab.txt"), b"a\nb");
     write(&dir.join("README.md"), b"no");
     write(&dir.join("sub/nested.json"), b"no");
+    // sentence-transformers modules: files of the directories modules.json names come too.
+    write(
+        &dir.join("modules.json"),
+        br#"[{"path":""},{"path":"1_Pooling"},{"path":"2_Normalize"},{"path":"../m"},{"path":"sub/x"}]"#,
+    );
+    write(
+        &dir.join("1_Pooling/config.json"),
+        b"{\"pooling_mode_mean_tokens\":true}",
+    );
+    write(&dir.join("1_Pooling/notes.md"), b"no");
     std::fs::create_dir(dir.join("dir.json")).unwrap();
     write(&root.path().join("shared/gen.json"), b"{}");
     symlink(
@@ -97,14 +107,16 @@ fn resolves_a_directory_with_metadata_files() {
     assert_eq!(
         names,
         [
+            "1_Pooling/config.json",
             "chat_template.jinja",
             "config.json",
             "generation_config.json",
+            "modules.json",
             "tokenizer.model",
             "vocab.txt"
         ]
     );
-    assert_eq!(src.metadata_files[1].1, b"{\"a\":1}");
+    assert_eq!(src.metadata_files[2].1, b"{\"a\":1}");
 }
 
 /// A sharded model would not resolve, or shards would come in the wrong order.
