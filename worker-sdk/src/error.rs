@@ -87,6 +87,17 @@ pub enum WorkerError {
         /// Why the attach failed.
         reason: String,
     },
+    /// The worker cannot serve this model version (its setup refused it: an unsupported
+    /// architecture, a missing file, a tensor of the wrong shape).
+    #[error("cannot serve model '{model}' version {version}: {reason}")]
+    Unservable {
+        /// Model name.
+        model: String,
+        /// Version.
+        version: u32,
+        /// Why, naming the file, field or tensor.
+        reason: String,
+    },
 }
 
 impl WorkerError {
@@ -95,6 +106,32 @@ impl WorkerError {
         match self {
             WorkerError::Rpc { status, .. } => Some(status.code()),
             _ => None,
+        }
+    }
+
+    /// Whether trying again cannot help: a bad address or credentials, options, a protocol
+    /// or a model the worker refuses, or a refusal of the server that retrying cannot fix
+    /// (INVALID_ARGUMENT, PERMISSION_DENIED, UNIMPLEMENTED).
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            WorkerError::BadAddress { .. }
+            | WorkerError::Credentials { .. }
+            | WorkerError::BadServeOptions(_)
+            | WorkerError::WrongSession { .. }
+            | WorkerError::Protocol(_)
+            | WorkerError::Unservable { .. } => true,
+            WorkerError::Rpc { status, .. } => matches!(
+                status.code(),
+                tonic::Code::InvalidArgument
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::Unimplemented
+            ),
+            WorkerError::Connect { .. }
+            | WorkerError::Device { .. }
+            | WorkerError::NoSuchTensor { .. }
+            | WorkerError::WrongDtype { .. }
+            | WorkerError::SessionEnded
+            | WorkerError::ModelGone { .. } => false,
         }
     }
 }

@@ -17,6 +17,8 @@
 //! - `output`: the answers ([`Output`], [`OutputTensor`], [`Outcome`]) and their wire form.
 //! - `handler`: the [`Handler`] trait.
 //! - `stream`: one stream, from the offer to its end (credits, cancels, heartbeats, drain).
+//! - [`supervise`]: a worker's whole life ([`serve_latest`]: session, attach, serve, attach
+//!   the latest version again after a drain) and [`stop_on_signals`].
 //!
 //! Each depends only on those above it; this module uses them all and re-exports the
 //! public types.
@@ -26,6 +28,7 @@ mod handler;
 mod item;
 mod output;
 mod stream;
+pub mod supervise;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +44,7 @@ pub use item::{
     Accepts, Batch, Input, InputTensor, Item, Parameter, element_size, oip_datatype, tensor_spec,
 };
 pub use output::{Outcome, Output, OutputTensor};
+pub use supervise::{Target, serve_latest, stop_on_signals};
 
 use crate::link::{Link, SessionCore};
 use crate::{Model, Session, SessionEvent, WorkerError};

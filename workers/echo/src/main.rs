@@ -82,7 +82,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let stop = CancellationToken::new();
-        tokio::spawn(stop_on_signals(stop.clone()));
+        tokio::spawn(modelshare_worker::serve::stop_on_signals(stop.clone()));
         worker::run(config, stop).await
     });
     match result {
@@ -93,32 +93,6 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Cancels `stop` on the first SIGTERM or SIGINT (drain, then exit 0); exits at once on the
-/// second.
-async fn stop_on_signals(stop: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot listen for signals");
-        return;
-    };
-    for first in [true, false] {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        if first {
-            info!("signal: draining");
-            stop.cancel();
-        } else {
-            info!("second signal: exiting now");
-            std::process::exit(1);
         }
     }
 }

@@ -1,16 +1,15 @@
 //! The serving side of the echo worker: the [`Echo`] handler over the attached weights, the
-//! offer's options, and [`run`], the loop that attaches, serves, and after a server drain
-//! attaches the latest version and serves again, until the worker is stopped.
+//! offer's options, and [`run`], which serves the latest version until the worker is
+//! stopped (the SDK's [`serve_latest`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
-use modelshare_worker::serve::{Batch, ItemFailure, Outcome, ServeEnd, ServeOptions, tensor_spec};
-use modelshare_worker::{
-    CancellationToken, ConnectOptions, Handler, Model, Session, SessionOptions, WorkerError,
+use modelshare_worker::serve::{
+    Batch, ItemFailure, Outcome, ServeOptions, Target, serve_latest, tensor_spec,
 };
-use tracing::{info, warn};
+use modelshare_worker::{CancellationToken, ConnectOptions, Handler, Model, WorkerError};
 
 use crate::echo::{Weights, compute, sleep_ms};
 
@@ -30,11 +29,6 @@ pub struct Config {
     /// Most input bytes per batch.
     pub max_batch_bytes: u64,
 }
-
-/// First delay before trying again; doubles up to [`MAX_BACKOFF`].
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest delay between two tries.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The offer's options: both input kinds, and the tensors the echo computation reads and
 /// writes (`input_ids` INT64 `[-1]` and any other tensor, `input` FP32 `[-1]` standing for
@@ -124,108 +118,19 @@ impl Handler for Echo {
     }
 }
 
-/// Serves until `stop` is cancelled: opens the session, attaches the latest version, serves
-/// it; after a server drain, attaches the latest version again. Retries with backoff what
-/// may pass (the server away, the model not loaded yet); returns an error for what will not.
+/// Serves until `stop` is cancelled: see [`serve_latest`], with a fresh [`Echo`] handler per
+/// version attached.
 pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
     // A token file is read again at every connection; the settings themselves once.
-    let connect = ConnectOptions::from_env()?;
-    let Some(session) = retry(&stop, "open a session", || {
-        Session::open_with(
-            &config.server,
-            SessionOptions {
-                worker_name: config.name.clone(),
-                connect: connect.clone(),
-                ..SessionOptions::default()
-            },
-        )
-    })
-    .await?
-    else {
-        return Ok(());
+    let target = Target {
+        server: config.server.clone(),
+        model: config.model.clone(),
+        worker_name: config.name.clone(),
+        connect: ConnectOptions::from_env()?,
     };
-    info!(session = %session.id(), server = %config.server, "session open");
-    loop {
-        let Some(model) =
-            retry(&stop, "attach the model", || session.attach(&config.model)).await?
-        else {
-            return Ok(());
-        };
-        let model = Arc::new(model);
-        info!(model = %model.name(), version = model.version(), "attached");
-        let handler = Echo::new(model.clone());
-        match session
-            .serve(&model, serve_options(&config, stop.clone()), handler)
-            .await
-        {
-            Ok(ServeEnd::Stopped) => return Ok(()),
-            Ok(ServeEnd::Drained { reason }) => {
-                info!(%reason, "drained; attaching the latest version again");
-            }
-            Err(e) if fatal(&e) => return Err(e.into()),
-            Err(e) => {
-                warn!(error = %e, "serving ended; attaching again");
-                tokio::select! {
-                    () = tokio::time::sleep(MAX_BACKOFF) => {}
-                    () = stop.cancelled() => return Ok(()),
-                }
-            }
-        }
-    }
-}
-
-/// Errors that trying again cannot fix: a bad address or credentials, options or a protocol
-/// the server refuses.
-fn fatal(e: &WorkerError) -> bool {
-    match e {
-        WorkerError::BadAddress { .. }
-        | WorkerError::Credentials { .. }
-        | WorkerError::BadServeOptions(_)
-        | WorkerError::WrongSession { .. }
-        | WorkerError::Protocol(_) => true,
-        WorkerError::Rpc { status, .. } => matches!(
-            status.code(),
-            tonic::Code::InvalidArgument
-                | tonic::Code::PermissionDenied
-                | tonic::Code::Unimplemented
-        ),
-        WorkerError::Connect { .. }
-        | WorkerError::Device { .. }
-        | WorkerError::NoSuchTensor { .. }
-        | WorkerError::WrongDtype { .. }
-        | WorkerError::SessionEnded
-        | WorkerError::ModelGone { .. } => false,
-    }
-}
-
-/// Runs `attempt` until it succeeds (`Some`), `stop` is cancelled (`None`), or it fails with
-/// a fatal error.
-async fn retry<T, F, Fut>(
-    stop: &CancellationToken,
-    what: &str,
-    mut attempt: F,
-) -> anyhow::Result<Option<T>>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, WorkerError>>,
-{
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        let result = tokio::select! {
-            r = attempt() => r,
-            () = stop.cancelled() => return Ok(None),
-        };
-        match result {
-            Ok(v) => return Ok(Some(v)),
-            Err(e) if fatal(&e) => {
-                return Err(anyhow::Error::new(e).context(format!("cannot {what}")));
-            }
-            Err(e) => warn!(error = %e, "cannot {what}; retrying in {backoff:?}"),
-        }
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return Ok(None),
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
+    serve_latest(&target, stop.clone(), |model| {
+        Ok((serve_options(&config, stop.clone()), Echo::new(model)))
+    })
+    .await?;
+    Ok(())
 }
