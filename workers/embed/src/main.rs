@@ -1,0 +1,5 @@
+//! `modelshare-embed`
+#![forbid(unsafe_code)]
+mod spec;
+mod weights;
+fn main() {}
