@@ -1,5 +1,6 @@
 //! CUDA kernels for modelshare workers: CUDA C sources compiled at run time with NVRTC and
-//! cached, their launchers on raw device pointers, and CPU references of the same operations.
+//! cached, their launchers on raw device pointers, CPU references of the same operations,
+//! and the host matrix products of workers' CPU backend.
 //!
 //! # Layout
 //!
@@ -10,6 +11,8 @@
 //!   `~/.cache/modelshare/kernels`).
 //! - [`gemv`]: [`gemv()`](gemv::gemv), `y = W·x` with W in f32, f16 or bf16 and x, y in f32.
 //! - [`checksum`]: [`ms64()`](checksum::ms64), the ms64 of device bytes.
+//! - [`host_gemm`]: f32 matrix products on the host (the `gemm` crate, multithreaded) over
+//!   strided views of borrowed slices, for workers' CPU backend.
 //! - [`reference`](mod@reference): CPU references: `gemv_f32/f16/bf16` (f64 accumulation) and the fast
 //!   [`ms64`](reference::ms64) / [`ms64_parallel`](reference::ms64_parallel) the server's
 //!   loader puts in manifests.
@@ -54,6 +57,7 @@ pub mod checksum;
 pub mod compile;
 pub mod error;
 pub mod gemv;
+pub mod host_gemm;
 pub mod reference;
 pub mod sys;
 
