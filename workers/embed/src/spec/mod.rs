@@ -7,7 +7,7 @@ pub mod config;
 mod error;
 pub mod sentence;
 
-pub use config::{EncoderConfig, Family};
+pub use config::EncoderConfig;
 pub use error::SpecError;
 pub use sentence::{Pooling, SentenceConfig, parse_pooling};
 

@@ -1,0 +1,37 @@
+//! What a backend does: turn tokenized sequences into sentence vectors. The engine thread
+//! owns one [`Encoder`] and calls it with sequences sorted and grouped to fit its limits.
+
+use modelshare_kernels::KernelError;
+
+use crate::tokenize::Sequence;
+
+/// A backend's failure on a whole group of sequences.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// A kernel or matrix product refused its arguments or failed to launch.
+    #[error("{0}")]
+    Kernel(#[from] KernelError),
+    /// The device failed (a CUDA call, a copy).
+    #[error("device: {0}")]
+    Device(String),
+    /// The weights could not be read (the arena's view).
+    #[error("weights: {0}")]
+    Weights(String),
+}
+
+/// A forward pass of the encoder and its pooling.
+pub trait Encoder: Send {
+    /// Length of a sentence vector.
+    fn hidden(&self) -> usize;
+
+    /// Most tokens (sequences times their padded length) one call takes.
+    fn max_tokens(&self) -> usize;
+
+    /// Most sequences one call takes.
+    fn max_sequences(&self) -> usize;
+
+    /// The sentence vectors of `seqs`, row-major `[seqs.len(), hidden]`. The caller keeps
+    /// within [`max_tokens`](Encoder::max_tokens) and [`max_sequences`](Encoder::max_sequences)
+    /// and passes sequences of at least one token, ids inside the vocabulary.
+    fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError>;
+}

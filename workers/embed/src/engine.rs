@@ -1,0 +1,134 @@
+//! The compute thread: one OS thread owns the [`Encoder`] (and, for CUDA, its context,
+//! stream and buffers), so that no device work runs on the async runtime or under a lock.
+//! Handlers send it whole batches of sequences; it sorts them by length, cuts them into
+//! groups that fit the encoder's limits (padding only to each group's longest), runs them
+//! and answers in the caller's order.
+
+use std::sync::mpsc;
+use std::thread;
+
+use tokio::sync::oneshot;
+use tracing::error;
+
+use crate::encoder::{EncodeError, Encoder};
+use crate::tokenize::Sequence;
+
+struct Job {
+    seqs: Vec<Sequence>,
+    reply: oneshot::Sender<Result<Vec<f32>, EncodeError>>,
+}
+
+/// A handle on the compute thread; the thread ends when the last handle is dropped.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    jobs: mpsc::Sender<Job>,
+    hidden: usize,
+}
+
+impl Engine {
+    /// Starts the thread and builds the encoder on it with `make` (a CUDA encoder binds its
+    /// context to the thread that makes it). Returns once it is built, or its error.
+    pub fn start<F>(name: &str, make: F) -> Result<Self, EncodeError>
+    where
+        F: FnOnce() -> Result<Box<dyn Encoder>, EncodeError> + Send + 'static,
+    {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let mut encoder = match make() {
+                    Ok(e) => {
+                        let _ = ready_tx.send(Ok(e.hidden()));
+                        e
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Ok(job) = rx.recv() {
+                    let _ = job.reply.send(run(encoder.as_mut(), &job.seqs));
+                }
+            })
+            .map_err(|e| EncodeError::Device(format!("cannot start the compute thread: {e}")))?;
+        let hidden = ready_rx
+            .recv()
+            .map_err(|_| EncodeError::Device("the compute thread ended while starting".into()))??;
+        Ok(Self { jobs, hidden })
+    }
+
+    /// Length of a sentence vector.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The sentence vectors of `seqs`, `[seqs.len(), hidden]` row-major, in their order.
+    pub async fn encode(&self, seqs: Vec<Sequence>) -> Result<Vec<f32>, EncodeError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job { seqs, reply })
+            .map_err(|_| EncodeError::Device("the compute thread has ended".into()))?;
+        answer.await.unwrap_or_else(|_| {
+            error!("the compute thread dropped a job");
+            Err(EncodeError::Device("the compute thread has ended".into()))
+        })
+    }
+}
+
+/// Runs one job: groups by length, encodes each group, puts rows back in order.
+fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeError> {
+    let hidden = encoder.hidden();
+    let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
+    let mut out = vec![0.0f32; seqs.len() * hidden];
+    for group in plan(&lengths, encoder.max_tokens(), encoder.max_sequences()) {
+        let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
+        let vectors = encoder.encode(&members)?;
+        for (row, &i) in vectors.chunks_exact(hidden).zip(&group) {
+            out[i * hidden..(i + 1) * hidden].copy_from_slice(row);
+        }
+    }
+    Ok(out)
+}
+
+/// Groups of sequence indices, longest first, each with at most `max_sequences` members
+/// and `members × longest ≤ max_tokens` (a sequence longer than `max_tokens` alone).
+pub fn plan(lengths: &[usize], max_tokens: usize, max_sequences: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in order {
+        match groups.last_mut() {
+            // Sorted longest first: the group's first member is its longest.
+            Some(g)
+                if g.len() < max_sequences.max(1)
+                    && (g.len() + 1) * lengths[g[0]] <= max_tokens =>
+            {
+                g.push(i)
+            }
+            _ => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Groups would exceed the encoder's limits, lose a sequence, or pad short ones to long.
+    #[test]
+    fn plans_groups_within_limits_longest_first() {
+        let lengths = [3, 10, 2, 10, 7, 1, 30];
+        let groups = plan(&lengths, 24, 3);
+        assert_eq!(groups, vec![vec![6], vec![1, 3], vec![4, 0, 2], vec![5]]);
+        let mut all: Vec<usize> = groups.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..lengths.len()).collect::<Vec<_>>());
+        for g in &groups {
+            assert!(g.len() <= 3);
+            assert!(g.len() == 1 || g.len() * lengths[g[0]] <= 24);
+        }
+        assert!(plan(&[], 10, 10).is_empty());
+    }
+}

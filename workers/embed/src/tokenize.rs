@@ -1,0 +1,186 @@
+//! Texts to token ids with the model's own `tokenizer.json` (the Hugging Face `tokenizers`
+//! crate), as sentence-transformers does it: the tokenizer file's own padding and truncation
+//! settings are replaced by the model spec's (no padding here: a batch is padded to its
+//! longest sequence later; truncation to `max_seq_len` tokens, special tokens included,
+//! longest-first from the right), texts lowercased first when the spec says so.
+
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+
+use crate::spec::{ModelSpec, SpecError, TOKENIZER_FILE};
+
+/// One tokenized input: ids and token types, special tokens included.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sequence {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Token type ids (all 0 for one sentence).
+    pub type_ids: Vec<u32>,
+}
+
+impl Sequence {
+    /// Tokens, special tokens included.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// Why one input could not be tokenized.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizeError {
+    /// Longer than the model takes, and the request asked not to truncate.
+    #[error(
+        "the input has {tokens} tokens, more than the model's limit of {limit}; send a shorter input or allow truncation"
+    )]
+    TooLong {
+        /// Its length in tokens.
+        tokens: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A token id past the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadTokenId {
+        /// The id.
+        id: i64,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// The tokenizer failed.
+    #[error("cannot tokenize the input: {0}")]
+    Tokenizer(String),
+    /// An input that is neither text nor token ids.
+    #[error("{0}")]
+    BadInput(String),
+}
+
+/// The model's tokenizer, configured by the spec.
+#[derive(Debug)]
+pub struct TextEncoder {
+    /// Truncates to `max_len`.
+    truncating: Tokenizer,
+    /// Does not truncate, for inputs that must not be.
+    whole: Tokenizer,
+    max_len: usize,
+    lower_case: bool,
+    vocab: usize,
+}
+
+impl TextEncoder {
+    /// Builds the tokenizer from `tokenizer.json`'s bytes.
+    pub fn new(json: &[u8], spec: &ModelSpec) -> Result<Self, SpecError> {
+        let load = || -> Result<Tokenizer, SpecError> {
+            let mut t = Tokenizer::from_bytes(json)
+                .map_err(|e| SpecError::new(TOKENIZER_FILE, format!("cannot be read: {e}")))?;
+            t.with_padding(None);
+            t.with_truncation(None).map_err(|e| {
+                SpecError::new(TOKENIZER_FILE, format!("cannot be configured: {e}"))
+            })?;
+            Ok(t)
+        };
+        let mut truncating = load()?;
+        truncating
+            .with_truncation(Some(TruncationParams {
+                max_length: spec.max_seq_len,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+                direction: TruncationDirection::Right,
+            }))
+            .map_err(|e| {
+                SpecError::new(
+                    TOKENIZER_FILE,
+                    format!("cannot truncate to {} tokens: {e}", spec.max_seq_len),
+                )
+            })?;
+        let vocab = spec.encoder.vocab;
+        let size = truncating.get_vocab_size(true);
+        if size > vocab {
+            return Err(SpecError::new(
+                TOKENIZER_FILE,
+                format!("has {size} tokens, more than config.json's vocab_size {vocab}"),
+            ));
+        }
+        Ok(Self {
+            truncating,
+            whole: load()?,
+            max_len: spec.max_seq_len,
+            lower_case: spec.lower_case,
+            vocab,
+        })
+    }
+
+    /// Tokenizes `texts`; an input whose `truncate` is false and that is too long fails alone.
+    pub fn encode(&self, texts: &[(&str, bool)]) -> Vec<Result<Sequence, TokenizeError>> {
+        let lowered: Vec<String>;
+        let texts: Vec<(&str, bool)> = if self.lower_case {
+            lowered = texts.iter().map(|(t, _)| t.to_lowercase()).collect();
+            lowered
+                .iter()
+                .zip(texts)
+                .map(|(l, (_, tr))| (l.as_str(), *tr))
+                .collect()
+        } else {
+            texts.to_vec()
+        };
+        let mut out: Vec<Option<Result<Sequence, TokenizeError>>> = vec![None; texts.len()];
+        for (tokenizer, truncate) in [(&self.truncating, true), (&self.whole, false)] {
+            let (idx, inputs): (Vec<usize>, Vec<&str>) = texts
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, tr))| *tr == truncate)
+                .map(|(i, (t, _))| (i, *t))
+                .unzip();
+            if inputs.is_empty() {
+                continue;
+            }
+            let encoded = match tokenizer.encode_batch_fast(inputs.clone(), true) {
+                Ok(all) => all.into_iter().map(Ok).collect(),
+                // One bad input fails the whole call: find it alone.
+                Err(_) => inputs
+                    .iter()
+                    .map(|t| tokenizer.encode_fast(*t, true))
+                    .collect::<Vec<_>>(),
+            };
+            for (i, e) in idx.into_iter().zip(encoded) {
+                out[i] = Some(match e {
+                    Err(e) => Err(TokenizeError::Tokenizer(e.to_string())),
+                    Ok(e) if e.len() > self.max_len => Err(TokenizeError::TooLong {
+                        tokens: e.len(),
+                        limit: self.max_len,
+                    }),
+                    Ok(e) => Ok(Sequence {
+                        ids: e.get_ids().to_vec(),
+                        type_ids: e.get_type_ids().to_vec(),
+                    }),
+                });
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(TokenizeError::Tokenizer("not encoded".into()))))
+            .collect()
+    }
+
+    /// Token ids given by the caller, taken as they are (special tokens included if the
+    /// caller wants them), truncated to the limit unless `truncate` is false.
+    pub fn ids(&self, ids: &[i64], truncate: bool) -> Result<Sequence, TokenizeError> {
+        if let Some(&id) = ids
+            .iter()
+            .find(|&&id| id < 0 || id as u64 >= self.vocab as u64)
+        {
+            return Err(TokenizeError::BadTokenId {
+                id,
+                vocab: self.vocab,
+            });
+        }
+        if ids.len() > self.max_len && !truncate {
+            return Err(TokenizeError::TooLong {
+                tokens: ids.len(),
+                limit: self.max_len,
+            });
+        }
+        let ids: Vec<u32> = ids.iter().take(self.max_len).map(|&id| id as u32).collect();
+        Ok(Sequence {
+            type_ids: vec![0; ids.len()],
+            ids,
+        })
+    }
+}

@@ -1,0 +1,115 @@
+//! Serving a model: for each version attached, read its spec and tokenizer from its files,
+//! find its tensors, start the compute thread with the backend its arena calls for (CUDA
+//! for an arena in device memory, the CPU for one in host memory), and offer it.
+
+use std::sync::Arc;
+
+use modelshare_proto::v1 as pb;
+use modelshare_worker::serve::{ServeOptions, tensor_spec};
+use modelshare_worker::{Model, Tensor, WorkerError};
+use tracing::info;
+
+use crate::cpu::CpuEncoder;
+use crate::encoder::Encoder;
+use crate::engine::Engine;
+use crate::handler::{Embedder, INPUT_IDS, OUTPUT};
+use crate::spec::{ModelSpec, Overrides, SpecError, TOKENIZER_FILE};
+use crate::tokenize::TextEncoder;
+use crate::weights::{EncoderWeights, Found};
+
+/// How the worker serves.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Batches taken at once.
+    pub credits: u32,
+    /// Most items in one batch.
+    pub max_batch_items: u32,
+    /// Most input bytes in one batch.
+    pub max_batch_bytes: u64,
+    /// Most tokens (sequences × padded length) in one forward pass.
+    pub max_batch_tokens: usize,
+    /// The operator's settings over the model's files.
+    pub overrides: Overrides,
+}
+
+/// The handler and options for one attached version.
+pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedder), WorkerError> {
+    let unservable = |reason: String| WorkerError::Unservable {
+        model: model.name().to_owned(),
+        version: model.version(),
+        reason,
+    };
+    let file = |name: &str| model.metadata(name);
+    let spec =
+        Arc::new(ModelSpec::read(&file, &config.overrides).map_err(|e| unservable(e.to_string()))?);
+    let tokenizer = file(TOKENIZER_FILE)
+        .ok_or_else(|| unservable(SpecError::new(TOKENIZER_FILE, "is missing").to_string()))?;
+    let text =
+        Arc::new(TextEncoder::new(&tokenizer, &spec).map_err(|e| unservable(e.to_string()))?);
+    let weights = EncoderWeights::find(&spec.encoder, &|name| found(&model, name))
+        .map_err(|e| unservable(e.to_string()))?;
+    let on_device = model.view().is_on_device();
+    info!(
+        model = %model.name(),
+        version = model.version(),
+        backend = if on_device { "cuda" } else { "cpu" },
+        dtype = weights.dtype.name(),
+        layers = spec.encoder.layers,
+        hidden = spec.encoder.hidden,
+        max_seq_len = spec.max_seq_len,
+        pooling = ?spec.pooling,
+        normalize = spec.normalize,
+        "model read"
+    );
+    let max_tokens = config.max_batch_tokens.max(spec.max_seq_len);
+    let max_sequences = config.max_batch_items.max(1) as usize;
+    let engine_spec = spec.clone();
+    let engine = tokio::task::block_in_place(|| {
+        Engine::start("embed-compute", move || {
+            let encoder: Box<dyn Encoder> = if on_device {
+                crate::cuda::encoder(engine_spec, &weights, max_tokens, max_sequences)?
+            } else {
+                Box::new(CpuEncoder::new(
+                    engine_spec,
+                    &weights,
+                    max_tokens,
+                    max_sequences,
+                )?)
+            };
+            Ok(encoder)
+        })
+    })
+    .map_err(|e| unservable(e.to_string()))?;
+    let options = ServeOptions {
+        credits: config.credits,
+        max_batch_items: config.max_batch_items,
+        max_batch_bytes: config.max_batch_bytes,
+        inputs: vec![
+            tensor_spec("text", pb::DType::DtypeBytes, &[-1]),
+            tensor_spec(INPUT_IDS, pb::DType::DtypeI64, &[-1]),
+        ],
+        outputs: vec![tensor_spec(
+            OUTPUT,
+            pb::DType::DtypeF32,
+            &[spec.encoder.hidden as i64],
+        )],
+        ..ServeOptions::default()
+    };
+    Ok((options, Embedder::new(text, engine, model)))
+}
+
+/// A tensor of the model as the weight finder sees it.
+fn found(model: &Model, name: &str) -> Option<Found<Tensor>> {
+    let t = model.tensor(name).ok()?;
+    let dtype = match t.dtype() {
+        pb::DType::DtypeF32 => Some(modelshare_kernels::WeightDtype::F32),
+        pb::DType::DtypeF16 => Some(modelshare_kernels::WeightDtype::F16),
+        pb::DType::DtypeBf16 => Some(modelshare_kernels::WeightDtype::BF16),
+        _ => None,
+    };
+    Some(Found {
+        dtype,
+        shape: t.shape().to_vec(),
+        handle: t,
+    })
+}
