@@ -184,3 +184,113 @@ impl TextEncoder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{EncoderConfig, Pooling};
+
+    /// A BERT-style tokenizer.json: lowercasing normalizer, WordPiece over a tiny vocabulary,
+    /// `[CLS] $A [SEP]`, and its own fixed padding and truncation (which must be ignored).
+    const TOKENIZER: &str = r###"{
+      "version": "1.0",
+      "truncation": {"direction": "Right", "max_length": 3, "strategy": "LongestFirst", "stride": 0},
+      "padding": {"strategy": {"Fixed": 12}, "direction": "Right", "pad_to_multiple_of": null,
+                  "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"},
+      "added_tokens": [],
+      "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                     "strip_accents": null, "lowercase": true},
+      "pre_tokenizer": {"type": "BertPreTokenizer"},
+      "post_processor": {"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+        "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                           "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+      "decoder": null,
+      "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                "max_input_chars_per_word": 100,
+                "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5,
+                          "日": 6, "本": 7, "##s": 8, "!": 9}}
+    }"###;
+
+    fn encoder(max_seq_len: usize, lower_case: bool) -> TextEncoder {
+        let config = r#"{"hidden_size":8,"intermediate_size":16,"max_position_embeddings":64,
+            "model_type":"bert","num_attention_heads":2,"num_hidden_layers":1,"vocab_size":12}"#;
+        let spec = ModelSpec {
+            encoder: EncoderConfig::parse(config.as_bytes()).expect("config"),
+            pooling: Pooling::Mean,
+            normalize: false,
+            max_seq_len,
+            lower_case,
+        };
+        TextEncoder::new(TOKENIZER.as_bytes(), &spec).expect("tokenizer")
+    }
+
+    /// Tokenization would keep the file's fixed padding or its 3-token truncation, drop the
+    /// special tokens, or fail on empty strings and other scripts.
+    #[test]
+    fn tokenizes_as_the_spec_says_not_as_the_file_does() {
+        let t = encoder(6, false);
+        let out = t.encode(&[("Hello WORLD!", true), ("", true), ("日本 worlds", true)]);
+        let ids: Vec<Vec<u32>> = out.into_iter().map(|r| r.expect("ok").ids).collect();
+        assert_eq!(ids[0], [2, 4, 5, 9, 3]);
+        assert_eq!(ids[1], [2, 3]);
+        assert_eq!(ids[2], [2, 6, 7, 5, 8, 3]);
+        // Truncation to 6 tokens keeps [CLS] ... [SEP].
+        let long = t.encode(&[("hello world hello world hello world", true)]);
+        assert_eq!(long[0].as_ref().expect("ok").ids, [2, 4, 5, 4, 5, 3]);
+    }
+
+    /// An input the request asked not to truncate would be cut silently, or fail the batch.
+    #[test]
+    fn untruncated_inputs_fail_alone() {
+        let t = encoder(4, false);
+        let out = t.encode(&[
+            ("hello world hello", false),
+            ("hello", false),
+            ("hello world hello", true),
+        ]);
+        assert_eq!(
+            out[0],
+            Err(TokenizeError::TooLong {
+                tokens: 5,
+                limit: 4
+            })
+        );
+        assert_eq!(out[1].as_ref().expect("short").ids, [2, 4, 3]);
+        assert_eq!(out[2].as_ref().expect("truncated").ids, [2, 4, 5, 3]);
+        assert!(
+            out[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("limit of 4")
+        );
+    }
+
+    /// Token ids from the caller would be taken past the vocabulary or the limit.
+    #[test]
+    fn token_ids_are_checked_and_truncated() {
+        let t = encoder(4, false);
+        assert_eq!(t.ids(&[2, 4, 3], true).expect("ok").ids, [2, 4, 3]);
+        assert_eq!(
+            t.ids(&[2, 4, 4, 4, 4, 3], true).expect("cut").ids,
+            [2, 4, 4, 4]
+        );
+        assert!(matches!(
+            t.ids(&[2, 4, 4, 4, 4], false),
+            Err(TokenizeError::TooLong { .. })
+        ));
+        assert_eq!(
+            t.ids(&[2, 12], true),
+            Err(TokenizeError::BadTokenId { id: 12, vocab: 12 })
+        );
+        assert_eq!(
+            t.ids(&[-1], true),
+            Err(TokenizeError::BadTokenId { id: -1, vocab: 12 })
+        );
+    }
+}
