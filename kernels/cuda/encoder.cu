@@ -16,8 +16,9 @@
 // Row kernels (LayerNorms, softmax) keep the row in registers: thread x of row
 // y holds chunks x, x + blockDim.x, ... (at most 16 elements), so each element
 // is read and written by the same thread and a row may be normalized in place.
-// Block (blockDim.x, blockDim.y): blockDim.x threads (a multiple of 32) per row,
-// blockDim.y rows per block; row = blockIdx.x * blockDim.y + threadIdx.y.
+// Block (blockDim.x, blockDim.y): blockDim.x threads per row (a power of two
+// below 32 for short rows, so a warp holds several rows, else a multiple of
+// 32), blockDim.y rows per block; row = blockIdx.x * blockDim.y + threadIdx.y.
 // Element-wise kernels stride over chunks with 64-bit indices.
 
 #define MS_FULL_MASK 0xffffffffu
@@ -141,35 +142,33 @@ __device__ __forceinline__ void ms_st(typename E::T* p, const float (&v)[W]) {
 
 // --- reductions ------------------------------------------------------------
 
-__device__ __forceinline__ float ms_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(MS_FULL_MASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float ms_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(MS_FULL_MASK, v, o));
-    return v;
-}
-
 // The sum (or max) of v over the blockDim.x threads of this thread's row,
 // returned to all of them. Every thread of the block must call it (it may
-// hold __syncthreads); blockDim.x is a multiple of 32, blockDim.x * blockDim.y
-// at most 512.
+// hold __syncthreads). blockDim.x is a power of two below 32 (a row is a
+// group of lanes within a warp; xor shuffles stay inside the group) or a
+// multiple of 32; blockDim.x * blockDim.y is a multiple of 32, at most 1024.
 template <bool MAX>
 __device__ __forceinline__ float ms_row_reduce(float v) {
     __shared__ float partial[32];
-    v = MAX ? ms_warp_max(v) : ms_warp_sum(v);
+    const int width = blockDim.x < 32 ? (int)blockDim.x : 32;
+    for (int o = width >> 1; o > 0; o >>= 1) {
+        const float t = __shfl_xor_sync(MS_FULL_MASK, v, o);
+        v = MAX ? fmaxf(v, t) : v + t;
+    }
     const int warps = blockDim.x >> 5;
-    if (warps == 1) return v;
+    if (warps <= 1) return v;
     const int lane = threadIdx.x & 31;
     const int base = threadIdx.y * warps;
     __syncthreads();  // the previous call's readers are done with `partial`
     if (lane == 0) partial[base + (threadIdx.x >> 5)] = v;
     __syncthreads();
     float t = lane < warps ? partial[base + lane] : (MAX ? MS_NEG_INF : 0.0f);
-    return MAX ? ms_warp_max(t) : ms_warp_sum(t);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(MS_FULL_MASK, t, o);
+        t = MAX ? fmaxf(t, u) : t + u;
+    }
+    return t;
 }
 
 // --- LayerNorm over a row held in registers ---------------------------------
@@ -558,7 +557,7 @@ __device__ __forceinline__ void ms_pool(const typename E::T* __restrict__ x,
     }
 
 #define MS_POOL(NAME, E)                                                                           \
-    extern "C" __global__ void __launch_bounds__(512) NAME(const E::T* x, const int* lengths,   \
+    extern "C" __global__ void __launch_bounds__(1024) NAME(const E::T* x, const int* lengths,   \
                                                             float* out, int seq, int hidden,       \
                                                             int mode, int normalize) {             \
         ms_pool<E>(x, lengths, out, seq, hidden, mode, normalize);                                 \

@@ -12,7 +12,15 @@
 //! enough is the caller's promise, hence `unsafe`.
 //!
 //! Row kernels (the LayerNorms and the softmax) hold a row in registers, at most
-//! [`MAX_ROW_LEN`] elements; other sizes are limited only by 64-bit sizes and `i32` widths.
+//! [`MAX_ROW_LEN`] elements (short rows share a warp); other sizes are limited only by
+//! 64-bit sizes and `i32` widths.
+//!
+//! Measured on an H100 (`examples/encoder_check.rs`, a BERT-large layer in f16, batch 128,
+//! seq 64, against the device's ~3.0 TB/s copy): LayerNorms, head split/merge and
+//! bias_gelu move 2.6-2.75 TB/s, the masked softmax 2.2 TB/s, pooling 1.6 TB/s. The whole
+//! layer takes 514 µs (405 TFLOP/s): cuBLAS's linears run at 590-750 TFLOP/s, attention's
+//! 64×64 batched products at 45-56, and bias_gelu (51 µs) and split_heads (37 µs) are the
+//! largest non-matmul steps (fusing them into the products' epilogues would save most).
 
 use std::sync::Arc;
 
@@ -30,8 +38,8 @@ const ROW_ELEMS: usize = 16;
 const ROW_MAX_THREADS: usize = 512;
 /// Threads per block of the element-wise kernels.
 const FLAT_THREADS: u32 = 256;
-/// Threads per block of the pooling kernel, at most.
-const POOL_THREADS: usize = 256;
+/// Threads per block of the pooling kernel, at most (a column each, for hidden ≤ 1024).
+const POOL_THREADS: usize = 1024;
 /// Element-wise grids stop at this many blocks per multiprocessor (they stride).
 const FLAT_BLOCKS_PER_SM: u64 = 32;
 
@@ -337,9 +345,16 @@ fn row_plan(
     }
     let chunks = len / width;
     let per_thread = ROW_ELEMS / width;
-    let threads = chunks.div_ceil(per_thread).next_multiple_of(32).max(32);
+    let needed = chunks.div_ceil(per_thread).max(1);
+    // Short rows: a power-of-two group of lanes each, several rows per warp (the kernels'
+    // reductions shuffle within the group); long rows: whole warps.
+    let threads = if needed < 32 {
+        needed.next_power_of_two()
+    } else {
+        needed.next_multiple_of(32)
+    };
     debug_assert!(threads <= ROW_MAX_THREADS);
-    // Short rows: several per block (a warp each), so blocks are not tiny.
+    // Blocks of at least 128 threads, whatever the row length.
     let rows_per_block = (128 / threads).max(1);
     let blocks = rows.div_ceil(rows_per_block as u64);
     let blocks = u32::try_from(blocks)
@@ -994,8 +1009,11 @@ mod tests {
     #[test]
     fn row_plans_cover_the_row() {
         for (len, width, threads, rows_per_block) in [
-            (1, 1, 32, 4),
-            (100, 1, 32, 4),
+            (1, 1, 1, 128),
+            (8, 8, 1, 128),
+            (64, 8, 4, 32),
+            (100, 1, 8, 16),
+            (500, 1, 32, 4),
             (384, 8, 32, 4),
             (384, 4, 32, 4),
             (384, 1, 32, 4),
@@ -1011,6 +1029,7 @@ mod tests {
             assert_eq!(p.block, (threads, rows_per_block, 1), "{len}/{width}");
             assert!(p.block.0 as usize * ROW_ELEMS >= len, "{len}");
             assert!(p.block.0 * p.block.1 <= ROW_MAX_THREADS as u32);
+            assert_eq!((p.block.0 * p.block.1) % 32, 0, "whole warps");
             assert_eq!(p.grid.0 as u64, 10u64.div_ceil(u64::from(rows_per_block)));
         }
         assert!(row_plan("k", 1, 0, 1).is_err());
@@ -1301,6 +1320,10 @@ mod tests {
             |x, lengths, out, batch| plan_pool(WeightDtype::F32, x, lengths, out, batch, 16, 100);
         let p = pool(A, B, C, 3).expect("plan").expect("some");
         assert_eq!((p.kernel, p.grid.0, p.block.0), ("ms_pool_f32", 3, 128));
+        let wide = plan_pool(WeightDtype::F16, A, B, C, 3, 16, 4096)
+            .expect("plan")
+            .expect("some");
+        assert_eq!(wide.block.0, 1024);
         assert!(pool(A, B, C + 2, 3).is_err());
         assert!(pool(A, B, A + 4, 3).is_err());
         assert_eq!(pool(A, B, C, 0).expect("plan"), None);
