@@ -38,6 +38,12 @@ pub const GEMV_SOURCE: KernelSource = KernelSource {
     code: include_str!("../cuda/gemv.cu"),
 };
 
+/// `cuda/encoder.cu`: the encoder's element-wise and row-wise kernels, see [`crate::encoder`].
+pub const ENCODER_SOURCE: KernelSource = KernelSource {
+    name: "encoder.cu",
+    code: include_str!("../cuda/encoder.cu"),
+};
+
 /// `device/cuda/checksum.cu` (defined with ms64 in `modelshare_device::checksum`): the ms64
 /// kernel, see [`crate::checksum`].
 pub const CHECKSUM_SOURCE: KernelSource = KernelSource {
@@ -581,7 +587,7 @@ mod tests {
             eprintln!("skipped: NVRTC not found");
             return;
         }
-        for source in [GEMV_SOURCE, CHECKSUM_SOURCE] {
+        for source in [GEMV_SOURCE, CHECKSUM_SOURCE, ENCODER_SOURCE] {
             let ptx = compile_ptx(&source, &compile_options(9, 0))
                 .unwrap_or_else(|e| panic!("{}: {e}", source.name));
             assert!(ptx.contains(".target sm_90"), "{}", source.name);
@@ -595,6 +601,12 @@ mod tests {
             "ms_gemv_bf16_block",
         ] {
             assert!(GEMV_SOURCE.code.contains(name), "{name}");
+        }
+        // Older architectures too (sm_75 is the oldest CUDA 13's NVRTC takes): the encoder
+        // kernels use nothing newer.
+        let ptx = compile_ptx(&ENCODER_SOURCE, &compile_options(7, 5)).expect("encoder.cu");
+        for name in crate::encoder::kernel_names() {
+            assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
         }
         let broken = KernelSource {
             name: "broken.cu",

@@ -1,11 +1,12 @@
 //! The crate's one error type.
 
+use cudarc::cublas::result::CublasError;
 use cudarc::driver::DriverError;
 
 /// What can go wrong compiling, loading or launching a kernel.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    /// A CUDA shared library (the driver or NVRTC) could not be loaded.
+    /// A CUDA shared library (the driver, NVRTC or cuBLAS) could not be loaded.
     #[error("the CUDA library '{library}' could not be loaded: {hint}")]
     LibraryMissing {
         /// The library looked for, e.g. `libnvrtc.so`.
@@ -24,6 +25,15 @@ pub enum KernelError {
     /// A CUDA driver call failed.
     #[error("cuda driver call failed: {0}")]
     Driver(#[from] DriverError),
+    /// A cuBLAS call failed; `call` names it, e.g. `cublasGemmEx`.
+    #[error("cublas call {call} failed: {status}")]
+    Cublas {
+        /// The cuBLAS function.
+        call: &'static str,
+        /// Its status.
+        #[source]
+        status: CublasError,
+    },
     /// A launcher was given sizes or pointers it cannot use.
     #[error("bad argument: {what}")]
     BadArgument {

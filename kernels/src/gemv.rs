@@ -190,7 +190,8 @@ pub(crate) fn check_range(what: &str, ptr: u64, bytes: u64, align: u64) -> Resul
     Ok(())
 }
 
-fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+/// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte.
+pub(crate) fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
 

@@ -1,11 +1,20 @@
-//! CPU references of the device kernels: `gemv` in three weight types and the ms64
-//! checksum (which is also what the server's loader puts in the manifest).
+//! CPU references of the device kernels: `gemv` in three weight types, the ms64
+//! checksum (which is also what the server's loader puts in the manifest), and the encoder's
+//! pieces (in [`encoder`](mod@encoder), re-exported here).
 //!
 //! The gemv references accumulate in f64 and round once to f32; they are the yardstick
 //! the GPU results are measured against, not fast paths. [`ms64`] and [`ms64_parallel`]
 //! are fast: they run over every byte a server loads.
 
 use half::{bf16, f16};
+
+pub mod encoder;
+
+pub use encoder::{
+    batched_matmul, bias_gelu, bias_residual_layer_norm, bias_residual_layer_norm_in_place,
+    embed_layer_norm, gelu, layer_norm_row, layer_norm_rows, linear, masked_softmax, merge_heads,
+    pool, split_heads,
+};
 
 pub use modelshare_device::checksum::{
     MS64_INDEX_MUL, MS64_LEN_MUL, ms64, ms64_parallel, splitmix64,

@@ -43,6 +43,23 @@ pub fn nvrtc_available() -> Result<(), KernelError> {
     }
 }
 
+/// `Ok` if cuBLAS (`libcublas.so`) can be loaded; [`crate::blas::Blas::new`] asks this
+/// first (cudarc panics on the first cuBLAS call when the library is missing).
+pub fn cublas_available() -> Result<(), KernelError> {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: as in `driver_available`: a dlopen probe that calls nothing in the library.
+    let present = *PRESENT.get_or_init(|| unsafe { cudarc::cublas::sys::is_culib_present() });
+    if present {
+        Ok(())
+    } else {
+        Err(missing(
+            "cublas",
+            "install the CUDA toolkit's cuBLAS (libcublas and libcublasLt) and set \
+             LD_LIBRARY_PATH to the directory holding it (e.g. /usr/local/cuda/lib64)",
+        ))
+    }
+}
+
 fn missing(name: &str, hint: &str) -> KernelError {
     let candidates = cudarc::get_lib_name_candidates(name);
     let library = candidates
@@ -65,6 +82,7 @@ mod tests {
         for (check, name) in [
             (driver_available as fn() -> Result<(), KernelError>, "cuda"),
             (nvrtc_available, "nvrtc"),
+            (cublas_available, "cublas"),
         ] {
             match check() {
                 Ok(()) => {}

@@ -1,0 +1,583 @@
+// encoder.cu: the element-wise and row-wise pieces of a BERT encoder forward
+// pass (the matrix products are cuBLAS, kernels/src/blas.rs): embeddings +
+// LayerNorm, bias + GELU, bias + residual + LayerNorm, head split and merge,
+// masked softmax, pooling.
+//
+// Compiled at run time by NVRTC (kernels/src/compile.rs); it includes no header,
+// so half and bfloat16 are raw 16-bit words converted with PTX cvt (f16) or bit
+// operations (bf16). Activations and weights share one element type; all math
+// is f32, rounded once (to nearest even) on store. Launched by
+// kernels/src/encoder.rs, which checks sizes and pointers and picks, for each
+// operation, one of two widths:
+//   *_v: 16-byte loads and stores (4 f32 or 8 f16/bf16 per chunk), when every
+//     pointer is 16-byte aligned and the rows (or heads) are whole chunks;
+//   *_s: one element per chunk, any alignment.
+//
+// Row kernels (LayerNorms, softmax) keep the row in registers: thread x of row
+// y holds chunks x, x + blockDim.x, ... (at most 16 elements), so each element
+// is read and written by the same thread and a row may be normalized in place.
+// Block (blockDim.x, blockDim.y): blockDim.x threads per row (a power of two
+// below 32 for short rows, so a warp holds several rows, else a multiple of
+// 32), blockDim.y rows per block; row = blockIdx.x * blockDim.y + threadIdx.y.
+// Element-wise kernels stride over chunks with 64-bit indices.
+
+#define MS_FULL_MASK 0xffffffffu
+// Elements of a row one thread holds in registers (the launcher sizes blocks so).
+#define MS_ROW_ELEMS 16
+// No header, so no INFINITY: the bits of -inf.
+#define MS_NEG_INF __uint_as_float(0xff800000u)
+
+typedef unsigned long long ms_u64;
+
+// --- element types ---------------------------------------------------------
+
+__device__ __forceinline__ float ms_f16_to_f32(unsigned short v) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(v));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short ms_f32_to_f16(float f) {
+    unsigned short h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// A bf16 is the high half of an f32.
+__device__ __forceinline__ float ms_bf16_to_f32(unsigned short v) {
+    return __uint_as_float(((unsigned int)v) << 16);
+}
+
+// Round to nearest even (as the `half` crate's bf16::from_f32); NaN stays NaN.
+__device__ __forceinline__ unsigned short ms_f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// Element types: VEC elements per 16-byte chunk, scalar load and store, and
+// the unpacking / packing of one 16-byte chunk.
+struct MsF32 {
+    typedef float T;
+    enum { VEC = 4 };
+    static __device__ __forceinline__ float ld(const float* p) { return *p; }
+    static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
+    static __device__ __forceinline__ void unpack(uint4 r, float* o) {
+        o[0] = __uint_as_float(r.x);
+        o[1] = __uint_as_float(r.y);
+        o[2] = __uint_as_float(r.z);
+        o[3] = __uint_as_float(r.w);
+    }
+    static __device__ __forceinline__ uint4 pack(const float* v) {
+        return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                          __float_as_uint(v[3]));
+    }
+};
+
+struct MsF16 {
+    typedef unsigned short T;
+    enum { VEC = 8 };
+    static __device__ __forceinline__ float ld(const unsigned short* p) { return ms_f16_to_f32(*p); }
+    static __device__ __forceinline__ void st(unsigned short* p, float v) { *p = ms_f32_to_f16(v); }
+    static __device__ __forceinline__ void two(unsigned int w, float* o) {
+        o[0] = ms_f16_to_f32((unsigned short)(w & 0xffffu));
+        o[1] = ms_f16_to_f32((unsigned short)(w >> 16));
+    }
+    static __device__ __forceinline__ void unpack(uint4 r, float* o) {
+        two(r.x, o);
+        two(r.y, o + 2);
+        two(r.z, o + 4);
+        two(r.w, o + 6);
+    }
+    static __device__ __forceinline__ unsigned int pair(const float* v) {
+        return (unsigned int)ms_f32_to_f16(v[0]) | ((unsigned int)ms_f32_to_f16(v[1]) << 16);
+    }
+    static __device__ __forceinline__ uint4 pack(const float* v) {
+        return make_uint4(pair(v), pair(v + 2), pair(v + 4), pair(v + 6));
+    }
+};
+
+struct MsBF16 {
+    typedef unsigned short T;
+    enum { VEC = 8 };
+    static __device__ __forceinline__ float ld(const unsigned short* p) { return ms_bf16_to_f32(*p); }
+    static __device__ __forceinline__ void st(unsigned short* p, float v) { *p = ms_f32_to_bf16(v); }
+    static __device__ __forceinline__ void two(unsigned int w, float* o) {
+        o[0] = __uint_as_float(w << 16);
+        o[1] = __uint_as_float(w & 0xffff0000u);
+    }
+    static __device__ __forceinline__ void unpack(uint4 r, float* o) {
+        two(r.x, o);
+        two(r.y, o + 2);
+        two(r.z, o + 4);
+        two(r.w, o + 6);
+    }
+    static __device__ __forceinline__ unsigned int pair(const float* v) {
+        return (unsigned int)ms_f32_to_bf16(v[0]) | ((unsigned int)ms_f32_to_bf16(v[1]) << 16);
+    }
+    static __device__ __forceinline__ uint4 pack(const float* v) {
+        return make_uint4(pair(v), pair(v + 2), pair(v + 4), pair(v + 6));
+    }
+};
+
+// W consecutive elements at p (W == 1, or W == E::VEC with p 16-byte aligned).
+template <class E, int W>
+__device__ __forceinline__ void ms_ld(const typename E::T* p, float (&o)[W]) {
+    if constexpr (W == 1) {
+        o[0] = E::ld(p);
+    } else {
+        E::unpack(*reinterpret_cast<const uint4*>(p), o);
+    }
+}
+
+template <class E, int W>
+__device__ __forceinline__ void ms_st(typename E::T* p, const float (&v)[W]) {
+    if constexpr (W == 1) {
+        E::st(p, v[0]);
+    } else {
+        *reinterpret_cast<uint4*>(p) = E::pack(v);
+    }
+}
+
+// --- reductions ------------------------------------------------------------
+
+// The sum (or max) of v over the blockDim.x threads of this thread's row,
+// returned to all of them. Every thread of the block must call it (it may
+// hold __syncthreads). blockDim.x is a power of two below 32 (a row is a
+// group of lanes within a warp; xor shuffles stay inside the group) or a
+// multiple of 32; blockDim.x * blockDim.y is a multiple of 32, at most 1024.
+template <bool MAX>
+__device__ __forceinline__ float ms_row_reduce(float v) {
+    __shared__ float partial[32];
+    const int width = blockDim.x < 32 ? (int)blockDim.x : 32;
+    for (int o = width >> 1; o > 0; o >>= 1) {
+        const float t = __shfl_xor_sync(MS_FULL_MASK, v, o);
+        v = MAX ? fmaxf(v, t) : v + t;
+    }
+    const int warps = blockDim.x >> 5;
+    if (warps <= 1) return v;
+    const int lane = threadIdx.x & 31;
+    const int base = threadIdx.y * warps;
+    __syncthreads();  // the previous call's readers are done with `partial`
+    if (lane == 0) partial[base + (threadIdx.x >> 5)] = v;
+    __syncthreads();
+    float t = lane < warps ? partial[base + lane] : (MAX ? MS_NEG_INF : 0.0f);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(MS_FULL_MASK, t, o);
+        t = MAX ? fmaxf(t, u) : t + u;
+    }
+    return t;
+}
+
+// --- LayerNorm over a row held in registers ---------------------------------
+
+// out_row = (v - mean) / sqrt(var + eps) * gamma + beta over the row's `cols`
+// elements, held as chunks (see the top). Inactive rows (past the last) take
+// part in the reductions and store nothing.
+template <class E, int W>
+__device__ __forceinline__ void ms_layer_norm_store(float (&v)[MS_ROW_ELEMS / W][W], bool active,
+                                                    int cols, const typename E::T* gamma,
+                                                    const typename E::T* beta,
+                                                    typename E::T* out_row, float eps) {
+    constexpr int CPT = MS_ROW_ELEMS / W;
+    const int nch = cols / W;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        if ((int)threadIdx.x + k * (int)blockDim.x < nch) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) s += v[k][w];
+        }
+    }
+    const float mean = ms_row_reduce<false>(s) / (float)cols;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        if ((int)threadIdx.x + k * (int)blockDim.x < nch) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                const float d = v[k][w] - mean;
+                q = fmaf(d, d, q);
+            }
+        }
+    }
+    const float var = ms_row_reduce<false>(q) / (float)cols;
+    const float rstd = 1.0f / sqrtf(var + eps);
+    if (!active) return;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = (int)threadIdx.x + k * (int)blockDim.x;
+        if (c < nch) {
+            float g[W], b[W], o[W];
+            ms_ld<E, W>(gamma + c * W, g);
+            ms_ld<E, W>(beta + c * W, b);
+#pragma unroll
+            for (int w = 0; w < W; ++w) o[w] = fmaf((v[k][w] - mean) * rstd, g[w], b[w]);
+            ms_st<E, W>(out_row + (long long)c * W, o);
+        }
+    }
+}
+
+// out[t] = LayerNorm(word[ids[t]] + position[t % seq_len + pos_offset] +
+// token_type[type_ids[t]]); an id out of range contributes zeros, type_ids
+// null means type 0 for every token.
+template <class E, int W>
+__device__ __forceinline__ void ms_embed_ln(typename E::T* __restrict__ out, const int* __restrict__ ids,
+                                            const int* __restrict__ type_ids,
+                                            const typename E::T* __restrict__ word,
+                                            const typename E::T* __restrict__ position,
+                                            const typename E::T* __restrict__ token_type,
+                                            const typename E::T* __restrict__ gamma,
+                                            const typename E::T* __restrict__ beta, long long tokens,
+                                            int seq_len, int hidden, int vocab, int positions,
+                                            int type_vocab, int pos_offset, float eps) {
+    typedef typename E::T T;
+    constexpr int CPT = MS_ROW_ELEMS / W;
+    const long long t = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    const bool active = t < tokens;
+    const int nch = hidden / W;
+    float v[CPT][W];
+#pragma unroll
+    for (int k = 0; k < CPT; ++k)
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[k][w] = 0.0f;
+    if (active) {
+        const int id = ids[t];
+        const int tt = type_ids ? type_ids[t] : 0;
+        const int p = (int)(t % seq_len) + pos_offset;
+        const T* wrow = (id >= 0 && id < vocab) ? word + (long long)id * hidden : nullptr;
+        const T* trow = (tt >= 0 && tt < type_vocab) ? token_type + (long long)tt * hidden : nullptr;
+        const T* prow = (p >= 0 && p < positions) ? position + (long long)p * hidden : nullptr;
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+            const int c = (int)threadIdx.x + k * (int)blockDim.x;
+            if (c < nch) {
+                float a[W];
+                if (wrow) {
+                    ms_ld<E, W>(wrow + c * W, a);
+#pragma unroll
+                    for (int w = 0; w < W; ++w) v[k][w] += a[w];
+                }
+                if (prow) {
+                    ms_ld<E, W>(prow + c * W, a);
+#pragma unroll
+                    for (int w = 0; w < W; ++w) v[k][w] += a[w];
+                }
+                if (trow) {
+                    ms_ld<E, W>(trow + c * W, a);
+#pragma unroll
+                    for (int w = 0; w < W; ++w) v[k][w] += a[w];
+                }
+            }
+        }
+    }
+    ms_layer_norm_store<E, W>(v, active, hidden, gamma, beta, out + t * hidden, eps);
+}
+
+// out[r] = LayerNorm(x[r] + bias + residual[r]); out may be x or residual
+// (no __restrict__ on those: each element is read before the same thread
+// writes it).
+template <class E, int W>
+__device__ __forceinline__ void ms_residual_ln(typename E::T* out, const typename E::T* x,
+                                               const typename E::T* __restrict__ bias,
+                                               const typename E::T* residual,
+                                               const typename E::T* __restrict__ gamma,
+                                               const typename E::T* __restrict__ beta, long long rows,
+                                               int cols, float eps) {
+    constexpr int CPT = MS_ROW_ELEMS / W;
+    const long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    const bool active = r < rows;
+    const int nch = cols / W;
+    float v[CPT][W];
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[k][w] = 0.0f;
+        const int c = (int)threadIdx.x + k * (int)blockDim.x;
+        if (active && c < nch) {
+            float a[W], b[W], res[W];
+            ms_ld<E, W>(x + r * cols + (long long)c * W, a);
+            ms_ld<E, W>(bias + c * W, b);
+            ms_ld<E, W>(residual + r * cols + (long long)c * W, res);
+#pragma unroll
+            for (int w = 0; w < W; ++w) v[k][w] = (a[w] + b[w]) + res[w];
+        }
+    }
+    ms_layer_norm_store<E, W>(v, active, cols, gamma, beta, out + r * cols, eps);
+}
+
+// --- masked softmax ---------------------------------------------------------
+
+// Rows of scores [batch * heads * seq, seq]; row r belongs to batch
+// r / (heads * seq) and keeps keys j < lengths[batch] (clamped to [0, seq]).
+template <class E, int W>
+__device__ __forceinline__ void ms_masked_softmax(typename E::T* scores, const int* __restrict__ lengths,
+                                                  long long rows, int seq, int heads) {
+    constexpr int CPT = MS_ROW_ELEMS / W;
+    const long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    const bool active = r < rows;
+    const int nch = seq / W;
+    int len = 0;
+    if (active) {
+        len = lengths[r / ((long long)heads * seq)];
+        len = len < 0 ? 0 : (len > seq ? seq : len);
+    }
+    typename E::T* row = scores + r * seq;
+    float v[CPT][W];
+    float m = MS_NEG_INF;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = (int)threadIdx.x + k * (int)blockDim.x;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[k][w] = MS_NEG_INF;
+        if (active && c < nch && c * W < len) {
+            float a[W];
+            ms_ld<E, W>(row + (long long)c * W, a);
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                if (c * W + w < len) {
+                    v[k][w] = a[w];
+                    m = fmaxf(m, a[w]);
+                }
+            }
+        }
+    }
+    m = ms_row_reduce<true>(m);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = (int)threadIdx.x + k * (int)blockDim.x;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+            const float e = (c * W + w < len) ? expf(v[k][w] - m) : 0.0f;
+            v[k][w] = e;
+            s += e;
+        }
+    }
+    s = ms_row_reduce<false>(s);
+    if (!active) return;
+    // len == 0: every e is 0 and s is 0; store zeros, not 0 * inf.
+    const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = (int)threadIdx.x + k * (int)blockDim.x;
+        if (c < nch) {
+            float o[W];
+#pragma unroll
+            for (int w = 0; w < W; ++w) o[w] = v[k][w] * inv;
+            ms_st<E, W>(row + (long long)c * W, o);
+        }
+    }
+}
+
+// --- element-wise ------------------------------------------------------------
+
+// Exact GELU, 0.5 v (1 + erf(v / sqrt 2)).
+__device__ __forceinline__ float ms_gelu(float v) {
+    return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
+}
+
+// x[r, c] = gelu(x[r, c] + bias[c]) in place, over rows * cols elements.
+template <class E, int W>
+__device__ __forceinline__ void ms_bias_gelu(typename E::T* x, const typename E::T* __restrict__ bias,
+                                             long long rows, int cols) {
+    const long long per_row = cols / W;
+    const long long chunks = rows * per_row;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(i % per_row) * W;
+        float a[W], b[W];
+        ms_ld<E, W>(x + i * W, a);
+        ms_ld<E, W>(bias + c, b);
+#pragma unroll
+        for (int w = 0; w < W; ++w) a[w] = ms_gelu(a[w] + b[w]);
+        ms_st<E, W>(x + i * W, a);
+    }
+}
+
+// blockIdx.y picks q, k or v: out[(b * heads + h) * seq + s, d] =
+// (in[b * seq + s, h * head_dim + d] + bias[h * head_dim + d]) * scale, with
+// scale = q_scale for q and 1 for k and v.
+template <class E, int W>
+__device__ __forceinline__ void ms_split_heads(
+    const typename E::T* __restrict__ q, const typename E::T* __restrict__ k,
+    const typename E::T* __restrict__ v, const typename E::T* __restrict__ q_bias,
+    const typename E::T* __restrict__ k_bias, const typename E::T* __restrict__ v_bias,
+    typename E::T* __restrict__ q_out, typename E::T* __restrict__ k_out,
+    typename E::T* __restrict__ v_out, long long rows, int seq, int heads, int head_dim,
+    float q_scale) {
+    typedef typename E::T T;
+    const T* in = blockIdx.y == 0 ? q : (blockIdx.y == 1 ? k : v);
+    const T* bias = blockIdx.y == 0 ? q_bias : (blockIdx.y == 1 ? k_bias : v_bias);
+    T* out = blockIdx.y == 0 ? q_out : (blockIdx.y == 1 ? k_out : v_out);
+    const float scale = blockIdx.y == 0 ? q_scale : 1.0f;
+    const int width = heads * head_dim;
+    const long long per_row = width / W;
+    const long long chunks = rows * per_row;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / per_row;
+        const int col = (int)(i % per_row) * W;
+        const long long b = row / seq;
+        const long long s = row % seq;
+        const int h = col / head_dim;
+        const int d = col % head_dim;
+        float a[W], bb[W];
+        ms_ld<E, W>(in + i * W, a);
+        ms_ld<E, W>(bias + col, bb);
+#pragma unroll
+        for (int w = 0; w < W; ++w) a[w] = (a[w] + bb[w]) * scale;
+        ms_st<E, W>(out + ((b * heads + h) * seq + s) * head_dim + d, a);
+    }
+}
+
+// out[b * seq + s, h * head_dim + d] = ctx[(b * heads + h) * seq + s, d].
+template <class E, int W>
+__device__ __forceinline__ void ms_merge_heads(const typename E::T* __restrict__ ctx,
+                                               typename E::T* __restrict__ out, long long rows,
+                                               int seq, int heads, int head_dim) {
+    const int width = heads * head_dim;
+    const long long per_row = width / W;
+    const long long chunks = rows * per_row;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / per_row;
+        const int col = (int)(i % per_row) * W;
+        const long long b = row / seq;
+        const long long s = row % seq;
+        const int h = col / head_dim;
+        const int d = col % head_dim;
+        float a[W];
+        ms_ld<E, W>(ctx + ((b * heads + h) * seq + s) * head_dim + d, a);
+        ms_st<E, W>(out + i * W, a);
+    }
+}
+
+// --- pooling -------------------------------------------------------------------
+
+// One block (blockDim.y == 1) per batch row b: out f32 [b, :] from x [b, :len, :]
+// with len = lengths[b] clamped to [0, seq]. mode: 0 mean, 1 cls, 2 max,
+// 3 sum / sqrt(len); then, if normalize, divided by max(L2 norm, 1e-12).
+template <class E>
+__device__ __forceinline__ void ms_pool(const typename E::T* __restrict__ x,
+                                        const int* __restrict__ lengths, float* __restrict__ out,
+                                        int seq, int hidden, int mode, int normalize) {
+    typedef typename E::T T;
+    const long long b = blockIdx.x;
+    int len = lengths[b];
+    len = len < 0 ? 0 : (len > seq ? seq : len);
+    const T* xb = x + b * seq * (long long)hidden;
+    float* ob = out + b * (long long)hidden;
+    const int tokens = mode == 1 ? (len > 0 ? 1 : 0) : len;
+    float sq = 0.0f;
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+        // Four independent chains over the tokens, for loads in flight.
+        float acc[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc[u] = mode == 2 ? MS_NEG_INF : 0.0f;
+        int t = 0;
+        for (; t + 4 <= tokens; t += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float e = E::ld(xb + (long long)(t + u) * hidden + c);
+                acc[u] = mode == 2 ? fmaxf(acc[u], e) : acc[u] + e;
+            }
+        }
+        for (; t < tokens; ++t) {
+            const float e = E::ld(xb + (long long)t * hidden + c);
+            acc[0] = mode == 2 ? fmaxf(acc[0], e) : acc[0] + e;
+        }
+        float r;
+        if (tokens == 0) {
+            r = 0.0f;
+        } else if (mode == 2) {
+            r = fmaxf(fmaxf(acc[0], acc[1]), fmaxf(acc[2], acc[3]));
+        } else {
+            r = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+            if (mode == 0) r = r / (float)len;
+            if (mode == 3) r = r / sqrtf((float)len);
+        }
+        ob[c] = r;
+        sq = fmaf(r, r, sq);
+    }
+    if (!normalize) return;
+    const float norm = sqrtf(ms_row_reduce<false>(sq));
+    const float inv = 1.0f / fmaxf(norm, 1e-12f);
+    // Each thread rescales the values it wrote itself.
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) ob[c] = ob[c] * inv;
+}
+
+// --- entry points ------------------------------------------------------------------
+
+#define MS_EMBED_LN(NAME, E, W)                                                                    \
+    extern "C" __global__ void __launch_bounds__(512) NAME(                                     \
+        E::T* out, const int* ids, const int* type_ids, const E::T* word, const E::T* position,    \
+        const E::T* token_type, const E::T* gamma, const E::T* beta, long long tokens,             \
+        int seq_len, int hidden, int vocab, int positions, int type_vocab, int pos_offset,         \
+        float eps) {                                                                               \
+        ms_embed_ln<E, W>(out, ids, type_ids, word, position, token_type, gamma, beta, tokens,     \
+                          seq_len, hidden, vocab, positions, type_vocab, pos_offset, eps);         \
+    }
+
+#define MS_RESIDUAL_LN(NAME, E, W)                                                                 \
+    extern "C" __global__ void __launch_bounds__(512) NAME(                                     \
+        E::T* out, const E::T* x, const E::T* bias, const E::T* residual, const E::T* gamma,       \
+        const E::T* beta, long long rows, int cols, float eps) {                                   \
+        ms_residual_ln<E, W>(out, x, bias, residual, gamma, beta, rows, cols, eps);               \
+    }
+
+#define MS_SOFTMAX(NAME, E, W)                                                                     \
+    extern "C" __global__ void __launch_bounds__(512) NAME(E::T* scores, const int* lengths,    \
+                                                            long long rows, int seq, int heads) { \
+        ms_masked_softmax<E, W>(scores, lengths, rows, seq, heads);                                \
+    }
+
+#define MS_BIAS_GELU(NAME, E, W)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) NAME(E::T* x, const E::T* bias,            \
+                                                           long long rows, int cols) {             \
+        ms_bias_gelu<E, W>(x, bias, rows, cols);                                                   \
+    }
+
+#define MS_SPLIT_HEADS(NAME, E, W)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                      \
+        const E::T* q, const E::T* k, const E::T* v, const E::T* q_bias, const E::T* k_bias,       \
+        const E::T* v_bias, E::T* q_out, E::T* k_out, E::T* v_out, long long rows, int seq,        \
+        int heads, int head_dim, float q_scale) {                                                  \
+        ms_split_heads<E, W>(q, k, v, q_bias, k_bias, v_bias, q_out, k_out, v_out, rows, seq,      \
+                             heads, head_dim, q_scale);                                            \
+    }
+
+#define MS_MERGE_HEADS(NAME, E, W)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const E::T* ctx, E::T* out,           \
+                                                           long long rows, int seq, int heads,     \
+                                                           int head_dim) {                         \
+        ms_merge_heads<E, W>(ctx, out, rows, seq, heads, head_dim);                                \
+    }
+
+#define MS_POOL(NAME, E)                                                                           \
+    extern "C" __global__ void __launch_bounds__(1024) NAME(const E::T* x, const int* lengths,   \
+                                                            float* out, int seq, int hidden,       \
+                                                            int mode, int normalize) {             \
+        ms_pool<E>(x, lengths, out, seq, hidden, mode, normalize);                                 \
+    }
+
+#define MS_ALL_WIDTHS(MACRO, OP)                 \
+    MACRO(ms_##OP##_f32_s, MsF32, 1)             \
+    MACRO(ms_##OP##_f32_v, MsF32, MsF32::VEC)    \
+    MACRO(ms_##OP##_f16_s, MsF16, 1)             \
+    MACRO(ms_##OP##_f16_v, MsF16, MsF16::VEC)    \
+    MACRO(ms_##OP##_bf16_s, MsBF16, 1)           \
+    MACRO(ms_##OP##_bf16_v, MsBF16, MsBF16::VEC)
+
+MS_ALL_WIDTHS(MS_EMBED_LN, embed_ln)
+MS_ALL_WIDTHS(MS_RESIDUAL_LN, residual_ln)
+MS_ALL_WIDTHS(MS_SOFTMAX, softmax)
+MS_ALL_WIDTHS(MS_BIAS_GELU, bias_gelu)
+MS_ALL_WIDTHS(MS_SPLIT_HEADS, split_heads)
+MS_ALL_WIDTHS(MS_MERGE_HEADS, merge_heads)
+
+MS_POOL(ms_pool_f32, MsF32)
+MS_POOL(ms_pool_f16, MsF16)
+MS_POOL(ms_pool_bf16, MsBF16)
