@@ -70,6 +70,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bert;
 pub mod blas;
 pub mod checksum;
 pub mod compile;

@@ -1,21 +1,83 @@
-//! The CUDA backend (see its module docs once built).
+//! The CUDA backend: `modelshare_kernels::bert::CudaBert` (the forward pass on the GPU that
+//! holds the arena, reading the weights in place) behind the worker's [`Encoder`].
 
 use std::sync::Arc;
 
-use modelshare_worker::Tensor;
+use modelshare_kernels::bert::{CudaBert, Dims, Limits, Placed, Tokens};
+use modelshare_worker::{Mapping, Tensor};
 
 use crate::encoder::{EncodeError, Encoder};
 use crate::spec::ModelSpec;
+use crate::tokenize::Sequence;
 use crate::weights::EncoderWeights;
 
-/// The encoder on the GPU of the arena.
+/// The encoder on the GPU.
+#[derive(Debug)]
+struct CudaEncoder {
+    hidden: usize,
+    bert: CudaBert,
+}
+
+/// The encoder on the GPU of `arena`, built on the calling (compute) thread.
 pub fn encoder(
-    _spec: Arc<ModelSpec>,
-    _weights: &EncoderWeights<Tensor>,
-    _max_tokens: usize,
-    _max_sequences: usize,
+    spec: Arc<ModelSpec>,
+    arena: &Mapping,
+    weights: &EncoderWeights<Tensor>,
+    max_tokens: usize,
+    max_sequences: usize,
 ) -> Result<Box<dyn Encoder>, EncodeError> {
-    Err(EncodeError::Device(
-        "the CUDA backend is not built yet".into(),
-    ))
+    let c = &spec.encoder;
+    let placed = weights.try_map(|t| {
+        Ok::<_, EncodeError>(Placed {
+            offset: t.offset(),
+            bytes: t.byte_length(),
+        })
+    })?;
+    let dims = Dims {
+        vocab: c.vocab,
+        hidden: c.hidden,
+        heads: c.heads,
+        intermediate: c.intermediate,
+        max_positions: c.max_positions,
+        type_vocab: c.type_vocab,
+        position_offset: c.position_offset,
+        eps: c.eps,
+        pooling: spec.pooling,
+        normalize: spec.normalize,
+    };
+    let limits = Limits {
+        max_tokens: max_tokens.max(spec.max_seq_len),
+        max_sequences: max_sequences.max(1),
+        max_seq_len: spec.max_seq_len,
+    };
+    let bert = CudaBert::new(arena, &placed, weights.dtype, dims, limits)?;
+    Ok(Box::new(CudaEncoder {
+        hidden: c.hidden,
+        bert,
+    }))
+}
+
+impl Encoder for CudaEncoder {
+    fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    fn max_tokens(&self) -> usize {
+        self.bert.limits().max_tokens
+    }
+
+    fn max_sequences(&self) -> usize {
+        self.bert.limits().max_sequences
+    }
+
+    fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
+        let tokens: Vec<Tokens<'_>> = seqs
+            .iter()
+            .map(|s| Tokens {
+                ids: &s.ids,
+                type_ids: &s.type_ids,
+            })
+            .collect();
+        Ok(self.bert.encode(&tokens)?)
+    }
 }

@@ -10,6 +10,8 @@
 //! `.output.LayerNorm`; a LayerNorm's `weight`/`bias` may be the older `gamma`/`beta`.
 
 use modelshare_kernels::WeightDtype;
+use modelshare_kernels::bert::{Embeddings, Layer};
+pub use modelshare_kernels::bert::{EncoderWeights, Linear, Norm};
 
 use crate::spec::{EncoderConfig, SpecError};
 
@@ -24,77 +26,13 @@ pub struct Found<T> {
     pub handle: T,
 }
 
-/// A linear layer `y = x·Wᵀ + b`: `weight` is `[out, in]`.
-#[derive(Clone, Debug)]
-pub struct Linear<T> {
-    /// `[out, in]`.
-    pub weight: T,
-    /// `[out]`.
-    pub bias: T,
-}
-
-/// A LayerNorm's scale and shift, `[hidden]` each.
-#[derive(Clone, Debug)]
-pub struct Norm<T> {
-    /// Scale.
-    pub gamma: T,
-    /// Shift.
-    pub beta: T,
-}
-
-/// The embedding tables and their LayerNorm.
-#[derive(Clone, Debug)]
-pub struct Embeddings<T> {
-    /// `[vocab, hidden]`.
-    pub word: T,
-    /// `[max_positions, hidden]`.
-    pub position: T,
-    /// `[type_vocab, hidden]`, absent when the model has no token types.
-    pub token_type: Option<T>,
-    /// The LayerNorm after the sum.
-    pub norm: Norm<T>,
-}
-
-/// One encoder layer (post-LayerNorm).
-#[derive(Clone, Debug)]
-pub struct Layer<T> {
-    /// Query projection `[hidden, hidden]`.
-    pub query: Linear<T>,
-    /// Key projection.
-    pub key: Linear<T>,
-    /// Value projection.
-    pub value: Linear<T>,
-    /// Attention output projection `[hidden, hidden]`.
-    pub attn_out: Linear<T>,
-    /// LayerNorm after attention plus residual.
-    pub attn_norm: Norm<T>,
-    /// Feed-forward up `[intermediate, hidden]`.
-    pub up: Linear<T>,
-    /// Feed-forward down `[hidden, intermediate]`.
-    pub down: Linear<T>,
-    /// LayerNorm after the feed-forward plus residual.
-    pub out_norm: Norm<T>,
-}
-
-/// Every weight of an encoder, all of one dtype.
-#[derive(Clone, Debug)]
-pub struct EncoderWeights<T> {
-    /// The element type of every tensor.
-    pub dtype: WeightDtype,
-    /// Embeddings.
-    pub embeddings: Embeddings<T>,
-    /// Layers, first to last.
-    pub layers: Vec<Layer<T>>,
-}
-
-impl<T: Clone> EncoderWeights<T> {
-    /// Finds and checks every tensor through `lookup` (by full name): shapes must match
-    /// `config`, dtypes must be one float type throughout.
-    pub fn find(
-        config: &EncoderConfig,
-        lookup: &dyn Fn(&str) -> Option<Found<T>>,
-    ) -> Result<Self, SpecError> {
-        let prefix = config
+/// Finds and checks every tensor through `lookup` (by full name): shapes must match
+/// `config`, dtypes must be one float type throughout.
+pub fn find<T: Clone>(
+    config: &EncoderConfig,
+    lookup: &dyn Fn(&str) -> Option<Found<T>>,
+) -> Result<EncoderWeights<T>, SpecError> {
+    let prefix = config
             .family
             .tensor_prefixes()
             .iter()
@@ -105,107 +43,50 @@ impl<T: Clone> EncoderWeights<T> {
                     "has no tensor embeddings.word_embeddings.weight (nor under bert. or model.): not a BERT checkpoint",
                 )
             })?;
-        let mut finder = Finder {
-            lookup,
-            prefix,
-            dtype: None,
-        };
-        let (h, i) = (config.hidden as u64, config.intermediate as u64);
-        let embeddings = Embeddings {
-            word: finder.get(
-                "embeddings.word_embeddings.weight",
-                &[config.vocab as u64, h],
-            )?,
-            position: finder.get(
-                "embeddings.position_embeddings.weight",
-                &[config.max_positions as u64, h],
-            )?,
-            token_type: if config.type_vocab == 0 {
-                None
-            } else {
-                Some(finder.get(
-                    "embeddings.token_type_embeddings.weight",
-                    &[config.type_vocab as u64, h],
-                )?)
-            },
-            norm: finder.norm("embeddings.LayerNorm", h)?,
-        };
-        let mut layers = Vec::with_capacity(config.layers);
-        for l in 0..config.layers {
-            let p = format!("encoder.layer.{l}");
-            layers.push(Layer {
-                query: finder.linear(&format!("{p}.attention.self.query"), h, h)?,
-                key: finder.linear(&format!("{p}.attention.self.key"), h, h)?,
-                value: finder.linear(&format!("{p}.attention.self.value"), h, h)?,
-                attn_out: finder.linear(&format!("{p}.attention.output.dense"), h, h)?,
-                attn_norm: finder.norm(&format!("{p}.attention.output.LayerNorm"), h)?,
-                up: finder.linear(&format!("{p}.intermediate.dense"), i, h)?,
-                down: finder.linear(&format!("{p}.output.dense"), h, i)?,
-                out_norm: finder.norm(&format!("{p}.output.LayerNorm"), h)?,
-            });
-        }
-        Ok(Self {
-            dtype: finder.dtype.unwrap_or(WeightDtype::F32),
-            embeddings,
-            layers,
-        })
+    let mut finder = Finder {
+        lookup,
+        prefix,
+        dtype: None,
+    };
+    let (h, i) = (config.hidden as u64, config.intermediate as u64);
+    let embeddings = Embeddings {
+        word: finder.get(
+            "embeddings.word_embeddings.weight",
+            &[config.vocab as u64, h],
+        )?,
+        position: finder.get(
+            "embeddings.position_embeddings.weight",
+            &[config.max_positions as u64, h],
+        )?,
+        token_type: if config.type_vocab == 0 {
+            None
+        } else {
+            Some(finder.get(
+                "embeddings.token_type_embeddings.weight",
+                &[config.type_vocab as u64, h],
+            )?)
+        },
+        norm: finder.norm("embeddings.LayerNorm", h)?,
+    };
+    let mut layers = Vec::with_capacity(config.layers);
+    for l in 0..config.layers {
+        let p = format!("encoder.layer.{l}");
+        layers.push(Layer {
+            query: finder.linear(&format!("{p}.attention.self.query"), h, h)?,
+            key: finder.linear(&format!("{p}.attention.self.key"), h, h)?,
+            value: finder.linear(&format!("{p}.attention.self.value"), h, h)?,
+            attn_out: finder.linear(&format!("{p}.attention.output.dense"), h, h)?,
+            attn_norm: finder.norm(&format!("{p}.attention.output.LayerNorm"), h)?,
+            up: finder.linear(&format!("{p}.intermediate.dense"), i, h)?,
+            down: finder.linear(&format!("{p}.output.dense"), h, i)?,
+            out_norm: finder.norm(&format!("{p}.output.LayerNorm"), h)?,
+        });
     }
-}
-
-impl<T> EncoderWeights<T> {
-    /// The same weights with every handle mapped by `f` (embeddings first, then each layer).
-    pub fn try_map<U, E>(
-        &self,
-        mut f: impl FnMut(&T) -> Result<U, E>,
-    ) -> Result<EncoderWeights<U>, E> {
-        let f: &mut dyn FnMut(&T) -> Result<U, E> = &mut f;
-        let e = &self.embeddings;
-        let embeddings = Embeddings {
-            word: f(&e.word)?,
-            position: f(&e.position)?,
-            token_type: e.token_type.as_ref().map(&mut *f).transpose()?,
-            norm: e.norm.try_map(f)?,
-        };
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(Layer {
-                    query: l.query.try_map(f)?,
-                    key: l.key.try_map(f)?,
-                    value: l.value.try_map(f)?,
-                    attn_out: l.attn_out.try_map(f)?,
-                    attn_norm: l.attn_norm.try_map(f)?,
-                    up: l.up.try_map(f)?,
-                    down: l.down.try_map(f)?,
-                    out_norm: l.out_norm.try_map(f)?,
-                })
-            })
-            .collect::<Result<_, E>>()?;
-        Ok(EncoderWeights {
-            dtype: self.dtype,
-            embeddings,
-            layers,
-        })
-    }
-}
-
-impl<T> Linear<T> {
-    fn try_map<U, E>(&self, f: &mut dyn FnMut(&T) -> Result<U, E>) -> Result<Linear<U>, E> {
-        Ok(Linear {
-            weight: f(&self.weight)?,
-            bias: f(&self.bias)?,
-        })
-    }
-}
-
-impl<T> Norm<T> {
-    fn try_map<U, E>(&self, f: &mut dyn FnMut(&T) -> Result<U, E>) -> Result<Norm<U>, E> {
-        Ok(Norm {
-            gamma: f(&self.gamma)?,
-            beta: f(&self.beta)?,
-        })
-    }
+    Ok(EncoderWeights {
+        dtype: finder.dtype.unwrap_or(WeightDtype::F32),
+        embeddings,
+        layers,
+    })
 }
 
 /// Looks tensors up under one prefix, checking shapes and that the dtype is one throughout.
@@ -315,12 +196,12 @@ mod tests {
         t
     }
 
-    fn find(
+    fn find_in(
         t: &HashMap<String, Vec<u64>>,
         dtype: impl Fn(&str) -> Option<WeightDtype>,
     ) -> Result<EncoderWeights<String>, SpecError> {
         let config = EncoderConfig::parse(CONFIG.as_bytes()).expect("config");
-        EncoderWeights::find(&config, &|name| {
+        super::find(&config, &|name| {
             t.get(name).map(|s| Found {
                 dtype: dtype(name),
                 shape: s.clone(),
@@ -333,7 +214,7 @@ mod tests {
     #[test]
     fn finds_every_tensor_with_or_without_a_prefix() {
         for prefix in ["", "bert."] {
-            let w = find(&bert_tensors(prefix), |_| Some(WeightDtype::F16)).expect("finds");
+            let w = find_in(&bert_tensors(prefix), |_| Some(WeightDtype::F16)).expect("finds");
             assert_eq!(w.dtype, WeightDtype::F16);
             assert_eq!(w.layers.len(), 2);
             assert_eq!(
@@ -365,7 +246,7 @@ mod tests {
                 )
             })
             .collect();
-        let w = find(&old, |_| Some(WeightDtype::F32)).expect("gamma/beta");
+        let w = find_in(&old, |_| Some(WeightDtype::F32)).expect("gamma/beta");
         assert_eq!(
             w.layers[0].out_norm.gamma,
             "encoder.layer.0.output.LayerNorm.gamma"
@@ -377,20 +258,20 @@ mod tests {
     fn refuses_missing_misshapen_and_mixed_tensors_naming_them() {
         let mut t = bert_tensors("");
         t.remove("encoder.layer.1.intermediate.dense.bias");
-        let e = find(&t, |_| Some(WeightDtype::F32)).expect_err("missing");
+        let e = find_in(&t, |_| Some(WeightDtype::F32)).expect_err("missing");
         assert_eq!(e.file, "encoder.layer.1.intermediate.dense.bias");
         let mut t = bert_tensors("");
         t.insert(
             "encoder.layer.0.attention.self.key.weight".into(),
             vec![8, 9],
         );
-        let e = find(&t, |_| Some(WeightDtype::F32)).expect_err("shape");
+        let e = find_in(&t, |_| Some(WeightDtype::F32)).expect_err("shape");
         assert!(
             e.to_string()
                 .contains("has shape [8, 9]; config.json asks for [8, 8]"),
             "{e}"
         );
-        let e = find(&bert_tensors(""), |n| {
+        let e = find_in(&bert_tensors(""), |n| {
             Some(if n.contains("layer.1") {
                 WeightDtype::BF16
             } else {
@@ -399,9 +280,9 @@ mod tests {
         })
         .expect_err("mixed");
         assert!(e.to_string().contains("mixed dtypes"), "{e}");
-        let e = find(&bert_tensors(""), |_| None).expect_err("ints");
+        let e = find_in(&bert_tensors(""), |_| None).expect_err("ints");
         assert!(e.to_string().contains("not a floating-point tensor"), "{e}");
-        let e = find(&HashMap::new(), |_| None).expect_err("empty");
+        let e = find_in(&HashMap::new(), |_| None).expect_err("empty");
         assert!(e.to_string().contains("not a BERT checkpoint"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ use crate::engine::Engine;
 use crate::handler::{Embedder, INPUT_IDS, OUTPUT};
 use crate::spec::{ModelSpec, Overrides, SpecError, TOKENIZER_FILE};
 use crate::tokenize::TextEncoder;
-use crate::weights::{EncoderWeights, Found};
+use crate::weights::{Found, find};
 
 /// How the worker serves.
 #[derive(Debug, Clone)]
@@ -46,8 +46,8 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         .ok_or_else(|| unservable(SpecError::new(TOKENIZER_FILE, "is missing").to_string()))?;
     let text =
         Arc::new(TextEncoder::new(&tokenizer, &spec).map_err(|e| unservable(e.to_string()))?);
-    let weights = EncoderWeights::find(&spec.encoder, &|name| found(&model, name))
-        .map_err(|e| unservable(e.to_string()))?;
+    let weights =
+        find(&spec.encoder, &|name| found(&model, name)).map_err(|e| unservable(e.to_string()))?;
     let on_device = model.view().is_on_device();
     info!(
         model = %model.name(),
@@ -64,10 +64,11 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let max_tokens = config.max_batch_tokens.max(spec.max_seq_len);
     let max_sequences = config.max_batch_items.max(1) as usize;
     let engine_spec = spec.clone();
+    let arena = model.view();
     let engine = tokio::task::block_in_place(|| {
         Engine::start("embed-compute", move || {
             let encoder: Box<dyn Encoder> = if on_device {
-                crate::cuda::encoder(engine_spec, &weights, max_tokens, max_sequences)?
+                crate::cuda::encoder(engine_spec, &arena, &weights, max_tokens, max_sequences)?
             } else {
                 Box::new(CpuEncoder::new(
                     engine_spec,

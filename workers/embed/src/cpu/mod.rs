@@ -4,15 +4,16 @@
 //!
 //! Sequences are not padded: the position-wise parts (projections, feed-forward, norms) run
 //! on all tokens of the group packed together, as `host_gemm` products over the rayon pool;
-//! attention runs per (head, sequence), in parallel, over each sequence's own tokens.
-
-mod ops;
+//! attention runs per sequence, in parallel, over each sequence's own tokens. The element-wise
+//! parts are the kernels' own CPU references (`modelshare_kernels::reference::encoder`), run
+//! on chunks of rows in parallel.
 
 use std::sync::Arc;
 
 use half::{bf16, f16};
 use modelshare_kernels::WeightDtype;
 use modelshare_kernels::host_gemm::{self, MatMut, MatRef, Threads};
+use modelshare_kernels::reference::encoder as ops;
 use modelshare_worker::Tensor;
 use rayon::prelude::*;
 
@@ -133,25 +134,49 @@ impl Encoder for CpuEncoder {
             linear(&x, &layer.query, &mut q, tokens)?;
             linear(&x, &layer.key, &mut k, tokens)?;
             linear(&x, &layer.value, &mut v, tokens)?;
+            for (y, l) in [
+                (&mut q, &layer.query),
+                (&mut k, &layer.key),
+                (&mut v, &layer.value),
+            ] {
+                let bias = l.bias.f32();
+                y.par_chunks_mut(h)
+                    .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+            }
             self.attention(seqs, &starts, &q, &k, &v, &mut ctx)?;
             linear(&ctx, &layer.attn_out, &mut proj, tokens)?;
-            add_norm(&mut x, &proj, &layer.attn_norm, h, c.eps);
+            add_norm(
+                &mut x,
+                &proj,
+                layer.attn_out.bias.f32(),
+                &layer.attn_norm,
+                h,
+                c.eps,
+            );
             linear(&x, &layer.up, &mut up, tokens)?;
-            up.par_chunks_mut(inter)
-                .for_each(|row| row.iter_mut().for_each(|v| *v = ops::gelu(*v)));
+            let bias = layer.up.bias.f32();
+            up.par_chunks_mut(inter * ROWS)
+                .for_each(|rows| ops::bias_gelu(rows, bias));
             linear(&up, &layer.down, &mut proj, tokens)?;
-            add_norm(&mut x, &proj, &layer.out_norm, h, c.eps);
+            add_norm(
+                &mut x,
+                &proj,
+                layer.down.bias.f32(),
+                &layer.out_norm,
+                h,
+                c.eps,
+            );
         }
         let pooled: Vec<Vec<f32>> = seqs
             .par_iter()
             .zip(&starts)
             .map(|(s, &start)| {
-                ops::pool(
-                    &x[start * h..(start + s.len()) * h],
-                    h,
-                    self.spec.pooling,
-                    self.spec.normalize,
-                )
+                let mut out = vec![0.0f32; h];
+                let len = s.len();
+                let tokens = &x[start * h..(start + len) * h];
+                let (mode, normalize) = (self.spec.pooling, self.spec.normalize);
+                ops::pool(tokens, &[len as i32], &mut out, 1, len, h, mode, normalize);
+                out
             })
             .collect();
         Ok(pooled.concat())
@@ -159,40 +184,35 @@ impl Encoder for CpuEncoder {
 }
 
 impl CpuEncoder {
-    /// `x[t] = LayerNorm(word[id] + position[p + offset] + token_type[type])` for every token.
+    /// `x[t] = LayerNorm(word[id] + position[p + offset] + token_type[type])` for every token,
+    /// sequence by sequence in parallel.
     fn embed(&self, seqs: &[&Sequence], x: &mut [f32]) {
         let c = &self.spec.encoder;
-        let h = c.hidden;
         let e = &self.weights.embeddings;
-        let (word, position) = (e.word.f32(), e.position.f32());
-        let types = e.token_type.as_ref().map(HostWeight::f32);
-        let rows: Vec<(u32, usize, u32)> = seqs
-            .iter()
-            .flat_map(|s| {
-                s.ids
-                    .iter()
-                    .zip(&s.type_ids)
-                    .enumerate()
-                    .map(|(p, (&id, &ty))| (id, p, ty))
-            })
-            .collect();
-        x.par_chunks_mut(h)
-            .zip(rows)
-            .for_each(|(row, (id, p, ty))| {
-                let id = (id as usize).min(c.vocab - 1);
-                let p = (p + c.position_offset).min(c.max_positions - 1);
-                row.copy_from_slice(&word[id * h..(id + 1) * h]);
-                row.iter_mut()
-                    .zip(&position[p * h..(p + 1) * h])
-                    .for_each(|(v, w)| *v += w);
-                if let Some(types) = types {
-                    let ty = (ty as usize).min(c.type_vocab - 1);
-                    row.iter_mut()
-                        .zip(&types[ty * h..(ty + 1) * h])
-                        .for_each(|(v, w)| *v += w);
-                }
-                ops::layer_norm(row, e.norm.gamma.f32(), e.norm.beta.f32(), c.eps);
-            });
+        let mut rows: Vec<&mut [f32]> = Vec::with_capacity(seqs.len());
+        let mut rest = x;
+        for s in seqs {
+            let (mine, tail) = rest.split_at_mut(s.len() * c.hidden);
+            rows.push(mine);
+            rest = tail;
+        }
+        rows.into_par_iter().zip(seqs).for_each(|(out, s)| {
+            let ids: Vec<i32> = s.ids.iter().map(|&i| i as i32).collect();
+            let types: Vec<i32> = s.type_ids.iter().map(|&i| i as i32).collect();
+            ops::embed_layer_norm(
+                out,
+                &ids,
+                Some(&types),
+                e.word.f32(),
+                e.position.f32(),
+                e.token_type.as_ref().map_or(&[], HostWeight::f32),
+                e.norm.gamma.f32(),
+                e.norm.beta.f32(),
+                s.len(),
+                c.position_offset,
+                c.eps,
+            );
+        });
     }
 
     /// Self-attention of every sequence over its own tokens: `ctx = softmax(q·kᵀ/√d)·v` per
@@ -232,7 +252,7 @@ impl CpuEncoder {
                         scale,
                         Threads::One,
                     )?;
-                    scores.chunks_exact_mut(len).for_each(ops::softmax);
+                    ops::masked_softmax(&mut scores, &[len as i32], 1, 1, len);
                     let dst = MatMut {
                         data: &mut *out,
                         offset: head * d,
@@ -266,25 +286,25 @@ fn head_view(data: &[f32], offset: usize, len: usize, d: usize, h: usize) -> Mat
     }
 }
 
-/// `y = x·Wᵀ + b` over packed rows.
+/// `y = x·Wᵀ` over packed rows (the bias is the caller's, fused into what follows).
 fn linear(
     x: &[f32],
     l: &Linear<HostWeight>,
     y: &mut [f32],
     rows: usize,
 ) -> Result<(), EncodeError> {
-    let (w, b) = (l.weight.f32(), l.bias.f32());
-    let (out, inp) = (b.len(), w.len() / b.len().max(1));
-    host_gemm::linear(x, w, y, rows, inp, out)?;
-    y.par_chunks_mut(out)
-        .for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+    let (w, out) = (l.weight.f32(), l.bias.f32().len());
+    host_gemm::linear(x, w, y, rows, w.len() / out.max(1), out)?;
     Ok(())
 }
 
-/// `x = LayerNorm(y + x)`, row by row.
-fn add_norm(x: &mut [f32], y: &[f32], norm: &Norm<HostWeight>, h: usize, eps: f32) {
+/// Rows per parallel chunk of the element-wise parts.
+const ROWS: usize = 16;
+
+/// `x = LayerNorm(y + bias + x)`, in chunks of rows.
+fn add_norm(x: &mut [f32], y: &[f32], bias: &[f32], norm: &Norm<HostWeight>, h: usize, eps: f32) {
     let (g, b) = (norm.gamma.f32(), norm.beta.f32());
-    x.par_chunks_mut(h)
-        .zip(y.par_chunks(h))
-        .for_each(|(x, y)| ops::add_norm(x, y, g, b, eps));
+    x.par_chunks_mut(h * ROWS)
+        .zip(y.par_chunks(h * ROWS))
+        .for_each(|(x, y)| ops::bias_residual_layer_norm_in_place(x, y, bias, g, b, eps));
 }

@@ -19,17 +19,7 @@ const POOLING: &str = "sentence_transformers.models.Pooling";
 const NORMALIZE: &str = "sentence_transformers.models.Normalize";
 
 /// How token vectors become one sentence vector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pooling {
-    /// The average of the tokens' vectors.
-    Mean,
-    /// The first token's ([CLS]) vector.
-    Cls,
-    /// The elementwise maximum.
-    Max,
-    /// The sum divided by the square root of the token count.
-    MeanSqrtLen,
-}
+pub use modelshare_kernels::Pooling;
 
 /// What the sentence-transformers files say.
 #[derive(Clone, Debug, PartialEq, Eq)]

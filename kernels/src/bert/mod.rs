@@ -1,0 +1,500 @@
+//! A BERT encoder's forward pass on the GPU, as one safe type: [`CudaBert`] reads the weights
+//! in place inside an imported arena (a [`Mapping`] it keeps alive), owns its activation
+//! buffers (allocated once, sized from its [`Limits`]), and turns token sequences into
+//! pooled sentence vectors. Every pointer it hands the launchers is one of its own buffers,
+//! or a tensor range checked against the arena's size when it was made, so nothing a caller
+//! passes can make it read or write out of bounds: this is the safe layer over the `unsafe`
+//! launchers of [`crate::encoder`] and [`crate::blas`].
+//!
+//! Per group of `B` sequences padded to their longest `S` (`T = B·S` tokens): the ids go up,
+//! then per layer three projections, the heads split with their biases (q scaled by 1/√d),
+//! the scores as one strided-batched product over `B·heads`, a masked softmax, the context as
+//! a second batched product, the heads merged, the output projection, then bias, residual and
+//! LayerNorm fused; the feed-forward (bias and exact GELU fused) and a second fused
+//! bias-residual-LayerNorm; then pooling (and normalizing) into f32 and one copy down.
+//! Activations are in the weights' dtype with f32 accumulation everywhere.
+
+mod weights;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use modelshare_device::Mapping;
+
+pub use weights::{Embeddings, EncoderWeights, Layer, Linear, Norm};
+
+use crate::blas::{BatchedMatmul, Blas};
+use crate::encoder::{self, EmbedArgs, HeadsArgs, Pooling, ResidualNormArgs};
+use crate::error::KernelError;
+use crate::{KernelCache, WeightDtype, sys};
+
+/// The sizes of an encoder (from its `config.json`) and what to do after the last layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dims {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Attention heads (dividing `hidden`).
+    pub heads: usize,
+    /// Feed-forward size.
+    pub intermediate: usize,
+    /// Rows of the position table.
+    pub max_positions: usize,
+    /// Rows of the token-type table (0: none).
+    pub type_vocab: usize,
+    /// The position of a sequence's first token in the position table.
+    pub position_offset: usize,
+    /// LayerNorm epsilon.
+    pub eps: f32,
+    /// Pooling of the last layer's token vectors.
+    pub pooling: Pooling,
+    /// L2-normalize the pooled vectors.
+    pub normalize: bool,
+}
+
+/// What one call may hold, sizing the activation buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most tokens (sequences × their padded length) in one call.
+    pub max_tokens: usize,
+    /// Most sequences in one call.
+    pub max_sequences: usize,
+    /// Longest sequence.
+    pub max_seq_len: usize,
+}
+
+/// Where a tensor lies in the arena, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// Offset from the arena's start.
+    pub offset: u64,
+    /// Length.
+    pub bytes: u64,
+}
+
+/// One sequence to encode: token ids and token types, of equal length.
+#[derive(Clone, Copy, Debug)]
+pub struct Tokens<'a> {
+    /// Token ids, each below the vocabulary size.
+    pub ids: &'a [u32],
+    /// Token types, each below the token-type vocabulary (or 0).
+    pub type_ids: &'a [u32],
+}
+
+/// One device buffer and its address.
+#[derive(Debug)]
+struct Buffer<T> {
+    slice: CudaSlice<T>,
+    ptr: u64,
+}
+
+impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> Buffer<T> {
+    fn new(stream: &Arc<CudaStream>, len: usize) -> Result<Self, KernelError> {
+        let slice = stream.alloc_zeros::<T>(len.max(16))?;
+        let (ptr, sync) = slice.device_ptr(stream);
+        drop(sync);
+        Ok(Self { slice, ptr })
+    }
+}
+
+/// The activations of one call, in the weights' dtype unless said otherwise.
+#[derive(Debug)]
+struct Buffers {
+    ids: Buffer<i32>,
+    type_ids: Buffer<i32>,
+    lengths: Buffer<i32>,
+    x: Buffer<u8>,
+    q: Buffer<u8>,
+    k: Buffer<u8>,
+    v: Buffer<u8>,
+    qh: Buffer<u8>,
+    kh: Buffer<u8>,
+    vh: Buffer<u8>,
+    ctx: Buffer<u8>,
+    proj: Buffer<u8>,
+    up: Buffer<u8>,
+    scores: Buffer<u8>,
+    pooled: Buffer<f32>,
+}
+
+/// A BERT encoder on the GPU holding an arena.
+#[derive(Debug)]
+pub struct CudaBert {
+    dims: Dims,
+    limits: Limits,
+    dtype: WeightDtype,
+    /// Absolute device addresses of the weights (checked inside `_arena`).
+    weights: EncoderWeights<u64>,
+    /// Keeps the arena (and so every address in `weights`) alive.
+    _arena: Mapping,
+    stream: Arc<CudaStream>,
+    blas: Blas,
+    cache: KernelCache,
+    buffers: Buffers,
+}
+
+impl CudaBert {
+    /// An encoder over `weights` (placed in `arena`, of `dtype`), on the arena's device and
+    /// context, which is bound to the calling thread. Checks every tensor's size against
+    /// `dims` and its range against the arena, makes a stream that waits for the arena's
+    /// load, and allocates the buffers.
+    pub fn new(
+        arena: &Mapping,
+        weights: &EncoderWeights<Placed>,
+        dtype: WeightDtype,
+        dims: Dims,
+        limits: Limits,
+    ) -> Result<Self, KernelError> {
+        sys::driver_available()?;
+        let (Some(base), Some(ctx)) = (arena.device_ptr(), arena.context()) else {
+            return Err(KernelError::bad("the arena is not in device memory"));
+        };
+        check_dims(&dims, &limits)?;
+        let es = dtype.size_bytes() as u64;
+        let mut sizes = expected_sizes(
+            &dims,
+            weights.layers.len(),
+            weights.embeddings.token_type.is_some(),
+        );
+        let weights = weights.try_map(|p| {
+            let want = sizes.next().unwrap_or(0) * es;
+            let end = p.offset.checked_add(p.bytes);
+            if p.bytes != want || end.is_none_or(|e| e > arena.len()) || !p.offset.is_multiple_of(es) {
+                return Err(KernelError::bad(format!(
+                    "a weight at offset {} of {} bytes is not the {want} bytes its shape needs inside the {}-byte arena",
+                    p.offset, p.bytes, arena.len()
+                )));
+            }
+            Ok(base + p.offset)
+        })?;
+        ctx.bind_to_thread()?;
+        let stream = ctx.new_stream()?;
+        arena
+            .wait_ready(&stream)
+            .map_err(|e| KernelError::bad(format!("cannot wait for the arena's load: {e}")))?;
+        let blas = Blas::new(stream.clone())?;
+        let t = limits.max_tokens;
+        let (h, es) = (dims.hidden, es as usize);
+        let act = |n: usize| Buffer::<u8>::new(&stream, n * es);
+        let buffers = Buffers {
+            ids: Buffer::new(&stream, t)?,
+            type_ids: Buffer::new(&stream, t)?,
+            lengths: Buffer::new(&stream, limits.max_sequences)?,
+            x: act(t * h)?,
+            q: act(t * h)?,
+            k: act(t * h)?,
+            v: act(t * h)?,
+            qh: act(t * h)?,
+            kh: act(t * h)?,
+            vh: act(t * h)?,
+            ctx: act(t * h)?,
+            proj: act(t * h)?,
+            up: act(t * dims.intermediate)?,
+            // B·heads·S² with B·S ≤ max_tokens and S ≤ max_seq_len.
+            scores: act(t * dims.heads * limits.max_seq_len)?,
+            pooled: Buffer::new(&stream, limits.max_sequences * h)?,
+        };
+        Ok(Self {
+            dims,
+            limits,
+            dtype,
+            weights,
+            _arena: arena.clone(),
+            stream,
+            blas,
+            cache: KernelCache::new(),
+            buffers,
+        })
+    }
+
+    /// The limits the buffers were sized for.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The pooled vectors of `seqs`, row-major `[seqs.len(), hidden]` f32. The group must fit
+    /// the limits (sequences of 1 to `max_seq_len` tokens; their count times the longest at
+    /// most `max_tokens`), ids inside the vocabularies. Blocks until the result is on the host.
+    pub fn encode(&mut self, seqs: &[Tokens<'_>]) -> Result<Vec<f32>, KernelError> {
+        let d = self.dims;
+        let (h, heads) = (d.hidden, d.heads);
+        let head_dim = h / heads;
+        let b = seqs.len();
+        let s = seqs.iter().map(|q| q.ids.len()).max().unwrap_or(0);
+        let t = b * s;
+        if b == 0 {
+            return Ok(Vec::new());
+        }
+        let l = self.limits;
+        if b > l.max_sequences
+            || t > l.max_tokens
+            || s > l.max_seq_len
+            || seqs.iter().any(|q| q.ids.is_empty())
+        {
+            return Err(KernelError::bad(format!(
+                "a group of {b} sequences of up to {s} tokens is outside the limits {l:?} (or holds an empty one)"
+            )));
+        }
+        let mut ids = vec![0i32; t];
+        let mut types = vec![0i32; t];
+        let mut lengths = Vec::with_capacity(b);
+        for (i, q) in seqs.iter().enumerate() {
+            if q.type_ids.len() != q.ids.len() {
+                return Err(KernelError::bad(
+                    "a sequence's token types and ids differ in length",
+                ));
+            }
+            for (j, (&id, &ty)) in q.ids.iter().zip(q.type_ids).enumerate() {
+                if id as usize >= d.vocab || (ty != 0 && ty as usize >= d.type_vocab) {
+                    return Err(KernelError::bad(format!(
+                        "token id {id} (type {ty}) is outside the vocabulary"
+                    )));
+                }
+                ids[i * s + j] = id as i32;
+                types[i * s + j] = ty as i32;
+            }
+            lengths.push(q.ids.len() as i32);
+        }
+        let st = self.stream.clone();
+        let bu = &mut self.buffers;
+        st.memcpy_htod(&ids, &mut bu.ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&types, &mut bu.type_ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&lengths, &mut bu.lengths.slice.slice_mut(..b))?;
+        let (bu, w, dtype, cache, blas) = (
+            &self.buffers,
+            &self.weights,
+            self.dtype,
+            &self.cache,
+            &self.blas,
+        );
+        let e = &w.embeddings;
+        // Every launch below ("as above"): the pointers are this encoder's buffers, sized in
+        // `new` for `limits` (and t ≤ max_tokens, b ≤ max_sequences, s ≤ max_seq_len were
+        // checked above), or weights whose ranges `new` checked inside the arena that
+        // `_arena` keeps alive; all work is on `st`, in order, and nothing else touches the
+        // buffers; the arena's weights are only read.
+        // SAFETY: as said just above.
+        unsafe {
+            encoder::embed_layer_norm(
+                cache,
+                &st,
+                dtype,
+                &EmbedArgs {
+                    out: bu.x.ptr,
+                    ids: bu.ids.ptr,
+                    type_ids: if e.token_type.is_some() {
+                        bu.type_ids.ptr
+                    } else {
+                        0
+                    },
+                    word: e.word,
+                    position: e.position,
+                    token_type: e.token_type.unwrap_or(0),
+                    gamma: e.norm.gamma,
+                    beta: e.norm.beta,
+                    tokens: t,
+                    seq_len: s,
+                    hidden: h,
+                    vocab: d.vocab,
+                    positions: d.max_positions,
+                    type_vocab: d.type_vocab,
+                    position_offset: d.position_offset,
+                    eps: d.eps,
+                },
+            )?;
+        }
+        for layer in &w.layers {
+            let linear = |x: u64, lin: &Linear<u64>, y: u64, inp: usize, out: usize| {
+                // SAFETY: as above.
+                unsafe { blas.linear(dtype, x, lin.weight, y, t, inp, out) }
+            };
+            linear(bu.x.ptr, &layer.query, bu.q.ptr, h, h)?;
+            linear(bu.x.ptr, &layer.key, bu.k.ptr, h, h)?;
+            linear(bu.x.ptr, &layer.value, bu.v.ptr, h, h)?;
+            let heads_args = HeadsArgs {
+                q: bu.q.ptr,
+                k: bu.k.ptr,
+                v: bu.v.ptr,
+                q_bias: layer.query.bias,
+                k_bias: layer.key.bias,
+                v_bias: layer.value.bias,
+                q_out: bu.qh.ptr,
+                k_out: bu.kh.ptr,
+                v_out: bu.vh.ptr,
+                batch: b,
+                seq: s,
+                heads,
+                head_dim,
+                q_scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            let scores = BatchedMatmul {
+                a: bu.qh.ptr,
+                b: bu.kh.ptr,
+                c: bu.scores.ptr,
+                m: s,
+                n: s,
+                k: head_dim,
+                batch: b * heads,
+                stride_a: s * head_dim,
+                stride_b: s * head_dim,
+                stride_c: s * s,
+                b_transposed: true,
+                alpha: 1.0,
+            };
+            // The context goes into `ctx`'s head layout first (qh is free by then).
+            let context = BatchedMatmul {
+                a: bu.scores.ptr,
+                b: bu.vh.ptr,
+                c: bu.qh.ptr,
+                m: s,
+                n: head_dim,
+                k: s,
+                batch: b * heads,
+                stride_a: s * s,
+                stride_b: s * head_dim,
+                stride_c: s * head_dim,
+                b_transposed: false,
+                alpha: 1.0,
+            };
+            // SAFETY: as above.
+            unsafe {
+                encoder::split_heads(cache, &st, dtype, &heads_args)?;
+                blas.batched_matmul(dtype, &scores)?;
+                encoder::masked_softmax(
+                    cache,
+                    &st,
+                    dtype,
+                    bu.scores.ptr,
+                    bu.lengths.ptr,
+                    b,
+                    heads,
+                    s,
+                )?;
+                blas.batched_matmul(dtype, &context)?;
+                encoder::merge_heads(
+                    cache, &st, dtype, bu.qh.ptr, bu.ctx.ptr, b, heads, s, head_dim,
+                )?;
+            }
+            linear(bu.ctx.ptr, &layer.attn_out, bu.proj.ptr, h, h)?;
+            self.add_norm(bu.proj.ptr, layer.attn_out.bias, &layer.attn_norm, t)?;
+            linear(bu.x.ptr, &layer.up, bu.up.ptr, h, d.intermediate)?;
+            // SAFETY: as above.
+            unsafe {
+                encoder::bias_gelu(
+                    cache,
+                    &st,
+                    dtype,
+                    bu.up.ptr,
+                    layer.up.bias,
+                    t,
+                    d.intermediate,
+                )?
+            };
+            linear(bu.up.ptr, &layer.down, bu.proj.ptr, d.intermediate, h)?;
+            self.add_norm(bu.proj.ptr, layer.down.bias, &layer.out_norm, t)?;
+        }
+        // SAFETY: as above; `pooled` holds max_sequences·hidden f32.
+        unsafe {
+            encoder::pool(
+                cache,
+                &st,
+                dtype,
+                bu.x.ptr,
+                bu.lengths.ptr,
+                bu.pooled.ptr,
+                b,
+                s,
+                h,
+                d.pooling,
+                d.normalize,
+            )?;
+        }
+        let mut out = vec![0.0f32; b * h];
+        st.memcpy_dtoh(&self.buffers.pooled.slice.slice(..b * h), &mut out)?;
+        st.synchronize()?;
+        Ok(out)
+    }
+
+    /// `x = LayerNorm(y + bias + x)` over `rows` tokens, in place on the hidden states.
+    fn add_norm(
+        &self,
+        y: u64,
+        bias: u64,
+        norm: &Norm<u64>,
+        rows: usize,
+    ) -> Result<(), KernelError> {
+        let x = self.buffers.x.ptr;
+        let args = ResidualNormArgs {
+            out: x,
+            x: y,
+            bias,
+            residual: x,
+            gamma: norm.gamma,
+            beta: norm.beta,
+            rows,
+            cols: self.dims.hidden,
+            eps: self.dims.eps,
+        };
+        // SAFETY: as in `encode`: own buffers of rows ≤ max_tokens, checked weights.
+        unsafe { encoder::bias_residual_layer_norm(&self.cache, &self.stream, self.dtype, &args) }
+    }
+}
+
+/// Sizes that could not work: nothing is allocated for them.
+fn check_dims(d: &Dims, l: &Limits) -> Result<(), KernelError> {
+    let ok = d.hidden > 0
+        && d.heads > 0
+        && d.hidden.is_multiple_of(d.heads)
+        && d.vocab > 0
+        && d.intermediate > 0
+        && l.max_seq_len > 0
+        && l.max_seq_len + d.position_offset <= d.max_positions
+        && l.max_tokens >= l.max_seq_len
+        && l.max_sequences > 0;
+    if ok {
+        Ok(())
+    } else {
+        Err(KernelError::bad(format!(
+            "encoder sizes {d:?} with limits {l:?} do not fit together"
+        )))
+    }
+}
+
+/// The element counts of every weight, in `try_map`'s order (embeddings, then each layer).
+fn expected_sizes(d: &Dims, layers: usize, token_types: bool) -> impl Iterator<Item = u64> {
+    let (v, h, i, p, ty) = (
+        d.vocab as u64,
+        d.hidden as u64,
+        d.intermediate as u64,
+        d.max_positions as u64,
+        d.type_vocab as u64,
+    );
+    let mut sizes = vec![v * h, p * h];
+    if token_types {
+        sizes.push(ty * h);
+    }
+    sizes.extend([h, h]);
+    for _ in 0..layers {
+        // query, key, value, attn_out (weight, bias), attn_norm, up, down, out_norm.
+        sizes.extend([
+            h * h,
+            h,
+            h * h,
+            h,
+            h * h,
+            h,
+            h * h,
+            h,
+            h,
+            h,
+            i * h,
+            i,
+            h * i,
+            h,
+            h,
+            h,
+        ]);
+    }
+    sizes.into_iter()
+}
