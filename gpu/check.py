@@ -123,6 +123,19 @@ class Check:
         self.row("kernels", p.returncode == 0, f"gemv/ms64 vs CPU ref ok={p.returncode == 0}; best gemv {best:.0f} GB/s; "
                  f"d2d {r.get('d2d_gbps') or 0:.0f} GB/s")
 
+    def encoder_kernels(self):
+        p = self.run([f"{self.bin}/encoder_check"], timeout=600)
+        r = last_json(p.stdout) or {}
+        self.results["encoder_kernels"] = r
+        with open(os.path.join(self.out, "encoder_check.txt"), "w") as f:
+            f.write(p.stdout + p.stderr)
+        checks = r.get("checks", [])
+        good = sum(1 for c in checks if c.get("ok"))
+        layer = next((t for t in r.get("bert_large_f16", []) if "layer" in str(t.get("step", ""))), {})
+        self.row("encoder kernels", p.returncode == 0 and checks and good == len(checks),
+                 f"{good}/{len(checks)} checks vs the CPU references (f32/f16/bf16); BERT-large f16 layer "
+                 f"{layer.get('tflops') or 0:.0f} TFLOP/s")
+
     def anchors(self, model_file):
         py = sys.executable
         a = os.path.join(ROOT, "bench", "anchors.py")
@@ -416,6 +429,7 @@ def main():
         c.device()
         if want("kernels"):
             c.kernels()
+            c.encoder_kernels()
         if want("anchors"):
             c.anchors(model_file)
         elif not os.path.exists(model_file):
