@@ -3,12 +3,15 @@
 //! an `embedding` FP32 `[hidden]` tensor and its `prompt_tokens` count.
 //!
 //! Item parameters: `truncate` (bool, default true): false fails an input longer than the
-//! model's limit instead of cutting it.
+//! model's limit instead of cutting it; `dimensions` (OpenAI's, an integer): accepted when it
+//! is the model's own size (a BERT vector cut short means nothing), refused otherwise.
 
 use std::sync::Arc;
 
 use modelshare_proto::v1 as pb;
-use modelshare_worker::serve::{Batch, Input, Item, ItemFailure, Outcome, Output, OutputTensor};
+use modelshare_worker::serve::{
+    Batch, Input, InputTensor, Item, ItemFailure, Outcome, Output, OutputTensor,
+};
 use modelshare_worker::{Handler, Model};
 
 use crate::engine::Engine;
@@ -43,7 +46,8 @@ impl Handler for Embedder {
     async fn handle(&self, batch: Batch) -> Vec<Outcome> {
         let text = self.text.clone();
         let items = batch.items;
-        let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items)).await;
+        let hidden = self.engine.hidden();
+        let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items, hidden)).await;
         let Ok(tokenized) = tokenized else {
             return vec![Err(ItemFailure::internal("tokenization failed"))];
         };
@@ -90,12 +94,11 @@ impl Handler for Embedder {
 }
 
 /// Each item's sequence, or why it has none.
-fn tokenize(text: &TextEncoder, items: &[Item]) -> Vec<Result<Sequence, TokenizeError>> {
-    let truncate = |item: &Item| {
-        item.parameter("truncate")
-            .and_then(|p| p.as_bool())
-            .unwrap_or(true)
-    };
+fn tokenize(
+    text: &TextEncoder,
+    items: &[Item],
+    hidden: usize,
+) -> Vec<Result<Sequence, TokenizeError>> {
     let texts: Vec<(&str, bool)> = items
         .iter()
         .filter_map(|item| match &item.input {
@@ -106,29 +109,112 @@ fn tokenize(text: &TextEncoder, items: &[Item]) -> Vec<Result<Sequence, Tokenize
     let mut encoded = text.encode(&texts).into_iter();
     items
         .iter()
-        .map(|item| match &item.input {
-            Input::Text(_) => encoded
-                .next()
-                .unwrap_or_else(|| Err(TokenizeError::Tokenizer("not encoded".into()))),
-            Input::Tensors(tensors) => match tensors.as_slice() {
-                [t] if t.name == INPUT_IDS
-                    && matches!(t.dtype, pb::DType::DtypeI32 | pb::DType::DtypeI64)
-                    && t.shape.len() == 1 =>
-                {
-                    let ids: Vec<i64> = match t.dtype {
-                        pb::DType::DtypeI32 => t.to_vec::<i32>().map(|v| v.into_iter().map(i64::from).collect()),
-                        _ => t.to_vec::<i64>(),
-                    }
-                    .map_err(|e| TokenizeError::BadInput(e.message))?;
-                    if ids.is_empty() {
-                        return Err(TokenizeError::BadInput("input_ids is empty".into()));
-                    }
-                    text.ids(&ids, truncate(item))
-                }
-                _ => Err(TokenizeError::BadInput(format!(
-                    "the input must be text (OIP BYTES) or one INT32/INT64 tensor '{INPUT_IDS}' of shape [n]"
-                ))),
-            },
+        .map(|item| {
+            // Drawn for every text item, whether or not its parameters are good.
+            let encoded = matches!(item.input, Input::Text(_)).then(|| encoded.next());
+            check_dimensions(item, hidden)?;
+            match (&item.input, encoded.flatten()) {
+                (Input::Text(_), Some(seq)) => seq,
+                (Input::Text(_), None) => Err(TokenizeError::Tokenizer("not encoded".into())),
+                (Input::Tensors(tensors), _) => token_ids(text, item, tensors),
+            }
         })
         .collect()
+}
+
+/// The item's `truncate` parameter (default true).
+fn truncate(item: &Item) -> bool {
+    item.parameter("truncate")
+        .and_then(|p| p.as_bool())
+        .unwrap_or(true)
+}
+
+/// Refuses a `dimensions` other than the model's own.
+fn check_dimensions(item: &Item, hidden: usize) -> Result<(), TokenizeError> {
+    match item.parameter("dimensions") {
+        Some(d) if d.as_i64() != Some(hidden as i64) => Err(TokenizeError::BadInput(format!(
+            "this model's embeddings have {hidden} dimensions; 'dimensions' may only be {hidden}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The sequence of a tensor item: one INT32/INT64 `input_ids` of shape `[n]`.
+fn token_ids(
+    text: &TextEncoder,
+    item: &Item,
+    tensors: &[InputTensor],
+) -> Result<Sequence, TokenizeError> {
+    let [t] = tensors else {
+        return Err(bad_tensors());
+    };
+    if t.name != INPUT_IDS || t.shape.len() != 1 {
+        return Err(bad_tensors());
+    }
+    let ids: Vec<i64> = match t.dtype {
+        pb::DType::DtypeI32 => t
+            .to_vec::<i32>()
+            .map(|v| v.into_iter().map(i64::from).collect()),
+        pb::DType::DtypeI64 => t.to_vec::<i64>(),
+        _ => return Err(bad_tensors()),
+    }
+    .map_err(|e| TokenizeError::BadInput(e.message))?;
+    if ids.is_empty() {
+        return Err(TokenizeError::BadInput("input_ids is empty".into()));
+    }
+    text.ids(&ids, truncate(item))
+}
+
+fn bad_tensors() -> TokenizeError {
+    TokenizeError::BadInput(format!(
+        "the input must be text (OIP BYTES) or one INT32/INT64 tensor '{INPUT_IDS}' of shape [n]"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use modelshare_worker::Bytes;
+
+    use super::*;
+    use crate::tokenize::tests::encoder;
+
+    fn ids_tensor(name: &str, dtype: pb::DType, ids: &[i64]) -> InputTensor {
+        let data: Vec<u8> = match dtype {
+            pb::DType::DtypeI32 => ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect(),
+            _ => ids.iter().flat_map(|&i| i.to_le_bytes()).collect(),
+        };
+        InputTensor::new(name, dtype, vec![ids.len() as i64], Bytes::from(data))
+    }
+
+    /// Items would get another item's sequence, or bad inputs and parameters would pass.
+    #[test]
+    fn items_become_sequences_or_say_why_not() {
+        let t = encoder(6, false);
+        let text = |s: &str| Item::new(0, Input::Text(s.into()));
+        let tensors = |v: Vec<InputTensor>| Item::new(0, Input::Tensors(v));
+        let items = vec![
+            text("hello"),
+            tensors(vec![ids_tensor(INPUT_IDS, pb::DType::DtypeI32, &[2, 5, 3])]),
+            text("world").with_parameter("dimensions", 8i64),
+            text("world").with_parameter("dimensions", 4i64),
+            text("hello world hello world hello world").with_parameter("truncate", false),
+            tensors(vec![ids_tensor("other", pb::DType::DtypeI64, &[2, 3])]),
+            tensors(vec![ids_tensor(INPUT_IDS, pb::DType::DtypeI64, &[])]),
+            tensors(vec![ids_tensor(INPUT_IDS, pb::DType::DtypeI64, &[2, 99])]),
+            text("world"),
+        ];
+        let out = tokenize(&t, &items, 8);
+        let ids = |i: usize| out[i].as_ref().map(|s| s.ids.clone());
+        assert_eq!(ids(0), Ok(vec![2, 4, 3]));
+        assert_eq!(ids(1), Ok(vec![2, 5, 3]));
+        assert_eq!(ids(2), Ok(vec![2, 5, 3]));
+        let err = |i: usize| out[i].as_ref().expect_err("fails").to_string();
+        assert!(err(3).contains("'dimensions' may only be 8"), "{}", err(3));
+        assert!(err(4).contains("limit of 6"), "{}", err(4));
+        assert!(err(5).contains("input_ids"), "{}", err(5));
+        assert!(err(6).contains("empty"), "{}", err(6));
+        assert!(err(7).contains("outside the vocabulary"), "{}", err(7));
+        // The text after the failed ones still gets its own sequence.
+        assert_eq!(ids(8), Ok(vec![2, 5, 3]));
+    }
 }

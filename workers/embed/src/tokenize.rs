@@ -186,7 +186,7 @@ impl TextEncoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::spec::{EncoderConfig, Pooling};
 
@@ -216,7 +216,8 @@ mod tests {
                           "日": 6, "本": 7, "##s": 8, "!": 9}}
     }"###;
 
-    fn encoder(max_seq_len: usize, lower_case: bool) -> TextEncoder {
+    /// A tokenizer over the tiny vocabulary of [`TOKENIZER`] (`hello` 4, `world` 5, ...).
+    pub(crate) fn encoder(max_seq_len: usize, lower_case: bool) -> TextEncoder {
         let config = r#"{"hidden_size":8,"intermediate_size":16,"max_position_embeddings":64,
             "model_type":"bert","num_attention_heads":2,"num_hidden_layers":1,"vocab_size":12}"#;
         let spec = ModelSpec {
