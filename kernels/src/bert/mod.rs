@@ -111,8 +111,6 @@ struct Buffers {
     qh: Buffer<u8>,
     kh: Buffer<u8>,
     vh: Buffer<u8>,
-    ctx: Buffer<u8>,
-    proj: Buffer<u8>,
     up: Buffer<u8>,
     scores: Buffer<u8>,
     pooled: Buffer<f32>,
@@ -132,6 +130,8 @@ pub struct CudaBert {
     blas: Blas,
     cache: KernelCache,
     buffers: Buffers,
+    /// Elements of the scores buffer.
+    scores_elems: usize,
 }
 
 impl CudaBert {
@@ -174,7 +174,7 @@ impl CudaBert {
             .wait_ready(&stream)
             .map_err(|e| KernelError::bad(format!("cannot wait for the arena's load: {e}")))?;
         let blas = Blas::new(stream.clone())?;
-        let t = limits.max_tokens;
+        let t = limits.max_tokens + PAD_TO * limits.max_sequences;
         let (h, es) = (dims.hidden, es as usize);
         let act = |n: usize| Buffer::<u8>::new(&stream, n * es);
         let buffers = Buffers {
@@ -188,11 +188,9 @@ impl CudaBert {
             qh: act(t * h)?,
             kh: act(t * h)?,
             vh: act(t * h)?,
-            ctx: act(t * h)?,
-            proj: act(t * h)?,
             up: act(t * dims.intermediate)?,
-            // B·heads·S² with B·S ≤ max_tokens and S ≤ max_seq_len.
-            scores: act(t * dims.heads * limits.max_seq_len)?,
+            // The attention runs in sub-batches whose scores fit this (at least one sequence).
+            scores: act(scores_elems(&dims, &limits, es))?,
             pooled: Buffer::new(&stream, limits.max_sequences * h)?,
         };
         Ok(Self {
@@ -205,6 +203,7 @@ impl CudaBert {
             blas,
             cache: KernelCache::new(),
             buffers,
+            scores_elems: scores_elems(&dims, &limits, es),
         })
     }
 
@@ -221,21 +220,24 @@ impl CudaBert {
         let (h, heads) = (d.hidden, d.heads);
         let head_dim = h / heads;
         let b = seqs.len();
-        let s = seqs.iter().map(|q| q.ids.len()).max().unwrap_or(0);
-        let t = b * s;
+        let longest = seqs.iter().map(|q| q.ids.len()).max().unwrap_or(0);
         if b == 0 {
             return Ok(Vec::new());
         }
         let l = self.limits;
         if b > l.max_sequences
-            || t > l.max_tokens
-            || s > l.max_seq_len
+            || b * longest > l.max_tokens
+            || longest > l.max_seq_len
             || seqs.iter().any(|q| q.ids.is_empty())
         {
             return Err(KernelError::bad(format!(
-                "a group of {b} sequences of up to {s} tokens is outside the limits {l:?} (or holds an empty one)"
+                "a group of {b} sequences of up to {longest} tokens is outside the limits {l:?} (or holds an empty one)"
             )));
         }
+        // Padded to a multiple of 8 (tensor-core friendly strides), within the position table;
+        // the buffers hold max_tokens + 8·max_sequences tokens for it.
+        let s = padded_len(longest, d.max_positions - d.position_offset);
+        let t = b * s;
         let mut ids = vec![0i32; t];
         let mut types = vec![0i32; t];
         let mut lengths = Vec::with_capacity(b);
@@ -328,56 +330,69 @@ impl CudaBert {
                 head_dim,
                 q_scale: 1.0 / (head_dim as f32).sqrt(),
             };
-            let scores = BatchedMatmul {
-                a: bu.qh.ptr,
-                b: bu.kh.ptr,
-                c: bu.scores.ptr,
-                m: s,
-                n: s,
-                k: head_dim,
-                batch: b * heads,
-                stride_a: s * head_dim,
-                stride_b: s * head_dim,
-                stride_c: s * s,
-                b_transposed: true,
-                alpha: 1.0,
-            };
-            // The context goes into `ctx`'s head layout first (qh is free by then).
-            let context = BatchedMatmul {
-                a: bu.scores.ptr,
-                b: bu.vh.ptr,
-                c: bu.qh.ptr,
-                m: s,
-                n: head_dim,
-                k: s,
-                batch: b * heads,
-                stride_a: s * s,
-                stride_b: s * head_dim,
-                stride_c: s * head_dim,
-                b_transposed: false,
-                alpha: 1.0,
-            };
+            // SAFETY: as above.
+            unsafe { encoder::split_heads(cache, &st, dtype, &heads_args)? };
+            // The context goes into qh (free once the scores are made), then merged into q.
+            let per_seq = heads * s * s;
+            let chunk = (self.scores_elems / per_seq).clamp(1, b);
+            let es = dtype.size_bytes() as u64;
+            for b0 in (0..b).step_by(chunk) {
+                let nb = chunk.min(b - b0);
+                let at = |base: u64, per: usize| base + (b0 * per) as u64 * es;
+                let scores = BatchedMatmul {
+                    a: at(bu.qh.ptr, heads * s * head_dim),
+                    b: at(bu.kh.ptr, heads * s * head_dim),
+                    c: bu.scores.ptr,
+                    m: s,
+                    n: s,
+                    k: head_dim,
+                    batch: nb * heads,
+                    stride_a: s * head_dim,
+                    stride_b: s * head_dim,
+                    stride_c: s * s,
+                    b_transposed: true,
+                    alpha: 1.0,
+                };
+                let context = BatchedMatmul {
+                    a: bu.scores.ptr,
+                    b: at(bu.vh.ptr, heads * s * head_dim),
+                    c: at(bu.qh.ptr, heads * s * head_dim),
+                    m: s,
+                    n: head_dim,
+                    k: s,
+                    batch: nb * heads,
+                    stride_a: s * s,
+                    stride_b: s * head_dim,
+                    stride_c: s * head_dim,
+                    b_transposed: false,
+                    alpha: 1.0,
+                };
+                let lengths = bu.lengths.ptr + (b0 * 4) as u64;
+                // SAFETY: as above; the sub-batch [b0, b0 + nb) lies inside the group's
+                // heads, and its scores (nb·heads·s² ≤ scores_elems) inside `scores`.
+                unsafe {
+                    blas.batched_matmul(dtype, &scores)?;
+                    encoder::masked_softmax(
+                        cache,
+                        &st,
+                        dtype,
+                        bu.scores.ptr,
+                        lengths,
+                        nb,
+                        heads,
+                        s,
+                    )?;
+                    blas.batched_matmul(dtype, &context)?;
+                }
+            }
             // SAFETY: as above.
             unsafe {
-                encoder::split_heads(cache, &st, dtype, &heads_args)?;
-                blas.batched_matmul(dtype, &scores)?;
-                encoder::masked_softmax(
-                    cache,
-                    &st,
-                    dtype,
-                    bu.scores.ptr,
-                    bu.lengths.ptr,
-                    b,
-                    heads,
-                    s,
-                )?;
-                blas.batched_matmul(dtype, &context)?;
                 encoder::merge_heads(
-                    cache, &st, dtype, bu.qh.ptr, bu.ctx.ptr, b, heads, s, head_dim,
-                )?;
-            }
-            linear(bu.ctx.ptr, &layer.attn_out, bu.proj.ptr, h, h)?;
-            self.add_norm(bu.proj.ptr, layer.attn_out.bias, &layer.attn_norm, t)?;
+                    cache, &st, dtype, bu.qh.ptr, bu.q.ptr, b, heads, s, head_dim,
+                )?
+            };
+            linear(bu.q.ptr, &layer.attn_out, bu.k.ptr, h, h)?;
+            self.add_norm(bu.k.ptr, layer.attn_out.bias, &layer.attn_norm, t)?;
             linear(bu.x.ptr, &layer.up, bu.up.ptr, h, d.intermediate)?;
             // SAFETY: as above.
             unsafe {
@@ -391,8 +406,8 @@ impl CudaBert {
                     d.intermediate,
                 )?
             };
-            linear(bu.up.ptr, &layer.down, bu.proj.ptr, d.intermediate, h)?;
-            self.add_norm(bu.proj.ptr, layer.down.bias, &layer.out_norm, t)?;
+            linear(bu.up.ptr, &layer.down, bu.k.ptr, d.intermediate, h)?;
+            self.add_norm(bu.k.ptr, layer.down.bias, &layer.out_norm, t)?;
         }
         // SAFETY: as above; `pooled` holds max_sequences·hidden f32.
         unsafe {
@@ -439,6 +454,23 @@ impl CudaBert {
         // SAFETY: as in `encode`: own buffers of rows ≤ max_tokens, checked weights.
         unsafe { encoder::bias_residual_layer_norm(&self.cache, &self.stream, self.dtype, &args) }
     }
+}
+
+/// Sequences are padded to a multiple of this many tokens.
+const PAD_TO: usize = 8;
+/// The attention scores of a sub-batch take at most this many bytes (or one sequence's).
+const SCORES_BYTES: usize = 64 << 20;
+
+/// `len` rounded up to a multiple of [`PAD_TO`], but not past `table` (the positions).
+fn padded_len(len: usize, table: usize) -> usize {
+    len.next_multiple_of(PAD_TO).min(table).max(len)
+}
+
+/// Elements of the scores buffer: [`SCORES_BYTES`] worth, and at least one sequence of the
+/// longest padded length.
+fn scores_elems(d: &Dims, l: &Limits, es: usize) -> usize {
+    let s = padded_len(l.max_seq_len, d.max_positions - d.position_offset);
+    (SCORES_BYTES / es.max(1)).max(d.heads * s * s)
 }
 
 /// Sizes that could not work: nothing is allocated for them.

@@ -66,6 +66,10 @@ impl Encoder for CudaEncoder {
         self.bert.limits().max_tokens
     }
 
+    fn pads(&self) -> bool {
+        true
+    }
+
     fn max_sequences(&self) -> usize {
         self.bert.limits().max_sequences
     }

@@ -30,6 +30,10 @@ pub trait Encoder: Send {
     /// Most sequences one call takes.
     fn max_sequences(&self) -> usize;
 
+    /// Whether a call pads its sequences to the longest (so groups should be of like
+    /// lengths).
+    fn pads(&self) -> bool;
+
     /// The sentence vectors of `seqs`, row-major `[seqs.len(), hidden]`. The caller keeps
     /// within [`max_tokens`](Encoder::max_tokens) and [`max_sequences`](Encoder::max_sequences)
     /// and passes sequences of at least one token, ids inside the vocabulary.

@@ -81,7 +81,13 @@ fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeE
     let hidden = encoder.hidden();
     let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
     let mut out = vec![0.0f32; seqs.len() * hidden];
-    for group in plan(&lengths, encoder.max_tokens(), encoder.max_sequences()) {
+    let waste = if encoder.pads() { MAX_PADDING } else { 1.0 };
+    for group in plan(
+        &lengths,
+        encoder.max_tokens(),
+        encoder.max_sequences(),
+        waste,
+    ) {
         let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
         let vectors = encoder.encode(&members)?;
         for (row, &i) in vectors.chunks_exact(hidden).zip(&group) {
@@ -91,9 +97,22 @@ fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeE
     Ok(out)
 }
 
+/// The most padding a group of a padding encoder may carry, as a fraction of its first
+/// (longest) sequence: a sequence shorter than that starts a new group.
+const MAX_PADDING: f64 = 0.25;
+/// Groups smaller than this take shorter sequences anyway (a group has a fixed cost).
+const MIN_GROUP: usize = 16;
+
 /// Groups of sequence indices, longest first, each with at most `max_sequences` members
-/// and `members × longest ≤ max_tokens` (a sequence longer than `max_tokens` alone).
-pub fn plan(lengths: &[usize], max_tokens: usize, max_sequences: usize) -> Vec<Vec<usize>> {
+/// and `members × longest ≤ max_tokens` (a sequence longer than `max_tokens` alone); once a
+/// group has [`MIN_GROUP`] members, a sequence shorter than `(1 − max_padding) × longest`
+/// starts the next (padding bounded where it costs: on the GPU, attention grows as S²).
+pub fn plan(
+    lengths: &[usize],
+    max_tokens: usize,
+    max_sequences: usize,
+    max_padding: f64,
+) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..lengths.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
     let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -102,7 +121,9 @@ pub fn plan(lengths: &[usize], max_tokens: usize, max_sequences: usize) -> Vec<V
             // Sorted longest first: the group's first member is its longest.
             Some(g)
                 if g.len() < max_sequences.max(1)
-                    && (g.len() + 1) * lengths[g[0]] <= max_tokens =>
+                    && (g.len() + 1) * lengths[g[0]] <= max_tokens
+                    && (g.len() < MIN_GROUP
+                        || lengths[i] as f64 >= (1.0 - max_padding) * lengths[g[0]] as f64) =>
             {
                 g.push(i)
             }
@@ -120,7 +141,7 @@ mod tests {
     #[test]
     fn plans_groups_within_limits_longest_first() {
         let lengths = [3, 10, 2, 10, 7, 1, 30];
-        let groups = plan(&lengths, 24, 3);
+        let groups = plan(&lengths, 24, 3, 1.0);
         assert_eq!(groups, vec![vec![6], vec![1, 3], vec![4, 0, 2], vec![5]]);
         let mut all: Vec<usize> = groups.concat();
         all.sort_unstable();
@@ -129,6 +150,23 @@ mod tests {
             assert!(g.len() <= 3);
             assert!(g.len() == 1 || g.len() * lengths[g[0]] <= 24);
         }
-        assert!(plan(&[], 10, 10).is_empty());
+        assert!(plan(&[], 10, 10, 1.0).is_empty());
+    }
+
+    /// A padding encoder would get short sequences padded to long ones.
+    #[test]
+    fn bounds_padding_once_groups_are_big_enough() {
+        let lengths: Vec<usize> = (0..64).map(|i| 100 - i).collect(); // 100 down to 37
+        let groups = plan(&lengths, 1 << 20, 1000, 0.25);
+        for g in &groups {
+            let (first, last) = (lengths[g[0]], lengths[*g.last().expect("member")]);
+            assert!(
+                g.len() <= MIN_GROUP || last as f64 >= 0.75 * first as f64,
+                "{first}..{last}"
+            );
+        }
+        assert_eq!(groups.len(), 4, "{groups:?}");
+        // Without the bound: one group.
+        assert_eq!(plan(&lengths, 1 << 20, 1000, 1.0).len(), 1);
     }
 }

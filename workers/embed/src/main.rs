@@ -67,8 +67,8 @@ struct Args {
     #[arg(long, default_value_t = 16 << 20)]
     max_batch_bytes: u64,
     /// Most tokens (sequences × their padded length) in one forward pass; sizes the GPU's
-    /// activation buffers.
-    #[arg(long, default_value_t = 32768)]
+    /// activation buffers (about 14 × hidden × this many bytes in f16).
+    #[arg(long, default_value_t = 16384)]
     max_batch_tokens: usize,
     /// Longest input in tokens, special tokens included (default: the model's
     /// max_seq_length); longer inputs are truncated.

@@ -105,6 +105,10 @@ impl Encoder for CpuEncoder {
         self.max_tokens
     }
 
+    fn pads(&self) -> bool {
+        false
+    }
+
     fn max_sequences(&self) -> usize {
         self.max_sequences
     }
