@@ -1,0 +1,686 @@
+#!/usr/bin/env python3
+"""Sentence-embedding throughput and GPU memory: modelshare (one server holding the weights, N
+modelshare-embed workers computing from them) against sentence-transformers, on MiniLM-L6
+(gpu-carry/minilm-f16) and a BERT-large-shaped model with random weights made here.
+
+Run on the GPU machine after scripts/gpu-wheels prepared gpu-carry/ elsewhere:
+    python3 gpu/embed_bench.py --bin gpu-carry/embed-bin --model-dir gpu-carry/minilm-f16 --out "$OUT"
+        [--workers 1,2,4,8] [--sentences 20000] [--quick]
+A CPU-only rehearsal of the whole flow at tiny scale (MiniLM only, sentence-transformers on the CPU):
+    python3 gpu/embed_bench.py --bin target/release --model-dir DIR --out /tmp/eb \\
+        --backend host --st-device cpu --models minilm --sentences 200 --workers 1,2
+
+What it measures, per model:
+  sentence-transformers  encode() in fp16 (fp32 on the CPU) at batch sizes 32, 64, 128, 256, each
+                         timed on its second pass over the sentences: sentences/s, and tokens/s
+                         (tokens as its tokenizer counts them: truncated to max_seq_length, special
+                         tokens included).
+  modelshare             `modelshare serve --backend cuda` holding the f16 weights once, N workers
+                         (--max-batch-items 256); clients are --concurrency processes POSTing
+                         /v1/embeddings with 64-128 sentences each over keep-alive HTTP: sentences/s
+                         and tokens/s (from usage.prompt_tokens) for the whole set, timed on the
+                         second pass.
+                         A sample of the answers is checked against sentence-transformers (cosine
+                         >= 0.999).
+  GPU memory             nvidia-smi (memory.used, and per process) with the most workers serving,
+                         against as many sentence-transformers processes each holding the model
+                         (idle after one encode).
+The reference vectors come from sentence-transformers in fp32 on the same f16 files (upcast at
+load: the f32 originals are too big to carry), so they measure the engines' arithmetic, not the
+f16 rounding of the weights, which both sides share.
+
+Every part runs on its own: a failure is recorded (in the JSON and the table's notes) and the
+rest goes on; parts are skipped once --budget-s is spent. Writes $OUT/embed_bench.json,
+$OUT/embed_bench.md, $OUT/sentences.json and every subprocess's log under $OUT/logs/.
+"""
+
+import argparse
+import base64
+import http.client
+import json
+import lzma
+import multiprocessing as mp
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SEED = 20240229
+ST_BATCHES = (32, 64, 128, 256)
+REQUEST_SIZES = (64, 128)  # sentences per HTTP request, drawn uniformly
+WORDS = (4, 128)  # words per sentence, drawn uniformly
+SAMPLE = 256  # sentences whose vectors are checked per run
+MIN_COSINE = 0.999
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+MIB = 1 << 20
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The workload
+
+
+def make_sentences(model_dir, count):
+    """`count` deterministic sentences of 4-128 words drawn from the tokenizer's whole-word vocabulary."""
+    with open(os.path.join(model_dir, "tokenizer.json")) as f:
+        vocab = json.load(f)["model"]["vocab"]
+    words = sorted(w for w in vocab if w.isascii() and w.isalpha() and len(w) >= 3)
+    rng = random.Random(SEED)
+    sentences = []
+    for _ in range(count):
+        n = rng.randint(*WORDS)
+        text = " ".join(rng.choice(words) for _ in range(n))
+        sentences.append(text[0].upper() + text[1:] + ".")
+    return sentences
+
+
+def make_requests(count):
+    """Consecutive [start, end) slices of 64-128 sentences covering `count` sentences."""
+    rng = random.Random(SEED + 1)
+    chunks, start = [], 0
+    while start < count:
+        end = min(count, start + rng.randint(*REQUEST_SIZES))
+        chunks.append((start, end))
+        start = end
+    return chunks
+
+
+def sample_indices(count):
+    """The sentences whose vectors are checked: SAMPLE of them, evenly spread."""
+    return sorted(set(np.linspace(0, count - 1, min(SAMPLE, count)).astype(int).tolist()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Child processes (this script with --child): they import torch; the parent never does, so that
+# it can fork the HTTP clients.
+
+
+def child_st_bench(job):
+    """sentence-transformers: token counts, fp32 reference vectors of the sample, then encode()
+    throughput per batch size (fp16 on CUDA), each timed on a second pass over the sentences: the
+    first pass of a batch size meets new tensor shapes, which costs ~0.1 s each on CUDA."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    sentences = load_json(job["sentences"])
+    model = SentenceTransformer(job["model_dir"], device=job["device"]).float()
+    ids = model.tokenizer(sentences, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    tokens = sum(len(x) for x in ids)
+    ref = model.encode([sentences[i] for i in job["sample"]], batch_size=64, convert_to_numpy=True)
+    np.save(job["ref"], ref.astype(np.float32))
+    cuda = job["device"].startswith("cuda")
+    if cuda:
+        model.half()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rows = []
+    for batch in job["batches"]:
+        model.encode(sentences, batch_size=batch)
+        sync()
+        t0 = time.perf_counter()
+        model.encode(sentences, batch_size=batch, convert_to_numpy=True)
+        sync()
+        seconds = time.perf_counter() - t0
+        rows.append({"batch": batch, "seconds": seconds, "sentences_per_s": len(sentences) / seconds,
+                     "tokens_per_s": tokens / seconds})
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    return {"tokens": tokens, "max_seq_length": model.max_seq_length, "dtype": "fp16" if cuda else "fp32",
+            "rows": rows, "peak_allocated_bytes": peak, "torch": torch.__version__}
+
+
+def child_st_hold(job):
+    """Loads the model in fp16 on the GPU, encodes one batch, reports ready, then waits to be stopped."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    model = SentenceTransformer(job["model_dir"], device=job["device"]).half()
+    model.encode(load_json(job["sentences"])[:64], batch_size=64)
+    torch.cuda.synchronize()
+    write_json(job["ready"], {"pid": os.getpid(), "allocated_bytes": torch.cuda.memory_allocated(),
+                              "reserved_bytes": torch.cuda.memory_reserved()})
+    while True:
+        signal.pause()
+
+
+def child_make_large(job):
+    """A BERT-large-shaped model with random weights (seeded), f16, as a sentence-transformers
+    directory with MiniLM's tokenizer, mean pooling, normalize, max_seq_length 256."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(SEED)
+    config = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                        intermediate_size=4096, max_position_embeddings=512)
+    device = job["device"] if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = BertModel(config).half().eval()
+    dst = job["dst"]
+    os.makedirs(os.path.join(dst, "1_Pooling"), exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    config.to_json_file(os.path.join(dst, "config.json"))
+    for name in TOKENIZER_FILES:
+        shutil.copy(os.path.join(job["tokenizer_from"], name), dst)
+    write_sentence_transformers_files(dst, config.hidden_size)
+    return {"parameters": sum(t.numel() for t in tensors.values()), "bytes": sum(t.nbytes for t in tensors.values())}
+
+
+def write_sentence_transformers_files(dst, hidden):
+    """modules.json (Transformer, mean Pooling, Normalize), sentence_bert_config.json, 1_Pooling."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    write_json(os.path.join(dst, "modules.json"), modules)
+    write_json(os.path.join(dst, "sentence_bert_config.json"), {"max_seq_length": 256, "do_lower_case": False})
+    write_json(os.path.join(dst, "1_Pooling", "config.json"), {
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
+
+
+CHILDREN = {"st-bench": child_st_bench, "st-hold": child_st_hold, "make-large": child_make_large}
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP clients (forked processes, one keep-alive connection each)
+
+_CLIENT = {}
+
+
+def _client_init(port, model, sentences, sample):
+    """Pool initializer: the connection and the workload, kept in the process."""
+    _CLIENT.update(port=port, model=model, sentences=sentences, sample=set(sample), conn=None)
+
+
+def _post(chunk):
+    """One /v1/embeddings request of sentences[start:end]: (n, prompt_tokens, {i: vector}, error)."""
+    start, end = chunk
+    body = json.dumps({"model": _CLIENT["model"], "input": _CLIENT["sentences"][start:end],
+                       "encoding_format": "base64"})
+    try:
+        if _CLIENT["conn"] is None:
+            _CLIENT["conn"] = http.client.HTTPConnection("127.0.0.1", _CLIENT["port"], timeout=300)
+        conn = _CLIENT["conn"]
+        conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            return end - start, 0, {}, f"HTTP {resp.status}: {data[:300]!r}"
+        answer = json.loads(data)
+    except Exception as e:  # noqa: BLE001
+        _CLIENT["conn"] = None
+        return end - start, 0, {}, f"{type(e).__name__}: {e}"
+    vectors = {start + d["index"]: np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+               for d in answer["data"] if start + d["index"] in _CLIENT["sample"]}
+    return len(answer["data"]), answer["usage"]["prompt_tokens"], vectors, None
+
+
+def http_load(port, model, sentences, chunks, concurrency, sample=()):
+    """Sends `chunks` from `concurrency` client processes; returns seconds and the answers' totals."""
+    ctx = mp.get_context("fork")
+    with ctx.Pool(concurrency, initializer=_client_init, initargs=(port, model, sentences, sample)) as pool:
+        t0 = time.perf_counter()
+        results = list(pool.imap_unordered(_post, chunks, chunksize=1))
+        seconds = time.perf_counter() - t0
+    errors = [e for _, _, _, e in results if e]
+    vectors = {i: v for _, _, vs, _ in results for i, v in vs.items()}
+    return {"seconds": seconds, "sentences": sum(n for n, _, _, e in results if not e),
+            "prompt_tokens": sum(t for _, t, _, _ in results), "errors": len(errors),
+            "first_errors": errors[:3]}, vectors
+
+
+def cosines(got, want):
+    """Row-wise cosine similarity."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+    return np.einsum("ij,ij->i", got, want) / np.maximum(norms, 1e-30)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU memory
+
+
+def nvidia_smi(*query):
+    """Rows of `nvidia-smi --query-...=... --format=csv,noheader,nounits` (GPU 0 for GPU queries)."""
+    out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+
+
+def gpu_memory():
+    """memory.used of GPU 0 (MiB) and the compute processes' used memory {pid: MiB}."""
+    used = int(nvidia_smi("-i", "0", "--query-gpu=memory.used")[0][0])
+    apps = {int(pid): int(mib) for pid, mib in nvidia_smi("--query-compute-apps=pid,used_memory")
+            if pid.isdigit() and mib.isdigit()}
+    return {"used_mib": used, "apps_mib": apps}
+
+
+# ---------------------------------------------------------------------------------------------
+# The modelshare stack
+
+
+def cuda_library_path():
+    """gpu/check.py's lib_path(), found in a subprocess: it imports torch, which this process
+    must not before it forks the clients."""
+    code = f"import sys; sys.path.insert(0, {HERE!r}); from check import lib_path; print(lib_path())"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else ""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """A modelshare server holding one model, and its modelshare-embed workers."""
+
+    def __init__(self, bench, name, model_dir):
+        self.bench, self.name, self.workers = bench, name, []
+        self.tmp = tempfile.mkdtemp(prefix="embed-bench-")
+        config = os.path.join(self.tmp, "modelshare.toml")
+        with open(config, "w") as f:
+            f.write("[serving]\nmax_queue_items = 1048576\nmax_tenant_requests = 4096\n")
+        self.port = free_port()
+        self.server = bench.spawn(f"{name}-server", [
+            bench.binary("modelshare"), "serve", "--backend", bench.args.backend, "--config", config,
+            "--model-root", os.path.dirname(os.path.abspath(model_dir)),
+            "--unix-socket", os.path.join(self.tmp, "grpc.sock"),
+            "--handle-socket", os.path.join(self.tmp, "handles.sock"),
+            "--http-listen", f"127.0.0.1:{self.port}", "--model", f"{name}={os.path.basename(os.path.abspath(model_dir))}"])
+        self.wait(lambda: self.get("/readyz"), "the server is ready", self.server, 180)
+
+    def get(self, path):
+        """The body of GET `path`, or None."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.read().decode()
+        except Exception:  # noqa: BLE001
+            return None
+
+    def serving(self):
+        """Workers serving the model, from /metrics (modelshare_serving_workers)."""
+        want = f'modelshare_serving_workers{{model="{self.name}"}} '
+        for line in (self.get("/metrics") or "").splitlines():
+            if line.startswith(want):
+                return int(float(line.split()[-1]))
+        return 0
+
+    def wait(self, done, what, procs, timeout):
+        """Until done(); fails when a process in `procs` exits or after `timeout` seconds."""
+        procs = procs if isinstance(procs, list) else [procs]
+        deadline = time.time() + timeout
+        while not done():
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"waiting until {what}: process {dead[0].pid} exited with {dead[0].returncode} "
+                                   f"(see {self.bench.logs})")
+            if time.time() > deadline:
+                raise RuntimeError(f"waiting until {what}: not after {timeout} s")
+            time.sleep(0.2)
+
+    def scale(self, n):
+        """Starts workers until `n` serve."""
+        while len(self.workers) < n:
+            i = len(self.workers)
+            self.workers.append(self.bench.spawn(f"{self.name}-worker-{i}", [
+                self.bench.binary("modelshare-embed"), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
+                "--model", self.name, "--name", f"bench-{i}", "--max-batch-items", "256"]))
+        self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
+
+    def close(self):
+        """Stops the workers, then the server."""
+        for p in [*self.workers, self.server]:
+            stop(p)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def stop(p, grace=15):
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+class Bench:
+    """The parts, their results and their failures."""
+
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.time()
+        self.logs = os.path.join(args.out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix="embed-bench-")
+        self.env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"),
+                        LD_LIBRARY_PATH=cuda_library_path() + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+        self.procs = []
+        self.result = {"config": {k: v for k, v in vars(args).items() if k != "child"}, "runs": [], "memory": [],
+                       "models": {}, "errors": [], "skipped": []}
+        self.sentences = make_sentences(args.model_dir, args.sentences)
+        self.sentences_file = os.path.join(args.out, "sentences.json")
+        write_json(self.sentences_file, self.sentences)
+        self.sample = sample_indices(len(self.sentences))
+
+    def remaining(self):
+        return self.args.budget_s - (time.time() - self.t0)
+
+    def part(self, name, fn, need_s=30):
+        """Runs one part; records its failure (and goes on), or skips it when the budget is spent."""
+        if self.remaining() < need_s:
+            log(f"== {name}: skipped ({self.remaining():.0f} s of the budget left)")
+            self.result["skipped"].append(name)
+            return None
+        log(f"== {name}")
+        t0 = time.time()
+        try:
+            value = fn()
+            log(f"   done in {time.time() - t0:.1f} s")
+            return value
+        except Exception as e:  # noqa: BLE001
+            log(f"   FAILED after {time.time() - t0:.1f} s: {type(e).__name__}: {e}")
+            self.result["errors"].append({"part": name, "error": f"{type(e).__name__}: {e}",
+                                          "traceback": traceback.format_exc()[-3000:]})
+            return None
+
+    def spawn(self, name, cmd):
+        """A subprocess with its output in logs/<name>.log."""
+        out = open(os.path.join(self.logs, f"{name}.log"), "w")
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        self.procs.append(p)
+        return p
+
+    def child(self, kind, name, job, timeout=None):
+        """Runs this script as a --child `kind` with `job`; returns its result."""
+        job = dict(job, result=os.path.join(self.tmp, f"{name}.result.json"))
+        path = os.path.join(self.tmp, f"{name}.job.json")
+        write_json(path, job)
+        p = self.spawn(name, [sys.executable, os.path.abspath(__file__), "--child", kind, "--job", path])
+        try:
+            p.wait(timeout=timeout or max(10.0, self.remaining()))
+        except subprocess.TimeoutExpired:
+            stop(p, grace=5)
+            raise RuntimeError(f"{name} ran out of time (see logs/{name}.log)")
+        if p.returncode != 0:
+            raise RuntimeError(f"{name} exited with {p.returncode} (see logs/{name}.log)")
+        return load_json(job["result"])
+
+    def binary(self, name):
+        """The binary `name` from --bin, unpacked first when only `name`.xz is there."""
+        path = os.path.join(self.args.bin, name)
+        if os.path.exists(path) or not os.path.exists(path + ".xz"):
+            return os.path.abspath(path)
+        unpacked = os.path.join(self.tmp, "bin", name)
+        if not os.path.exists(unpacked):
+            os.makedirs(os.path.dirname(unpacked), exist_ok=True)
+            with lzma.open(path + ".xz") as src, open(unpacked, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.chmod(unpacked, 0o755)
+        return unpacked
+
+    # -- parts ----------------------------------------------------------------------------------
+
+    def ensure_sentence_transformers(self):
+        """Installs sentence-transformers from --wheels when this Python lacks it."""
+        probe = [sys.executable, "-c", "import sentence_transformers as s; print(s.__version__)"]
+        have = subprocess.run(probe, capture_output=True, text=True)
+        if have.returncode != 0:
+            p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links",
+                                self.args.wheels, "sentence-transformers"], capture_output=True, text=True)
+            with open(os.path.join(self.logs, "pip-install.log"), "w") as f:
+                f.write(p.stdout + p.stderr)
+            if p.returncode != 0:
+                raise RuntimeError("pip install from the wheels failed (see logs/pip-install.log)")
+            have = subprocess.run(probe, capture_output=True, text=True, check=True)
+        self.result["sentence_transformers"] = have.stdout.strip()
+
+    def make_large(self):
+        """The BERT-large-shaped model, in a temporary directory."""
+        dst = os.path.join(self.tmp, "bert-large")
+        info = self.child("make-large", "bert-large-make", {
+            "dst": dst, "tokenizer_from": self.args.model_dir, "device": self.args.st_device})
+        self.result["models"].setdefault("bert-large", {}).update(info)
+        return dst
+
+    def st_bench(self, name, model_dir):
+        """sentence-transformers' throughput rows; returns (tokens, reference vectors of the sample)."""
+        ref = os.path.join(self.tmp, f"{name}-ref.npy")
+        out = self.child("st-bench", f"{name}-st", {
+            "model_dir": model_dir, "sentences": self.sentences_file, "sample": self.sample, "ref": ref,
+            "device": self.args.st_device, "batches": list(ST_BATCHES)})
+        engine = f"sentence-transformers {out['dtype']} {self.args.st_device}"
+        for row in out["rows"]:
+            self.add_run(name, engine, f"batch {row['batch']}", row)
+        self.result["models"].setdefault(name, {}).update(
+            tokens=out["tokens"], max_seq_length=out["max_seq_length"], torch=out["torch"],
+            st_peak_allocated_mib=round(out["peak_allocated_bytes"] / MIB) if out["peak_allocated_bytes"] else None)
+        return out["tokens"], np.load(ref)
+
+    def modelshare(self, name, model_dir, reference):
+        """Throughput with each worker count, answers checked; GPU memory with the most workers."""
+        stack = Stack(self, name, model_dir)
+        try:
+            for n in self.args.workers:
+                if self.remaining() < 20:
+                    self.result["skipped"].append(f"{name} modelshare {n} workers")
+                    continue
+                self.modelshare_run(stack, name, n, reference)
+            if shutil.which("nvidia-smi"):
+                self.record_memory(name, f"modelshare: server + {len(stack.workers)} workers",
+                                   [stack.server.pid] + [p.pid for p in stack.workers])
+        finally:
+            stack.close()
+
+    def modelshare_run(self, stack, name, n, reference):
+        """One timed pass over the sentences with `n` workers."""
+        stack.scale(n)
+        chunks = make_requests(len(self.sentences))
+        http_load(stack.port, name, self.sentences, chunks, self.args.concurrency)  # warm, as for sentence-transformers
+        run, vectors = http_load(stack.port, name, self.sentences, chunks, self.args.concurrency, self.sample)
+        row = {"seconds": run["seconds"], "sentences_per_s": run["sentences"] / run["seconds"],
+               "tokens_per_s": run["prompt_tokens"] / run["seconds"], "prompt_tokens": run["prompt_tokens"],
+               "errors": run["errors"], "first_errors": run["first_errors"]}
+        row.update(self.verify(vectors, reference))
+        self.add_run(name, f"modelshare {self.args.backend}", f"{n} worker{'s' if n > 1 else ''}", row)
+        log(f"   {n} worker(s): {row['sentences_per_s']:.0f} sentences/s, {row['tokens_per_s']:.0f} tokens/s, "
+            f"{run['errors']} errors, cosine min {row.get('cosine_min')}")
+
+    def verify(self, vectors, reference):
+        """The sample's cosines against the reference (None where there is none)."""
+        if reference is None:
+            return {"cosine_min": None, "verified": "no reference"}
+        have = [i for i in self.sample if i in vectors]
+        if not have:
+            return {"cosine_min": None, "verified": "no answers"}
+        pos = {i: k for k, i in enumerate(self.sample)}
+        cos = cosines([vectors[i] for i in have], reference[[pos[i] for i in have]])
+        ok = len(have) == len(self.sample) and bool((cos >= MIN_COSINE).all())
+        return {"cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6),
+                "verified": f"{'ok' if ok else 'FAILED'}: {len(have)}/{len(self.sample)} answers, "
+                            f"{int((cos < MIN_COSINE).sum())} below {MIN_COSINE}"}
+
+    def st_memory(self, name, model_dir, n):
+        """GPU memory with `n` sentence-transformers processes each holding the model."""
+        ready = [os.path.join(self.tmp, f"{name}-hold-{i}.ready") for i in range(n)]
+        procs = []
+        try:
+            for i, path in enumerate(ready):
+                job = {"model_dir": model_dir, "device": self.args.st_device, "sentences": self.sentences_file,
+                       "ready": path}
+                write_json(path + ".job", job)
+                procs.append(self.spawn(f"{name}-st-hold-{i}", [sys.executable, os.path.abspath(__file__),
+                                                                "--child", "st-hold", "--job", path + ".job"]))
+            deadline = time.time() + 180
+            while not all(os.path.exists(r) for r in ready):
+                if time.time() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"the sentence-transformers holders did not start (see {self.logs})")
+                time.sleep(0.5)
+            torch_side = [load_json(r) for r in ready]
+            self.record_memory(name, f"sentence-transformers: {n} processes", [p.pid for p in procs],
+                               torch_allocated_mib=[round(t["allocated_bytes"] / MIB) for t in torch_side])
+        finally:
+            for p in procs:
+                stop(p, grace=10)
+
+    def record_memory(self, name, setup, pids, **extra):
+        """nvidia-smi now, less the idle figure taken at the start."""
+        now = gpu_memory()
+        idle = self.result.get("gpu_idle_used_mib", 0)
+        self.result["memory"].append({
+            "model": name, "setup": setup, "used_mib": now["used_mib"], "over_idle_mib": now["used_mib"] - idle,
+            "per_process_mib": {str(p): now["apps_mib"].get(p) for p in pids}, "all_apps_mib": now["apps_mib"], **extra})
+        log(f"   GPU memory, {setup}: {now['used_mib'] - idle} MiB over idle")
+
+    def add_run(self, model, engine, setup, row):
+        self.result["runs"].append({"model": model, "engine": engine, "setup": setup, **row})
+
+    def bench_model(self, name, model_dir):
+        """sentence-transformers, then modelshare, then the memory comparison, for one model."""
+        st = self.part(f"{name}: sentence-transformers", lambda: self.st_bench(name, model_dir), need_s=40)
+        tokens, reference = st if st else (None, None)
+        self.part(f"{name}: modelshare", lambda: self.modelshare(name, model_dir, reference), need_s=40)
+        for run in self.result["runs"]:
+            if run["model"] == name and "prompt_tokens" in run and tokens is not None:
+                run["tokens_match_st"] = run["prompt_tokens"] == tokens
+        if shutil.which("nvidia-smi") and self.args.st_device.startswith("cuda"):
+            n = max(self.args.workers)
+            self.part(f"{name}: GPU memory of {n} sentence-transformers processes",
+                      lambda: self.st_memory(name, model_dir, n), need_s=40)
+
+    def run(self):
+        """Every part, then the reports."""
+        try:
+            if shutil.which("nvidia-smi"):
+                self.part("GPU", self.gpu_info, need_s=0)
+            self.part("sentence-transformers installed", self.ensure_sentence_transformers, need_s=0)
+            for name in self.args.models:
+                model_dir = self.args.model_dir if name == "minilm" else self.part(
+                    "bert-large: make the model", self.make_large, need_s=60)
+                if model_dir:
+                    self.bench_model(name, model_dir)
+        finally:
+            for p in self.procs:
+                stop(p, grace=5)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.report()
+
+    def gpu_info(self):
+        name, driver, total = nvidia_smi("-i", "0", "--query-gpu=name,driver_version,memory.total")[0]
+        self.result["gpu"] = {"name": name, "driver": driver, "memory_total_mib": int(total)}
+        self.result["gpu_idle_used_mib"] = gpu_memory()["used_mib"]
+
+    # -- reports --------------------------------------------------------------------------------
+
+    def report(self):
+        """The markdown tables (printed and written) and the JSON."""
+        self.result["elapsed_s"] = round(time.time() - self.t0, 1)
+        md = self.markdown()
+        print(md, flush=True)
+        with open(os.path.join(self.args.out, "embed_bench.md"), "w") as f:
+            f.write(md)
+        write_json(os.path.join(self.args.out, "embed_bench.json"), self.result)
+
+    def markdown(self):
+        r = self.result
+        lines = ["# Sentence embeddings: modelshare vs sentence-transformers",
+                 "", f"{len(self.sentences)} sentences ({WORDS[0]}-{WORDS[1]} words), requests of "
+                 f"{REQUEST_SIZES[0]}-{REQUEST_SIZES[1]} sentences from {self.args.concurrency} clients; "
+                 f"GPU: {r.get('gpu', {}).get('name', 'none')}; {r['elapsed_s']} s in all.", "",
+                 "| model | engine | workers/batch | sentences/s | tokens/s | ×ST | check |",
+                 "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+        best = {}
+        for run in r["runs"]:
+            if run["engine"].startswith("sentence-transformers"):
+                best[run["model"]] = max(best.get(run["model"], 0), run["sentences_per_s"])
+        for run in r["runs"]:
+            ratio = run["sentences_per_s"] / best[run["model"]] if best.get(run["model"]) else None
+            check = run.get("verified", "")
+            if run.get("errors"):
+                check += f"; {run['errors']} failed requests"
+            if run.get("tokens_match_st") is False:
+                check += "; usage tokens differ from sentence-transformers'"
+            lines.append(f"| {run['model']} | {run['engine']} | {run['setup']} | {run['sentences_per_s']:.0f} | "
+                         f"{run['tokens_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}'} | {check} |")
+        if r["memory"]:
+            lines += ["", "| model | GPU memory held by | MiB over idle | per process (MiB) |", "| --- | --- | ---: | --- |"]
+            for m in r["memory"]:
+                per = ", ".join(str(v) for v in m["per_process_mib"].values() if v is not None) or "not shown"
+                lines.append(f"| {m['model']} | {m['setup']} | {m['over_idle_mib']} | {per} |")
+        for e in r["errors"]:
+            lines.append(f"\n**FAILED** {e['part']}: {e['error']}")
+        for s in r["skipped"]:
+            lines.append(f"\nskipped (time budget): {s}")
+        return "\n".join(lines) + "\n"
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default="gpu-carry/embed-bin", help="directory of modelshare and modelshare-embed (or .xz)")
+    ap.add_argument("--model-dir", default="gpu-carry/minilm-f16", help="MiniLM-L6 as sentence-transformers files")
+    ap.add_argument("--out", help="where the reports and logs go")
+    ap.add_argument("--workers", help="worker counts, comma-separated (1,2,4,8; 1,8 with --quick)")
+    ap.add_argument("--sentences", type=int, help="how many sentences (20000; 2000 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="2,000 sentences, 1 and 8 workers")
+    ap.add_argument("--models", default="minilm,bert-large", help="minilm and/or bert-large")
+    ap.add_argument("--backend", choices=["cuda", "host"], default="cuda", help="the server's backend")
+    ap.add_argument("--st-device", default="cuda", help="where sentence-transformers runs (cuda, cpu)")
+    ap.add_argument("--concurrency", type=int, default=32, help="HTTP requests in flight")
+    ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
+    ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")
+    ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return args
+    if not args.out:
+        ap.error("--out is required")
+    args.workers = [int(n) for n in (args.workers or ("1,8" if args.quick else "1,2,4,8")).split(",")]
+    args.sentences = args.sentences or (2000 if args.quick else 20000)
+    args.models = args.models.split(",")
+    return args
+
+
+def main():
+    args = parse_args()
+    if args.child:
+        job = load_json(args.job)
+        result = CHILDREN[args.child](job)
+        write_json(job["result"], result)
+        return 0
+    bench = Bench(args)
+    bench.run()
+    return 1 if bench.result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
