@@ -54,6 +54,9 @@ import urllib.request
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python"))
+from embed_sentences import SENTENCES as PARITY_SENTENCES  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -387,10 +390,13 @@ class Bench:
         self.procs = []
         self.result = {"config": {k: v for k, v in vars(args).items() if k != "child"}, "runs": [], "memory": [],
                        "models": {}, "errors": [], "skipped": []}
-        self.sentences = make_sentences(args.model_dir, args.sentences)
+        # The parity set first (its every vector is checked), then the generated workload.
+        fixed = list(PARITY_SENTENCES)
+        self.sentences = fixed + make_sentences(args.model_dir, max(args.sentences - len(fixed), 0))
         self.sentences_file = os.path.join(args.out, "sentences.json")
         write_json(self.sentences_file, self.sentences)
-        self.sample = sample_indices(len(self.sentences))
+        self.sample = sorted(set(range(len(fixed))) | set(sample_indices(len(self.sentences))))
+        self.fixed = len(fixed)
 
     def remaining(self):
         return self.args.budget_s - (time.time() - self.t0)
@@ -525,7 +531,10 @@ class Bench:
         pos = {i: k for k, i in enumerate(self.sample)}
         cos = cosines([vectors[i] for i in have], reference[[pos[i] for i in have]])
         ok = len(have) == len(self.sample) and bool((cos >= MIN_COSINE).all())
+        fixed = [k for k, i in enumerate(have) if i < self.fixed]
+        parity = float(cos[fixed].min()) if fixed else None
         return {"cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6),
+                "parity_set": f"{len(fixed)}/{self.fixed} fixed sentences, min cosine {parity}",
                 "verified": f"{'ok' if ok else 'FAILED'}: {len(have)}/{len(self.sample)} answers, "
                             f"{int((cos < MIN_COSINE).sum())} below {MIN_COSINE}"}
 
