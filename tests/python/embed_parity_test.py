@@ -137,8 +137,8 @@ def cosines(got, want):
 class Parity:
     """The reference, the clients, and every cosine seen, by path."""
 
-    def __init__(self, ref, tokens, min_cosine):
-        self.ref, self.tokens, self.min_cosine = ref, tokens, min_cosine
+    def __init__(self, ref, tokens, min_cosine, model_dir):
+        self.ref, self.tokens, self.min_cosine, self.model_dir = ref, tokens, min_cosine, model_dir
         self.openai = self.triton = None
         self.seen = {}  # path -> {sentence index: cosine}
 
@@ -241,8 +241,29 @@ class Parity:
             assert str(MAX_SEQ_LEN) in str(e), f"the error does not name the limit {MAX_SEQ_LEN}: {e}"
         self.expect("oip truncate=false", [7], self.oip_infer([7], binary=True, parameters={"truncate": False}))
 
+    def token_ids(self):
+        """Token ids (with [CLS]/[SEP], as the tokenizer makes them) give the text's vector; an id
+        past the vocabulary is a 400 naming it."""
+        import openai
+        i = 7
+        ids = self.openai_tokenizer_ids(SENTENCES[i])
+        r = self.openai.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
+        assert r.usage.prompt_tokens == len(ids), (r.usage.prompt_tokens, len(ids))
+        self.expect("openai token ids", [i], [r.data[0].embedding])
+        try:
+            self.openai.embeddings.create(model=MODEL, input=[[101, 10 ** 6, 102]])
+            raise AssertionError("a token id past the vocabulary was served")
+        except openai.BadRequestError as e:
+            assert "1000000" in str(e) and "vocabulary" in str(e), e
+
+    def openai_tokenizer_ids(self, text):
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        return tok(text, truncation=True, max_length=MAX_SEQ_LEN)["input_ids"]
+
     def steps(self):
         return [
+            ("openai: token ids", self.token_ids),
             ("openai: all sentences in one request", self.openai_all),
             ("openai: one sentence per request", self.openai_singles),
             ("openai: batches of 7", self.openai_batches_of_7),
@@ -279,6 +300,17 @@ def run_steps(parity):
             print(f"test {name} ... FAILED", flush=True)
             traceback.print_exc()
     return outcomes
+
+
+def refused_setting(args, stack):
+    """A worker that cannot serve the model as asked (a sequence limit past the position table)
+    exits 1 at once, naming the setting; it is not retried forever."""
+    name, t0 = "worker: an unservable setting exits 1 naming it", time.time()
+    p = subprocess.run([args.worker_bin, "--server", f"unix:{stack.socket}", "--model", MODEL,
+                        "--max-seq-len", "100000"], capture_output=True, text=True, timeout=60)
+    ok = p.returncode == 1 and "--max-seq-len" in p.stderr and "100000" in p.stderr
+    print(f"test {name} ... {'ok' if ok else 'FAILED'} ({time.time() - t0:.1f}s)", flush=True)
+    return (name, ok, time.time() - t0, None if ok else f"exit {p.returncode}: {p.stderr[-500:]}")
 
 
 def print_logs(tmp):
@@ -321,11 +353,12 @@ def main():
         else:
             model_root, model_path = os.path.dirname(src), os.path.basename(src)
         stack = None
-        parity = Parity(ref, tokens, min_cosine)
+        parity = Parity(ref, tokens, min_cosine, src)
         try:
             stack = EmbedStack(args, tmp, model_root, model_path)
             stack.start_embed_worker()
             outcomes = run_steps(parity.connect(stack))
+            outcomes.append(refused_setting(args, stack))
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             outcomes = [("start the server and a worker", False, 0.0, f"{type(e).__name__}: {e}")]
