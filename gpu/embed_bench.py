@@ -351,7 +351,8 @@ class Stack:
             i = len(self.workers)
             self.workers.append(self.bench.spawn(f"{self.name}-worker-{i}", [
                 self.bench.binary("modelshare-embed"), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
-                "--model", self.name, "--name", f"bench-{i}", "--max-batch-items", "256"]))
+                "--model", self.name, "--name", f"bench-{i}", "--max-batch-items", str(self.bench.args.max_batch_items),
+                "--max-batch-tokens", str(self.bench.args.max_batch_tokens)]))
         self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
 
     def close(self):
@@ -483,7 +484,7 @@ class Bench:
         ref = os.path.join(self.tmp, f"{name}-ref.npy")
         out = self.child("st-bench", f"{name}-st", {
             "model_dir": model_dir, "sentences": self.sentences_file, "sample": self.sample, "ref": ref,
-            "device": self.args.st_device, "batches": list(ST_BATCHES)})
+            "device": self.args.st_device, "batches": list(self.args.st_batches)})
         engine = f"sentence-transformers {out['dtype']} {self.args.st_device}"
         for row in out["rows"]:
             self.add_run(name, engine, f"batch {row['batch']}", row)
@@ -501,7 +502,7 @@ class Bench:
                     self.result["skipped"].append(f"{name} modelshare {n} workers")
                     continue
                 self.modelshare_run(stack, name, n, reference)
-            if shutil.which("nvidia-smi"):
+            if shutil.which("nvidia-smi") and not self.args.no_memory:
                 self.record_memory(name, f"modelshare: server + {len(stack.workers)} workers",
                                    [stack.server.pid] + [p.pid for p in stack.workers])
         finally:
@@ -581,7 +582,7 @@ class Bench:
         for run in self.result["runs"]:
             if run["model"] == name and "prompt_tokens" in run and tokens is not None:
                 run["tokens_match_st"] = run["prompt_tokens"] == tokens
-        if shutil.which("nvidia-smi") and self.args.st_device.startswith("cuda"):
+        if shutil.which("nvidia-smi") and self.args.st_device.startswith("cuda") and not self.args.no_memory:
             n = max(self.args.workers)
             self.part(f"{name}: GPU memory of {n} sentence-transformers processes",
                       lambda: self.st_memory(name, model_dir, n), need_s=40)
@@ -664,6 +665,11 @@ def parse_args():
     ap.add_argument("--backend", choices=["cuda", "host"], default="cuda", help="the server's backend")
     ap.add_argument("--st-device", default="cuda", help="where sentence-transformers runs (cuda, cpu)")
     ap.add_argument("--concurrency", type=int, default=32, help="HTTP requests in flight")
+    ap.add_argument("--max-batch-items", type=int, default=256, help="each worker's --max-batch-items")
+    ap.add_argument("--st-batches", default=",".join(map(str, ST_BATCHES)), type=lambda v: [int(x) for x in v.split(",")],
+                    help="sentence-transformers batch sizes")
+    ap.add_argument("--no-memory", action="store_true", help="skip the GPU memory comparison")
+    ap.add_argument("--max-batch-tokens", type=int, default=16384, help="each worker's --max-batch-tokens")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
