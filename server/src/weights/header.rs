@@ -172,16 +172,20 @@ fn read_exact(
     })
 }
 
-/// Checks that every range lies inside the data section and that no two non-empty
-/// ranges overlap. `tensors` must be sorted by `begin`.
+/// Checks that the ranges tile the data section exactly, as the format requires (and its
+/// reference implementation checks): sorted by `begin`, each starts where the previous one
+/// ended (no hole, no overlap; an empty tensor sits at the current position), none runs past
+/// the section, and the last one ends at its end (no trailing bytes). A hole or trailing bytes
+/// would let the file carry data no tensor names (one file, two formats). `tensors` must be
+/// sorted by `(begin, end)`; errors name the byte offsets in the file.
 fn check_ranges(
     display: &str,
     tensors: &[TensorEntry],
     data_start: u64,
     data_len: u64,
 ) -> Result<(), WeightsError> {
-    // The non-empty tensor that reaches furthest so far.
-    let mut furthest: Option<&TensorEntry> = None;
+    let mut pos: u64 = 0;
+    let mut previous: Option<&TensorEntry> = None;
     for t in tensors {
         let at = data_start.saturating_add(t.begin);
         if t.end > data_len {
@@ -198,29 +202,50 @@ fn check_ranges(
                 ),
             ));
         }
-        if t.begin == t.end {
-            continue;
+        if t.begin > pos {
+            return Err(WeightsError::malformed(
+                display,
+                data_start.saturating_add(pos),
+                format!(
+                    "bytes [{}, {}) of the file (data_offsets [{pos}, {}]) belong to no tensor: \
+                     a hole before tensor {}",
+                    data_start.saturating_add(pos),
+                    at,
+                    t.begin,
+                    quoted(&t.name)
+                ),
+            ));
         }
-        if let Some(f) = furthest
-            && t.begin < f.end
-        {
+        if t.begin < pos {
+            let f = previous.map_or("?", |f| f.name.as_str());
+            let (fb, fe) = previous.map_or((0, 0), |f| (f.begin, f.end));
             return Err(WeightsError::malformed(
                 display,
                 at,
                 format!(
-                    "tensors {} [{}, {}] and {} [{}, {}] overlap",
-                    quoted(&f.name),
-                    f.begin,
-                    f.end,
+                    "tensors {} [{fb}, {fe}] and {} [{}, {}] overlap",
+                    quoted(f),
                     quoted(&t.name),
                     t.begin,
                     t.end
                 ),
             ));
         }
-        if furthest.is_none_or(|f| t.end > f.end) {
-            furthest = Some(t);
-        }
+        pos = t.end;
+        previous = Some(t);
+    }
+    if pos != data_len {
+        return Err(WeightsError::malformed(
+            display,
+            data_start.saturating_add(pos),
+            format!(
+                "bytes [{}, {}) of the file, after the last tensor, belong to no tensor \
+                 ({} trailing bytes)",
+                data_start.saturating_add(pos),
+                data_start.saturating_add(data_len),
+                data_len - pos
+            ),
+        ));
     }
     Ok(())
 }

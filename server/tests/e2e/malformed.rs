@@ -171,6 +171,75 @@ async fn overlapping_ranges_are_refused() {
     .await;
 }
 
+/// Bytes no tensor names (a hole between tensors, trailing bytes after the last) would be
+/// accepted, in a single file or in one shard of several: the format forbids both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holes_and_trailing_bytes_are_refused_with_offsets() {
+    let server = Server::start().await;
+    let h = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+    put(&server, "hole.safetensors", &raw(h, &[7; 12]));
+    let start = 8 + h.len();
+    let want = format!(
+        "hole.safetensors: byte {}: bytes [{}, {}) of the file (data_offsets [4, 8]) belong to no \
+         tensor: a hole before tensor 'b'",
+        start + 4,
+        start + 4,
+        start + 8
+    );
+    assert_refused(
+        &server,
+        "hole",
+        "hole.safetensors",
+        Code::InvalidArgument,
+        &[&want],
+    )
+    .await;
+
+    let h = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    put(&server, "tail.safetensors", &raw(h, &[7; 9]));
+    let start = 8 + h.len();
+    let want = format!(
+        "tail.safetensors: byte {}: bytes [{}, {}) of the file, after the last tensor, belong to \
+         no tensor (5 trailing bytes)",
+        start + 4,
+        start + 4,
+        start + 9
+    );
+    assert_refused(
+        &server,
+        "tail",
+        "tail.safetensors",
+        Code::InvalidArgument,
+        &[&want],
+    )
+    .await;
+
+    // The second shard of a sharded model carries trailing bytes.
+    let dir = server.root.join("shtail");
+    write_sharded(
+        &dir,
+        &[
+            vec![t("a", Dtype::F32, &[8], 1)],
+            vec![t("b", Dtype::F32, &[8], 2)],
+        ],
+    );
+    let shard = dir.join("model-00002-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).expect("shard");
+    bytes.extend_from_slice(&[0; 3]);
+    std::fs::write(&shard, bytes).expect("shard");
+    assert_refused(
+        &server,
+        "shtail",
+        "shtail",
+        Code::InvalidArgument,
+        &[
+            "shtail/model-00002-of-00002.safetensors: byte ",
+            "after the last tensor, belong to no tensor (3 trailing bytes)",
+        ],
+    )
+    .await;
+}
+
 /// A range past the end of the data section would read beyond the file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn range_past_the_data_is_refused() {

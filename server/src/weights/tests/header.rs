@@ -78,16 +78,54 @@ fn accepts_every_dtype() {
     }
 }
 
-/// A header with no tensors, or with holes and padding, would be refused though valid.
+/// A header with no tensors, with padding spaces, or with empty tensors would be refused
+/// though valid.
 #[test]
-fn accepts_holes_padding_and_empty_headers() {
+fn accepts_padding_and_empty_headers_and_tensors() {
     let header = parse(&raw("{}", 0)).unwrap();
     assert!(header.tensors.is_empty());
-    let h = r#"{"b":{"dtype":"U8","shape":[2],"data_offsets":[10,12]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"z":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},"y":{"dtype":"U8","shape":[0],"data_offsets":[4,4]}}      "#;
-    let header = parse(&raw(h, 20)).unwrap();
+    let h = r#"{"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"z":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},"y":{"dtype":"U8","shape":[0],"data_offsets":[4,4]}}      "#;
+    let header = parse(&raw(h, 6)).unwrap();
     let names: Vec<_> = header.tensors.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["a", "z", "y", "b"]);
-    assert_eq!(header.data_len, 20);
+    assert_eq!(header.data_len, 6);
+}
+
+/// A file whose data section has bytes no tensor names (a hole between tensors, or trailing
+/// bytes after the last) would be accepted: the format forbids both.
+#[test]
+fn rejects_holes_and_trailing_bytes_with_offsets() {
+    let h = r#"{"b":{"dtype":"U8","shape":[2],"data_offsets":[10,12]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+    let start = 8 + h.len() as u64;
+    let at = malformed(
+        parse(&raw(h, 12)),
+        FILE,
+        &format!(
+            "bytes [{}, {}) of the file (data_offsets [4, 10]) belong to no tensor: a hole before tensor 'b'",
+            start + 4,
+            start + 10
+        ),
+    );
+    assert_eq!(at, start + 4);
+    let h = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+    let start = 8 + h.len() as u64;
+    let at = malformed(
+        parse(&raw(h, 7)),
+        FILE,
+        &format!(
+            "bytes [{}, {}) of the file, after the last tensor, belong to no tensor (3 trailing bytes)",
+            start + 4,
+            start + 7
+        ),
+    );
+    assert_eq!(at, start + 4);
+    // A hole at the very start, and data after an empty header.
+    let h = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#;
+    malformed(parse(&raw(h, 6)), FILE, "a hole before tensor 'a'");
+    malformed(parse(&raw("{}", 5)), FILE, "(5 trailing bytes)");
+    // An empty tensor away from the current position.
+    let h = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}}"#;
+    malformed(parse(&raw(h, 4)), FILE, "overlap");
 }
 
 /// An empty or tiny file would panic or be read past its end.
