@@ -322,6 +322,30 @@ def check_failures(stack):
     stack.assert_drained()
 
 
+def sessions_ended(stack):
+    """modelshare_sessions_ended_total by reason, from the metrics endpoint."""
+    text = urllib.request.urlopen(f"{stack.http()}/metrics", timeout=10).read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("modelshare_sessions_ended_total{"):
+            counts[line.split('reason="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def check_clean_goodbye(stack, worker):
+    """A worker stopped by SIGTERM says goodbye: its session ends as `closed`, not as a stream
+    error (the SDK closes its side of the stream before the process exits)."""
+    before = sessions_ended(stack)
+    stack.stop_worker(worker)
+    deadline = time.time() + 10
+    while sum(sessions_ended(stack).values()) <= sum(before.values()):
+        assert time.time() < deadline, "the stopped worker's session did not end"
+        time.sleep(0.05)
+    after = sessions_ended(stack)
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    assert grew == {"closed": 1}, f"sessions ended by reason, growth {grew}"
+
+
 def check_kill9(stack):
     """A worker is killed with items in flight: they are computed by the other worker."""
     import tritonclient.grpc as tg
@@ -364,7 +388,8 @@ def main():
             steps = [
                 ("clients against the Rust worker", lambda: (stack.start_worker("rust"), check_clients(stack, "rust"))),
                 ("clients against the Python worker", lambda: (
-                    stack.start_worker("python"), stack.stop_worker(stack.workers[0]), check_clients(stack, "python"))),
+                    stack.start_worker("python"), check_clean_goodbye(stack, stack.workers[0]),
+                    check_clients(stack, "python"))),
                 ("failure paths", lambda: (stack.start_worker("rust"), check_failures(stack))),
                 ("kill -9 of a worker with items in flight", lambda: check_kill9(stack)),
             ]

@@ -194,6 +194,16 @@ impl Session {
         &self.inner.core
     }
 
+    /// Closes the session now, cleanly: the server releases everything it held and counts it
+    /// closed. Returns once the server has acknowledged (or after about a second). Dropping
+    /// every handle closes it too, but a process that exits right after may cut the
+    /// connection before the goodbye is sent.
+    pub async fn close(self) {
+        let core = self.core().clone();
+        core.closed().cancel();
+        let _ = tokio::time::timeout(GOODBYE_WAIT * 2, core.ended().cancelled()).await;
+    }
+
     /// A receiver of this session's events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
         self.inner.events.subscribe()
@@ -282,7 +292,10 @@ async fn supervise_streams(
     loop {
         let revoked = tokio::select! {
             r = run_stream(inner, &welcome, &mut stream) => r,
-            () = inner.core.closed().cancelled() => return,
+            () = inner.core.closed().cancelled() => {
+                say_goodbye(stream).await;
+                return;
+            }
         };
         inner.core.set_link(None);
         match revoked {
@@ -323,6 +336,18 @@ async fn supervise_streams(
         });
         reattach_all(inner).await;
     }
+}
+
+/// How long a closing session waits for the server to end its side of the stream.
+const GOODBYE_WAIT: Duration = Duration::from_secs(1);
+
+/// Ends the session's stream cleanly: closes the worker's side (the server counts the session
+/// `closed`, not `stream_error`) and waits, briefly, for the server to close its side.
+async fn say_goodbye(stream: HeartbeatStream) {
+    let HeartbeatStream { tx, mut inbound } = stream;
+    drop(tx);
+    let drained = async { while let Ok(Some(_)) = inbound.message().await {} };
+    let _ = tokio::time::timeout(GOODBYE_WAIT, drained).await;
 }
 
 /// Heartbeats and event forwarding for one stream. Returns the revocation reason if the

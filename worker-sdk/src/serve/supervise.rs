@@ -77,11 +77,22 @@ where
             Err(e) => Err(e),
         };
         match served {
-            Ok(ServeEnd::Stopped) => return Ok(()),
+            Ok(ServeEnd::Stopped) => {
+                // Release the lease, then say goodbye (a lease released after the session
+                // ended would be refused, and logged as such).
+                if let Ok(model) = Arc::try_unwrap(model) {
+                    let _ = model.release().await;
+                }
+                session.close().await;
+                return Ok(());
+            }
             Ok(ServeEnd::Drained { reason }) => {
                 info!(%reason, "drained; attaching the latest version again");
             }
-            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) if e.is_fatal() => {
+                session.close().await;
+                return Err(e);
+            }
             Err(e) => {
                 warn!(error = %e, "serving ended; attaching again");
                 tokio::select! {
