@@ -174,8 +174,8 @@ impl CudaBert {
             .wait_ready(&stream)
             .map_err(|e| KernelError::bad(format!("cannot wait for the arena's load: {e}")))?;
         let blas = Blas::new(stream.clone())?;
-        let t = limits.max_tokens + PAD_TO * limits.max_sequences;
         let (h, es) = (dims.hidden, es as usize);
+        let t = buffer_tokens(&dims, &limits, es)?;
         let act = |n: usize| Buffer::<u8>::new(&stream, n * es);
         let buffers = Buffers {
             ids: Buffer::new(&stream, t)?,
@@ -292,7 +292,8 @@ impl CudaBert {
                     },
                     word: e.word,
                     position: e.position,
-                    token_type: e.token_type.unwrap_or(0),
+                    // No table: any valid pointer (type_vocab 0 makes every type a zero row).
+                    token_type: e.token_type.unwrap_or(e.word),
                     gamma: e.norm.gamma,
                     beta: e.norm.beta,
                     tokens: t,
@@ -469,13 +470,45 @@ fn padded_len(len: usize, table: usize) -> usize {
 /// Elements of the scores buffer: [`SCORES_BYTES`] worth, and at least one sequence of the
 /// longest padded length.
 fn scores_elems(d: &Dims, l: &Limits, es: usize) -> usize {
+    // check_dims bounds s by MAX_ROW_LEN and heads by hidden ≤ MAX_ROW_LEN: no overflow.
     let s = padded_len(l.max_seq_len, d.max_positions - d.position_offset);
     (SCORES_BYTES / es.max(1)).max(d.heads * s * s)
 }
 
+/// Tokens the activation buffers hold (`max_tokens` plus room to pad every sequence to a
+/// multiple of [`PAD_TO`]), with every buffer size checked to fit: a wrapped product would
+/// allocate less than the kernels use.
+fn buffer_tokens(d: &Dims, l: &Limits, es: usize) -> Result<usize, KernelError> {
+    let too_big = || {
+        KernelError::bad(format!(
+            "buffers for the limits {l:?} do not fit in memory sizes"
+        ))
+    };
+    let t = PAD_TO
+        .checked_mul(l.max_sequences)
+        .and_then(|p| p.checked_add(l.max_tokens))
+        .ok_or_else(too_big)?;
+    t.checked_mul(d.hidden.max(d.intermediate))
+        .and_then(|n| n.checked_mul(es))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(too_big)?;
+    l.max_sequences
+        .checked_mul(d.hidden)
+        .and_then(|n| n.checked_mul(4))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(too_big)?;
+    Ok(t)
+}
+
 /// Sizes that could not work: nothing is allocated for them.
 fn check_dims(d: &Dims, l: &Limits) -> Result<(), KernelError> {
+    let padded = padded_len(
+        l.max_seq_len,
+        d.max_positions.saturating_sub(d.position_offset),
+    );
     let ok = d.hidden > 0
+        && d.hidden <= encoder::MAX_ROW_LEN
+        && padded <= encoder::MAX_ROW_LEN
         && d.heads > 0
         && d.hidden.is_multiple_of(d.heads)
         && d.vocab > 0
@@ -529,4 +562,127 @@ fn expected_sizes(d: &Dims, layers: usize, token_types: bool) -> impl Iterator<I
         ]);
     }
     sizes.into_iter()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(type_vocab: usize) -> Dims {
+        Dims {
+            vocab: 50,
+            hidden: 8,
+            heads: 2,
+            intermediate: 16,
+            max_positions: 64,
+            type_vocab,
+            position_offset: 0,
+            eps: 1e-12,
+            pooling: Pooling::Mean,
+            normalize: true,
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_tokens: 256,
+            max_sequences: 8,
+            max_seq_len: 30,
+        }
+    }
+
+    fn weights(layers: usize, token_types: bool) -> EncoderWeights<u32> {
+        let lin = || Linear { weight: 0, bias: 0 };
+        let norm = || Norm { gamma: 0, beta: 0 };
+        EncoderWeights {
+            dtype: WeightDtype::F16,
+            embeddings: Embeddings {
+                word: 0,
+                position: 0,
+                token_type: token_types.then_some(0),
+                norm: norm(),
+            },
+            layers: (0..layers)
+                .map(|_| Layer {
+                    query: lin(),
+                    key: lin(),
+                    value: lin(),
+                    attn_out: lin(),
+                    attn_norm: norm(),
+                    up: lin(),
+                    down: lin(),
+                    out_norm: norm(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The expected sizes would drift from try_map's order, checking each weight against
+    /// another's size.
+    #[test]
+    fn expected_sizes_follow_try_maps_order() {
+        for token_types in [true, false] {
+            let d = dims(if token_types { 2 } else { 0 });
+            let w = weights(3, token_types);
+            let mut visited = 0;
+            w.try_map(|_| -> Result<(), ()> {
+                visited += 1;
+                Ok(())
+            })
+            .expect("maps");
+            let sizes: Vec<u64> = expected_sizes(&d, 3, token_types).collect();
+            assert_eq!(sizes.len(), visited);
+            let mut want = vec![50 * 8, 64 * 8];
+            if token_types {
+                want.push(2 * 8);
+            }
+            want.extend([8, 8, 8 * 8, 8]);
+            assert_eq!(&sizes[..want.len()], &want[..]);
+            // The last layer ends with up (16x8, 16), down (8x16, 8), out_norm (8, 8).
+            assert_eq!(&sizes[sizes.len() - 6..], &[16 * 8, 16, 8 * 16, 8, 8, 8]);
+        }
+    }
+
+    /// Padding would pass the position table or shrink a length; limits past the kernels' or
+    /// memory sizes would be accepted.
+    #[test]
+    fn padding_and_limits_are_checked() {
+        assert_eq!(padded_len(1, 512), 8);
+        assert_eq!(padded_len(8, 512), 8);
+        assert_eq!(padded_len(250, 252), 252);
+        assert_eq!(padded_len(252, 252), 252);
+        assert!(check_dims(&dims(2), &limits()).is_ok());
+        let l = Limits {
+            max_seq_len: 65,
+            ..limits()
+        };
+        assert!(check_dims(&dims(2), &l).is_err(), "past the position table");
+        let wide = Dims {
+            hidden: 8194,
+            heads: 2,
+            ..dims(2)
+        };
+        assert!(check_dims(&wide, &limits()).is_err(), "past MAX_ROW_LEN");
+        assert_eq!(
+            buffer_tokens(&dims(2), &limits(), 2).expect("fits"),
+            256 + 8 * 8
+        );
+        for l in [
+            Limits {
+                max_sequences: 1 << 62,
+                ..limits()
+            },
+            Limits {
+                max_tokens: usize::MAX - 10,
+                ..limits()
+            },
+            Limits {
+                max_tokens: 1 << 60,
+                ..limits()
+            },
+        ] {
+            assert!(buffer_tokens(&dims(2), &l, 2).is_err(), "{l:?}");
+        }
+        assert!(scores_elems(&dims(2), &limits(), 2) >= 2 * 32 * 32);
+    }
 }

@@ -48,7 +48,21 @@ impl Engine {
                     }
                 };
                 while let Ok(job) = rx.recv() {
-                    let _ = job.reply.send(run(encoder.as_mut(), &job.seqs));
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(encoder.as_mut(), &job.seqs)
+                    }));
+                    match result {
+                        Ok(r) => {
+                            let _ = job.reply.send(r);
+                        }
+                        Err(_) => {
+                            // The encoder's state is unknown now: a worker that stayed up
+                            // would fail every request. Exit, so that a supervisor restarts it.
+                            error!("the compute thread panicked; exiting");
+                            eprintln!("error: the compute thread panicked; exiting");
+                            std::process::exit(70);
+                        }
+                    }
                 }
             })
             .map_err(|e| EncodeError::Device(format!("cannot start the compute thread: {e}")))?;
@@ -90,6 +104,13 @@ fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeE
     ) {
         let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
         let vectors = encoder.encode(&members)?;
+        if vectors.len() != group.len() * hidden {
+            return Err(EncodeError::Device(format!(
+                "the encoder returned {} values for {} sequences of {hidden}",
+                vectors.len(),
+                group.len()
+            )));
+        }
         for (row, &i) in vectors.chunks_exact(hidden).zip(&group) {
             out[i * hidden..(i + 1) * hidden].copy_from_slice(row);
         }

@@ -46,17 +46,17 @@ impl Handler for Embedder {
     async fn handle(&self, batch: Batch) -> Vec<Outcome> {
         let text = self.text.clone();
         let items = batch.items;
+        let count = items.len();
         let hidden = self.engine.hidden();
         let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items, hidden)).await;
         let Ok(tokenized) = tokenized else {
-            return vec![Err(ItemFailure::internal("tokenization failed"))];
+            return vec![Err(ItemFailure::internal("tokenization failed")); count];
         };
         let (ok, seqs): (Vec<usize>, Vec<Sequence>) = tokenized
             .iter()
             .enumerate()
             .filter_map(|(i, r)| r.as_ref().ok().map(|s| (i, s.clone())))
             .unzip();
-        let hidden = self.engine.hidden();
         let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
         let vectors = if seqs.is_empty() {
             Ok(Vec::new())

@@ -61,15 +61,16 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     credits: u32,
     /// Most items (inputs) in one batch.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     max_batch_items: u32,
     /// Most input bytes in one batch.
     #[arg(long, default_value_t = 16 << 20)]
     max_batch_bytes: u64,
-    /// Most tokens (sequences × their padded length) in one forward pass; sizes the GPU's
-    /// activation buffers (about 14 × hidden × this many bytes in f16).
-    #[arg(long, default_value_t = 16384)]
-    max_batch_tokens: usize,
+    /// Most tokens (sequences × their longest length) in one forward pass; sizes the GPU's
+    /// activation buffers (in f16 about (14 × hidden + 2 × intermediate) bytes per token,
+    /// plus 64 MiB of attention scores: ~0.5 GiB for BERT-large at 16384).
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
+    max_batch_tokens: u64,
     /// Longest input in tokens, special tokens included (default: the model's
     /// max_seq_length); longer inputs are truncated.
     #[arg(long)]
@@ -120,7 +121,7 @@ fn main() -> ExitCode {
         credits: args.credits,
         max_batch_items: args.max_batch_items,
         max_batch_bytes: args.max_batch_bytes,
-        max_batch_tokens: args.max_batch_tokens,
+        max_batch_tokens: args.max_batch_tokens as usize,
         overrides: Overrides {
             pooling: args.pooling,
             normalize: args.normalize,

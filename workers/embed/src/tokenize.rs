@@ -63,6 +63,8 @@ pub struct TextEncoder {
     max_len: usize,
     lower_case: bool,
     vocab: usize,
+    /// Token types the model has (at least 1: type 0 is always taken).
+    types: usize,
 }
 
 impl TextEncoder {
@@ -92,11 +94,12 @@ impl TextEncoder {
                 )
             })?;
         let vocab = spec.encoder.vocab;
-        let size = truncating.get_vocab_size(true);
-        if size > vocab {
+        if let Some(&top) = truncating.get_vocab(true).values().max()
+            && top as usize >= vocab
+        {
             return Err(SpecError::new(
                 TOKENIZER_FILE,
-                format!("has {size} tokens, more than config.json's vocab_size {vocab}"),
+                format!("has token id {top}, past config.json's vocab_size {vocab}"),
             ));
         }
         Ok(Self {
@@ -105,6 +108,7 @@ impl TextEncoder {
             max_len: spec.max_seq_len,
             lower_case: spec.lower_case,
             vocab,
+            types: spec.encoder.type_vocab.max(1),
         })
     }
 
@@ -147,6 +151,16 @@ impl TextEncoder {
                         tokens: e.len(),
                         limit: self.max_len,
                     }),
+                    // A tokenizer without a post-processor makes nothing of "".
+                    Ok(e) if e.is_empty() => Err(TokenizeError::BadInput(
+                        "the input makes no tokens with this model's tokenizer".into(),
+                    )),
+                    Ok(e) if e.get_type_ids().iter().any(|&t| t as usize >= self.types) => {
+                        Err(TokenizeError::BadInput(format!(
+                            "the tokenizer gave a token type past the model's {} types",
+                            self.types
+                        )))
+                    }
                     Ok(e) => Ok(Sequence {
                         ids: e.get_ids().to_vec(),
                         type_ids: e.get_type_ids().to_vec(),
@@ -218,8 +232,19 @@ pub(crate) mod tests {
 
     /// A tokenizer over the tiny vocabulary of [`TOKENIZER`] (`hello` 4, `world` 5, ...).
     pub(crate) fn encoder(max_seq_len: usize, lower_case: bool) -> TextEncoder {
-        let config = r#"{"hidden_size":8,"intermediate_size":16,"max_position_embeddings":64,
-            "model_type":"bert","num_attention_heads":2,"num_hidden_layers":1,"vocab_size":12}"#;
+        try_encoder(TOKENIZER, 12, max_seq_len, lower_case).expect("tokenizer")
+    }
+
+    fn try_encoder(
+        json: &str,
+        vocab: usize,
+        max_seq_len: usize,
+        lower_case: bool,
+    ) -> Result<TextEncoder, SpecError> {
+        let config = format!(
+            r#"{{"hidden_size":8,"intermediate_size":16,"max_position_embeddings":64,
+            "model_type":"bert","num_attention_heads":2,"num_hidden_layers":1,"vocab_size":{vocab}}}"#
+        );
         let spec = ModelSpec {
             encoder: EncoderConfig::parse(config.as_bytes()).expect("config"),
             pooling: Pooling::Mean,
@@ -227,7 +252,37 @@ pub(crate) mod tests {
             max_seq_len,
             lower_case,
         };
-        TextEncoder::new(TOKENIZER.as_bytes(), &spec).expect("tokenizer")
+        TextEncoder::new(json.as_bytes(), &spec)
+    }
+
+    /// A tokenizer whose ids pass the model's vocabulary would be accepted (the GPU refuses
+    /// such ids per batch, the CPU would read a zero row); one that makes no tokens of an input
+    /// would hand the encoder an empty sequence.
+    #[test]
+    fn refuses_ids_past_the_vocabulary_and_empty_sequences() {
+        let e = try_encoder(TOKENIZER, 9, 8, false).expect_err("id 9 in a vocabulary of 9");
+        assert!(
+            e.to_string()
+                .contains("token id 9, past config.json's vocab_size 9"),
+            "{e}"
+        );
+        let (start, end) = (
+            TOKENIZER.find(r#""post_processor""#).expect("has one"),
+            TOKENIZER.find(r#""decoder""#).expect("has one"),
+        );
+        let bare = format!(
+            r#"{}"post_processor": null, {}"#,
+            &TOKENIZER[..start],
+            &TOKENIZER[end..]
+        );
+        let t = try_encoder(&bare, 12, 8, false).expect("no post-processor");
+        let out = t.encode(&[("", true), ("hello", true)]);
+        assert!(
+            matches!(out[0], Err(TokenizeError::BadInput(_))),
+            "{:?}",
+            out[0]
+        );
+        assert_eq!(out[1].as_ref().expect("hello").ids, [4]);
     }
 
     /// Tokenization would keep the file's fixed padding or its 3-token truncation, drop the
