@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", modelshare_worker::report(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -1,4 +1,4 @@
-//! Errors of the worker SDK.
+//! Errors of the worker SDK, and [`report`], the one-line form of any error and its causes.
 
 /// What can go wrong for a worker.
 #[derive(Debug, thiserror::Error)]
@@ -133,5 +133,71 @@ impl WorkerError {
             | WorkerError::SessionEnded
             | WorkerError::ModelGone { .. } => false,
         }
+    }
+}
+
+/// The error and its causes in one line, `outer: cause: cause`, each cause once: a cause whose
+/// text the line already holds is skipped (wrappers that repeat their source's text, such as
+/// tonic's transport errors, would otherwise print `transport error: transport error: tcp
+/// connect error: tcp connect error: ...`).
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Chain(&'static str, Option<Box<Chain>>);
+
+    impl std::fmt::Display for Chain {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chain {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|c| c as _)
+        }
+    }
+
+    fn chain(texts: &[&'static str]) -> Chain {
+        let mut c: Option<Box<Chain>> = None;
+        for t in texts.iter().rev() {
+            c = Some(Box::new(Chain(t, c)));
+        }
+        *c.expect("one")
+    }
+
+    /// Causes that repeat their wrapper's text would be printed twice (or not at all).
+    #[test]
+    fn reports_each_cause_once() {
+        let e = chain(&[
+            "cannot connect to http://127.0.0.1:1: transport error",
+            "transport error",
+            "tcp connect error",
+            "tcp connect error",
+            "Connection refused (os error 111)",
+        ]);
+        assert_eq!(
+            report(&e),
+            "cannot connect to http://127.0.0.1:1: transport error: tcp connect error: \
+             Connection refused (os error 111)"
+        );
+        assert_eq!(report(&chain(&["a", "", "b"])), "a: b");
+        let top = WorkerError::SessionEnded;
+        assert_eq!(report(&top), "the session has ended");
     }
 }

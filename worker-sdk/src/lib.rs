@@ -63,7 +63,7 @@ pub mod tensor;
 pub use client::Client;
 pub use connect::AuthChannel;
 pub use credentials::{BearerInterceptor, ConnectOptions, TlsOptions, Token, TokenSource};
-pub use error::WorkerError;
+pub use error::{WorkerError, report};
 pub use model::Model;
 pub use modelshare_device::Mapping;
 pub use prost::bytes::Bytes;

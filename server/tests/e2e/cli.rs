@@ -280,6 +280,19 @@ async fn missing_socket_is_a_clear_error() {
             "{args:?}: the message does not name the socket: {err}"
         );
     }
+    // Over TCP, each cause once (tonic's transport errors repeat their sources' texts).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = format!("http://{}", listener.local_addr().expect("addr"));
+    drop(listener);
+    let err = fails(&address, &["ls"]).await;
+    assert!(
+        err.contains("cannot connect") && err.contains("refused"),
+        "{err}"
+    );
+    let parts: Vec<&str> = err.trim().split(": ").collect();
+    for (i, p) in parts.iter().enumerate().skip(1) {
+        assert_ne!(Some(p), parts.get(i + 1), "a cause printed twice: {err}");
+    }
 }
 
 /// The README's main-job command must start a server, run workers that verify the model, and

@@ -91,7 +91,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", modelshare_worker::report(e.as_ref()));
             ExitCode::FAILURE
         }
     }

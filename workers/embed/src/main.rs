@@ -145,7 +145,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", modelshare_worker::report(&e));
             ExitCode::FAILURE
         }
     }
