@@ -57,6 +57,14 @@ pub enum ServeError {
     /// The chosen backend is not available.
     #[error("backend: {0}")]
     Backend(String),
+    /// The model root is missing or not a directory.
+    #[error("model root {path}: {reason}")]
+    ModelRoot {
+        /// The path given.
+        path: String,
+        /// Why it cannot serve as the root.
+        reason: String,
+    },
     /// A socket could not be bound.
     #[error("cannot listen on {what}: {source}")]
     Bind {
@@ -209,6 +217,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     run_notify(config, shutdown, None).await
 }
 
+/// Refuses a model root that does not exist or is not a directory (every load would fail).
+fn check_model_root(root: &std::path::Path) -> Result<(), ServeError> {
+    let reason = match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => "is not a directory".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    Err(ServeError::ModelRoot {
+        path: root.display().to_string(),
+        reason,
+    })
+}
+
 /// [`run`], sending where it listens on `ready` once every start-up model is loaded.
 pub async fn run_notify(
     config: Config,
@@ -216,6 +237,7 @@ pub async fn run_notify(
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
+    check_model_root(&config.model_root)?;
     let devices = Devices::open(config.backend, &config.device, config.load_threads)
         .map_err(|e| ServeError::Backend(e.to_string()))?;
     for device in devices.infos() {

@@ -366,6 +366,36 @@ async fn config_file_is_honoured() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
 }
 
+/// A server over a missing model root (or a file) would start and fail every load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_model_root_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").expect("file");
+    for (root, says) in [
+        (dir.path().join("nonexistent"), "No such file or directory"),
+        (file, "is not a directory"),
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(["serve", "--backend", "host", "--model-root"])
+            .arg(&root)
+            .arg("--unix-socket")
+            .arg(dir.path().join("g.sock"))
+            .arg("--handle-socket")
+            .arg(dir.path().join("h.sock"))
+            .output()
+            .expect("run");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        let want = format!("model root {}: {says}", root.display());
+        assert!(err.contains(&want), "{err}");
+        assert!(
+            !dir.path().join("g.sock").exists(),
+            "a socket was left behind"
+        );
+    }
+}
+
 /// Without a CUDA driver, `--backend cuda` must fail with an error that names the missing
 /// library, and `--backend auto` must fall back to host memory. (On a machine with a GPU the
 /// GPU check covers the CUDA side; there this test has nothing to check.)
