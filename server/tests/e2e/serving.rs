@@ -228,7 +228,14 @@ async fn an_expired_deadline_is_never_dispatched_and_a_cancelled_call_reaches_th
         .model_infer(with_timeout(texts("enc", &["late"]), 200))
         .await
         .expect_err("deadline");
-    assert_eq!(status.code(), Code::DeadlineExceeded);
+    // The request path answers DEADLINE_EXCEEDED a little before the header's time; on a
+    // starved machine tonic's own timer on the header may still answer first, with CANCELLED
+    // "Timeout expired". Either way the item must never reach the worker (below).
+    assert!(
+        status.code() == Code::DeadlineExceeded
+            || (status.code() == Code::Cancelled && status.message().contains("Timeout expired")),
+        "{status:?}"
+    );
     busy.await.expect("task").expect("slow one answered");
     assert_eq!(worker.seen().items, 1, "the expired item was dispatched");
 
