@@ -141,12 +141,22 @@ fn set_socket_mode(path: &Path, mode: Option<u32>) -> Result<(), ServeError> {
 }
 
 /// Binds a Unix socket at `path`, replacing a stale socket file left by a dead server but
-/// refusing to take over one that a live server still answers on.
+/// refusing to take over one that a live server still answers on, and refusing to remove
+/// anything that is not a socket (a mistyped path must not delete a file).
 pub async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::FileTypeExt;
     let bind_err = |source| ServeError::Bind {
         what: path.display().to_string(),
         source,
     };
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && !meta.file_type().is_socket()
+    {
+        return Err(bind_err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket; not removing it",
+        )));
+    }
     if path.exists() {
         if tokio::net::UnixStream::connect(path).await.is_ok() {
             return Err(bind_err(io::Error::new(

@@ -366,6 +366,37 @@ async fn config_file_is_honoured() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
 }
 
+/// A regular file at a socket path would be deleted and replaced by the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_at_a_socket_path_is_refused_not_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let precious = dir.path().join("notes.txt");
+    std::fs::write(&precious, b"keep me").expect("file");
+    for flag in ["--unix-socket", "--handle-socket"] {
+        let other = if flag == "--unix-socket" {
+            "--handle-socket"
+        } else {
+            "--unix-socket"
+        };
+        let out = std::process::Command::new(common::BIN)
+            .args(["serve", "--backend", "host", "--model-root"])
+            .arg(dir.path())
+            .arg(flag)
+            .arg(&precious)
+            .arg(other)
+            .arg(dir.path().join(format!("other{flag}.sock")))
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&precious.display().to_string()) && err.contains("is not a socket"),
+            "{flag}: {err}"
+        );
+        assert_eq!(std::fs::read(&precious).expect("still there"), b"keep me");
+    }
+}
+
 /// A server over a missing model root (or a file) would start and fail every load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_model_root_is_refused_naming_it() {
