@@ -79,6 +79,46 @@ pub enum SessionEvent {
     },
 }
 
+impl SessionEvent {
+    /// The event's name in snake case (`version_ready`, `revoked`, ...), for machine output.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionEvent::VersionReady { .. } => "version_ready",
+            SessionEvent::VersionDraining { .. } => "version_draining",
+            SessionEvent::Revoked { .. } => "revoked",
+            SessionEvent::Disconnected => "disconnected",
+            SessionEvent::Reconnected { .. } => "reconnected",
+            SessionEvent::Reattached { .. } => "reattached",
+            SessionEvent::ModelGone { .. } => "model_gone",
+        }
+    }
+}
+
+/// What a person reads: `model m v2 is draining: release it`, ...
+impl std::fmt::Display for SessionEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionEvent::VersionReady { model, version } => {
+                write!(f, "model {model} v{version} is ready")
+            }
+            SessionEvent::VersionDraining { model, version } => {
+                write!(f, "model {model} v{version} is draining: release it")
+            }
+            SessionEvent::Revoked { reason } => write!(f, "the server ended the session: {reason}"),
+            SessionEvent::Disconnected => f.write_str("disconnected from the server; reconnecting"),
+            SessionEvent::Reconnected { session_id } => {
+                write!(f, "reconnected as session {session_id}")
+            }
+            SessionEvent::Reattached { model, version } => {
+                write!(f, "model {model} v{version} attached again")
+            }
+            SessionEvent::ModelGone { model, reason } => {
+                write!(f, "model {model} is gone: {reason}")
+            }
+        }
+    }
+}
+
 /// Options of a new session.
 #[derive(Debug, Clone, Default)]
 pub struct SessionOptions {

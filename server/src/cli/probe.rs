@@ -124,11 +124,33 @@ pub async fn run(
                 () = &mut shutdown => break,
                 ev = events.recv() => {
                     let Ok(ev) = ev else { continue };
-                    say!("{}", json!({"event": format!("{ev:?}")}));
+                    match out {
+                        OutputFormat::Json => say!("{}", event_json(&ev)),
+                        OutputFormat::Table => say!("{ev}"),
+                    }
                                 }
             }
         }
         model.release().await?;
     }
     Ok(())
+}
+
+/// A session event as one JSON object: `{"event": "version_draining", "model": ..., "text": ...}`.
+fn event_json(ev: &modelshare_worker::SessionEvent) -> serde_json::Value {
+    use modelshare_worker::SessionEvent as E;
+    let mut v = json!({"event": ev.kind(), "text": ev.to_string()});
+    let fields = match ev {
+        E::VersionReady { model, version }
+        | E::VersionDraining { model, version }
+        | E::Reattached { model, version } => json!({"model": model, "version": version}),
+        E::Revoked { reason } => json!({"reason": reason}),
+        E::Reconnected { session_id } => json!({"session_id": session_id}),
+        E::ModelGone { model, reason } => json!({"model": model, "reason": reason}),
+        E::Disconnected => json!({}),
+    };
+    if let (Some(v), serde_json::Value::Object(f)) = (v.as_object_mut(), fields) {
+        v.extend(f);
+    }
+    v
 }

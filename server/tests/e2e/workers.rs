@@ -198,20 +198,21 @@ async fn drain_deadline_ends_the_holders() {
         .into_inner();
     assert_eq!(r.versions[0].state, pb::VersionState::Draining as i32);
     let ev = holder.next_event();
+    assert_eq!(ev["event"], "version_draining", "{ev}");
+    assert_eq!(ev["model"], "m", "{ev}");
     assert!(
-        ev["event"]
-            .as_str()
-            .is_some_and(|e| e.contains("VersionDraining")),
+        ev["text"].as_str().is_some_and(|t| t.contains("draining")),
         "{ev}"
     );
     // Before the deadline the holder keeps it.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(stats(&server).await.arenas, 1);
     let ev = holder.next_event();
+    assert_eq!(ev["event"], "revoked", "{ev}");
     assert!(
-        ev["event"]
+        ev["reason"]
             .as_str()
-            .is_some_and(|e| e.contains("Revoked") && e.contains("drain deadline")),
+            .is_some_and(|r| r.contains("drain deadline")),
         "{ev}"
     );
     common::eventually(
