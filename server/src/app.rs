@@ -159,22 +159,10 @@ impl App {
         let uuid = device.uuid().to_owned();
         // Validation reads files: it blocks.
         let (reservation, src, plan) = tokio::task::spawn_blocking(move || {
-            let mut src = source::resolve(&root, &rel, &limits)?;
-            let reserved: Vec<std::path::PathBuf> = reserved
-                .iter()
-                .filter_map(|d| std::fs::canonicalize(d).ok())
-                .collect();
-            // Where the opened files really are (links followed), against the reserved dirs.
-            for shard in &src.shards {
-                use std::os::fd::AsRawFd;
-                let real = std::fs::read_link(format!("/proc/self/fd/{}", shard.file.as_raw_fd()));
-                if let Ok(real) = real
-                    && reserved.iter().any(|d| real.starts_with(d))
-                {
-                    // As if it did not exist: another tenant's files are not this tenant's to see.
-                    return Err(crate::weights::error::WeightsError::NotFound { path: rel }.into());
-                }
-            }
+            // Other tenants' directories count as missing for every file the load reads (the
+            // path asked for, the index, shards, metadata files, and links among them), before
+            // anything there is opened: the answer is exactly that of a missing path.
+            let mut src = source::resolve_denying(&root, &rel, &limits, &reserved)?;
             if let Some(dir) = &tenant_dir {
                 // Reported relative to the model root, like every other source.
                 src.source = format!("{dir}/{}", src.source);

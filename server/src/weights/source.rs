@@ -55,12 +55,42 @@ pub struct ModelSource {
     pub metadata_files: Vec<(String, Vec<u8>)>,
 }
 
+/// The model root, and the directories under it that this load may not read (other tenants'
+/// model directories): a path that resolves into one is treated as missing, before anything
+/// of it is opened or parsed, so the answer is the same as for a path that does not exist.
+struct Root {
+    path: PathBuf,
+    deny: Vec<PathBuf>,
+}
+
+impl std::ops::Deref for Root {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// Resolves `rel` under `root` and validates everything. Blocking I/O.
 pub fn resolve(root: &Path, rel: &str, limits: &WeightLimits) -> Result<ModelSource, WeightsError> {
+    resolve_denying(root, rel, limits, &[])
+}
+
+/// [`resolve`], with every file it reads (the requested path, the index, the shards, the
+/// metadata files and the links among them) outside the directories in `deny`: one that
+/// resolves into them counts as missing (a metadata file is then skipped).
+pub fn resolve_denying(
+    root: &Path,
+    rel: &str,
+    limits: &WeightLimits,
+    deny: &[PathBuf],
+) -> Result<ModelSource, WeightsError> {
     let source = normalize_relative(rel).map_err(|reason| WeightsError::bad_path(rel, reason))?;
-    let root = root
-        .canonicalize()
-        .map_err(|e| WeightsError::io(&format!("model root {}", root.display()), e))?;
+    let root = Root {
+        path: root
+            .canonicalize()
+            .map_err(|e| WeightsError::io(&format!("model root {}", root.display()), e))?,
+        deny: deny.iter().filter_map(|d| d.canonicalize().ok()).collect(),
+    };
     let path = canonicalize_under(&root, &root.join(&source), &source)?.ok_or_else(|| {
         WeightsError::NotFound {
             path: source.clone(),
@@ -128,12 +158,13 @@ pub fn resolve(root: &Path, rel: &str, limits: &WeightLimits) -> Result<ModelSou
 /// Canonicalizes `path`, which must stay under the canonical `root`; `None` if it does
 /// not exist (or a component of it is not a directory).
 fn canonicalize_under(
-    root: &Path,
+    root: &Root,
     path: &Path,
     display: &str,
 ) -> Result<Option<PathBuf>, WeightsError> {
     match path.canonicalize() {
-        Ok(p) if p.starts_with(root) => Ok(Some(p)),
+        Ok(p) if root.deny.iter().any(|d| p.starts_with(d)) => Ok(None),
+        Ok(p) if p.starts_with(&root.path) => Ok(Some(p)),
         Ok(_) => Err(WeightsError::bad_path(
             display,
             "leaves the model root (through a symlink)",
@@ -205,7 +236,7 @@ fn read_bounded(
 
 /// Resolves, opens and cross-checks the shards of an index in directory `dir`.
 fn sharded(
-    root: &Path,
+    root: &Root,
     dir: &Path,
     source: &str,
     limits: &WeightLimits,
@@ -318,7 +349,7 @@ const MODULES_FILE: &str = "modules.json";
 /// sentence-transformers `modules.json` names (`1_Pooling/config.json`, ...), named with
 /// their directory. Sizes are checked against the limits before anything is read.
 fn metadata_files(
-    root: &Path,
+    root: &Root,
     dir: &Path,
     source: &str,
     limits: &WeightLimits,
@@ -366,7 +397,7 @@ fn metadata_files(
 /// Adds to `found` (name, display, path) of each metadata file directly in `dir`, named
 /// `prefix` + file name, and their sizes to `total`.
 fn list_metadata_files(
-    root: &Path,
+    root: &Root,
     dir: &Path,
     prefix: &str,
     source: &str,

@@ -1116,6 +1116,22 @@ async fn a_model_dir_confines_a_tenants_loads() {
                 .expect("symlink");
             std::os::unix::fs::symlink(root.join("team-a/mine"), root.join("a-link"))
                 .expect("symlink");
+            // a's secrets: a config and a broken weight file.
+            std::fs::write(root.join("team-a/mine/config.json"), b"{\"secret\":1}")
+                .expect("config");
+            std::fs::create_dir_all(root.join("team-a/broken")).expect("dir");
+            std::fs::write(
+                root.join("team-a/broken/model.safetensors"),
+                b"\x05\0\0\0\0\0\0\0{bad}",
+            )
+            .expect("broken");
+            // b's model whose config.json is a link into a's directory.
+            std::os::unix::fs::symlink(
+                root.join("team-a/mine/config.json"),
+                root.join("team-b/theirs/config.json"),
+            )
+            .expect("symlink");
+            std::fs::write(root.join("team-b/theirs/tokenizer.json"), b"{}").expect("own file");
         },
     )
     .await;
@@ -1138,17 +1154,49 @@ async fn a_model_dir_confines_a_tenants_loads() {
     load_as(&mut b, "theirs", "team-b/theirs", "", None)
         .await
         .expect("b loads from the root");
-    for path in ["team-a/mine", "a-link"] {
+    // Probing a's directory tells b nothing: an existing model, a file, a broken file and a
+    // missing path all answer exactly as a missing path does.
+    for path in [
+        "team-a/mine",
+        "a-link",
+        "team-a/mine/model.safetensors",
+        "team-a/broken",
+        "team-a/broken/model.safetensors",
+        "team-a/nothing-here",
+    ] {
         let err = load_as(&mut b, "stolen", path, "", None)
             .await
             .expect_err("another tenant's directory");
         assert_eq!(err.code(), Code::NotFound, "{path}: {err:?}");
+        let missing = format!("'{path}' does not exist");
         assert!(
-            err.message().contains("does not exist"),
-            "{}",
+            err.message().contains(&missing),
+            "{path}: {}",
             err.message()
         );
     }
+    // A metadata file linked into a's directory is not read: b's model loads without it.
+    let mut admin = admin_as(&server, Some(ADMIN)).await;
+    let d = admin
+        .describe_model(pb::DescribeModelRequest {
+            name: "theirs".into(),
+            version: 0,
+        })
+        .await
+        .expect("describe")
+        .into_inner();
+    let files: Vec<String> = d
+        .manifest
+        .expect("manifest")
+        .files
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(
+        files,
+        ["tokenizer.json"],
+        "a's config.json was served to b's workers"
+    );
     // The admin may load from anywhere.
     let mut root = admin_as(&server, Some(ADMIN)).await;
     load_as(&mut root, "admin-copy", "team-a/mine", "", None)
