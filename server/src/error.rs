@@ -140,3 +140,48 @@ pub enum ServerError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// The most bytes of an error message a client is sent: a message may echo a client's input
+/// (a name, a path, a header), and a megabyte `grpc-message` is rejected by gRPC clients,
+/// hiding the real status.
+pub const MAX_MESSAGE_BYTES: usize = 2048;
+
+/// `message`, cut at [`MAX_MESSAGE_BYTES`] (on a character boundary) with a note of how
+/// much was cut.
+pub fn bounded_message(message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… ({} more bytes cut)",
+        &message[..end],
+        message.len() - end
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client's megabyte input would come back whole in the error (or be cut inside a
+    /// character).
+    #[test]
+    fn messages_are_bounded_on_character_boundaries() {
+        assert_eq!(bounded_message("short".into()), "short");
+        let long = format!("model 'é{}' is unknown", "x".repeat(1 << 20));
+        let cut = bounded_message(long.clone());
+        assert!(cut.len() < MAX_MESSAGE_BYTES + 40, "{}", cut.len());
+        assert!(cut.starts_with("model 'é"));
+        assert!(
+            cut.ends_with(" more bytes cut)"),
+            "{}",
+            &cut[cut.len() - 40..]
+        );
+        let odd = "é".repeat(MAX_MESSAGE_BYTES);
+        assert!(bounded_message(odd).is_char_boundary(0));
+    }
+}

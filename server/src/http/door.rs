@@ -33,7 +33,7 @@ impl DoorError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
-            message: message.into(),
+            message: crate::error::bounded_message(message.into()),
             retry_after: None,
         }
     }
@@ -55,7 +55,7 @@ impl From<InferError> for DoorError {
         Self {
             status: e.http_status(),
             retry_after: e.retry_after(),
-            message: e.to_string(),
+            message: crate::error::bounded_message(e.to_string()),
         }
     }
 }

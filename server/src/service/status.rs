@@ -44,6 +44,6 @@ impl From<ServerError> for Status {
             ServerError::TenantsFile(TenantsFileError::Read { .. }) => Code::FailedPrecondition,
             ServerError::Internal(_) => Code::Internal,
         };
-        Status::new(code, e.to_string())
+        Status::new(code, crate::error::bounded_message(e.to_string()))
     }
 }

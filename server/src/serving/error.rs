@@ -125,7 +125,7 @@ pub fn http_status(code: Code) -> StatusCode {
 
 impl From<InferError> for tonic::Status {
     fn from(e: InferError) -> Self {
-        tonic::Status::new(e.code(), e.to_string())
+        tonic::Status::new(e.code(), crate::error::bounded_message(e.to_string()))
     }
 }
 

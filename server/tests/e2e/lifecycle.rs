@@ -456,3 +456,26 @@ async fn cuda_without_a_driver_is_a_clear_error_and_auto_falls_back() {
     let device = common::stats(&mut admin).await.device.expect("device");
     assert_eq!(device.backend, pb::BackendKind::Host as i32);
 }
+
+/// A client's huge input would come back whole in the status message (a megabyte
+/// `grpc-message`, which gRPC clients reject, hiding the real status), on gRPC and HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_echo_at_most_a_bounded_part_of_the_input() {
+    let server = Server::start().await;
+    let mut admin = server.admin().await;
+    let huge = "x".repeat(1 << 20);
+    let err = common::load(&mut admin, &huge, "nowhere")
+        .await
+        .expect_err("bad name");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().len() < 4096, "{} bytes", err.message().len());
+    assert!(
+        err.message().contains("bytes cut"),
+        "{}",
+        &err.message()[..200]
+    );
+    let err = common::load(&mut admin, "m", &huge)
+        .await
+        .expect_err("bad path");
+    assert!(err.message().len() < 4096, "{} bytes", err.message().len());
+}
