@@ -147,3 +147,55 @@ fn the_kubernetes_config_parses() {
     assert!(c.tls.is_some() && c.tenants_file.is_some());
     assert_eq!(c.unix_socket_mode, Some(0o660));
 }
+
+/// Every TOML snippet of the docs must parse as what it shows (a sample that does not parse
+/// was once in the README): a block with `[admin]` or `[[tenants]]` as a tenants file, any
+/// other as a server configuration; and the shipped tenants example.
+#[test]
+fn every_toml_snippet_of_the_docs_parses() {
+    let docs = [
+        ("README.md", include_str!("../../../README.md")),
+        (
+            "deploy/README.md",
+            include_str!("../../../deploy/README.md"),
+        ),
+        (
+            "docs/ARCHITECTURE.md",
+            include_str!("../../../docs/ARCHITECTURE.md"),
+        ),
+        (
+            "workers/README.md",
+            include_str!("../../../workers/README.md"),
+        ),
+    ];
+    let mut seen = 0;
+    for (doc, text) in docs {
+        let mut lines = text.lines().enumerate();
+        while let Some((at, line)) = lines.next() {
+            if line.trim() != "```toml" {
+                continue;
+            }
+            let block: String = lines
+                .by_ref()
+                .take_while(|(_, l)| l.trim() != "```")
+                .map(|(_, l)| format!("{l}\n"))
+                .collect();
+            seen += 1;
+            if block.contains("[admin]") || block.contains("[[tenants]]") {
+                if let Err(e) = crate::tenants::file::TenantTable::parse(&block) {
+                    panic!("{doc}:{}: the tenants sample does not parse: {e}", at + 1);
+                }
+            } else {
+                let file: FileConfig = toml::from_str(&block).unwrap_or_else(|e| {
+                    panic!("{doc}:{}: the config sample does not parse: {e}", at + 1)
+                });
+                Config::merge(ServeArgs::default(), file).unwrap_or_else(|e| {
+                    panic!("{doc}:{}: the config sample is refused: {e}", at + 1)
+                });
+            }
+        }
+    }
+    assert!(seen >= 2, "found {seen} TOML blocks");
+    let example = include_str!("../../../deploy/tenants.example.toml");
+    crate::tenants::file::TenantTable::parse(example).expect("deploy/tenants.example.toml");
+}
