@@ -2,7 +2,8 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use modelshare_server::cli::{self, ClientArgs, ClientCommand};
 use modelshare_server::config::{Config, ServeArgs};
 use modelshare_server::{demo, serve, telemetry};
@@ -28,8 +29,64 @@ enum Command {
     Client(ClientCommand),
 }
 
+/// The client flags (those of [`ClientArgs`]) that mean nothing to `serve` and `demo`, and
+/// what to use there instead.
+const CLIENT_ONLY: [(&str, &str); 7] = [
+    (
+        "server",
+        "the server listens where --unix-socket / --listen say",
+    ),
+    ("token", "the server's tokens are in --tenants-file"),
+    ("token_file", "the server's tokens are in --tenants-file"),
+    (
+        "tls_ca",
+        "the server's TLS is --server-tls-cert / --server-tls-key / --server-tls-client-ca",
+    ),
+    (
+        "tls_cert",
+        "the server's TLS is --server-tls-cert / --server-tls-key",
+    ),
+    (
+        "tls_key",
+        "the server's TLS is --server-tls-cert / --server-tls-key",
+    ),
+    (
+        "tls_domain",
+        "the server's TLS is --server-tls-cert / --server-tls-key",
+    ),
+];
+
+/// Refuses a client flag given on the command line of `serve` or `demo` (so that no one
+/// believes TLS is on when it is not); the same variables in the environment are ignored.
+fn refuse_client_flags(matches: &ArgMatches) -> Result<(), String> {
+    let Some((sub @ ("serve" | "demo"), sub_matches)) = matches.subcommand() else {
+        return Ok(());
+    };
+    for (id, instead) in CLIENT_ONLY {
+        let given = [matches, sub_matches].iter().any(|m| {
+            m.try_get_raw(id).ok().flatten().is_some()
+                && m.value_source(id) == Some(ValueSource::CommandLine)
+        });
+        if given {
+            let flag = id.replace('_', "-");
+            return Err(format!(
+                "--{flag} is a client flag; `modelshare {sub}` does not take it ({instead})"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    if let Err(e) = refuse_client_flags(&matches) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -397,6 +397,26 @@ async fn a_file_at_a_socket_path_is_refused_not_deleted() {
     }
 }
 
+/// `serve --tls-cert ...` (a client flag) would start a plain-text server while its operator
+/// believes TLS is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_flags_are_refused_by_serve() {
+    for args in [
+        &["serve", "--tls-cert", "/etc/cert.pem"][..],
+        &["--tls-key", "/etc/key.pem", "serve"],
+        &["demo", "--token", "t"],
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(args)
+            .env_remove("MODELSHARE_TOKEN")
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("is a client flag"), "{args:?}: {err}");
+    }
+}
+
 /// A server over a missing model root (or a file) would start and fail every load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_model_root_is_refused_naming_it() {
