@@ -36,7 +36,8 @@ pub enum WeightsError {
         actual: u64,
     },
 
-    /// I/O error reading a file. → `INTERNAL`
+    /// I/O error reading a file. → `FAILED_PRECONDITION` (permissions), `DATA_LOSS` (cut
+    /// short), else `INTERNAL`
     #[error("{file}: {source}")]
     Io {
         file: String,
