@@ -12,7 +12,7 @@ use std::time::Duration;
 use modelshare_device::handoff;
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::registry::Registry;
 
@@ -21,14 +21,14 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Accepts handle-socket connections until `shutdown` is cancelled.
 pub async fn serve(listener: UnixListener, registry: Arc<Registry>, shutdown: CancellationToken) {
+    let warned = std::sync::Mutex::new(None);
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    warn!(error = %e, "handle socket: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    crate::accept::pause("handle socket", &e, &warned).await;
                     continue;
                 }
             },

@@ -21,6 +21,7 @@
 //! - [`loader`]: plans the manifest, then copies validated weights into the arena through
 //!   per-thread writers, computing per-tensor checksums.
 //! - [`handles`]: the Unix handle socket that passes arena fds against one-time tickets.
+//! - [`accept`]: listeners pause (and say so, rarely) after a failed accept instead of spinning.
 //! - [`service`]: the gRPC services (admin, worker), thin over the registry; errors become
 //!   `tonic::Status` in [`service::status`] only.
 //! - [`http`]: the HTTP port (axum): `/metrics`, `/healthz`, `/readyz`, one router over one
@@ -56,6 +57,7 @@
 //! [`tenants::error`]) are imported widely and import none of their importers back.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod app;
 pub mod audit;
 pub mod cli;

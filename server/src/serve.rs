@@ -340,11 +340,12 @@ pub async fn run_notify(
         bound.tcp = Some(local);
         // Requests and answers are small messages on long-lived connections: send each at once
         // (Nagle's algorithm with delayed ACKs costs up to 40 ms a message under load).
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            conn.inspect(|stream| {
-                let _ = stream.set_nodelay(true);
-            })
-        });
+        let incoming =
+            crate::accept::paced(TcpListenerStream::new(listener), "grpc tcp").map(|conn| {
+                conn.inspect(|stream| {
+                    let _ = stream.set_nodelay(true);
+                })
+            });
         let stop = app.shutdown.clone();
         let tls = config.tls.as_ref().map(tls_config).transpose()?;
         let r = router(&app, health.clone(), tls)?;
@@ -358,7 +359,7 @@ pub async fn run_notify(
         let listener = bind_unix(path).await?;
         set_socket_mode(path, config.unix_socket_mode)?;
         bound.unix = Some(path.clone());
-        let incoming = UnixListenerStream::new(listener);
+        let incoming = crate::accept::paced(UnixListenerStream::new(listener), "grpc unix");
         let stop = app.shutdown.clone();
         let r = router(&app, health.clone(), None)?;
         tasks.spawn(async move {

@@ -499,3 +499,83 @@ async fn errors_echo_at_most_a_bounded_part_of_the_input() {
         .expect_err("bad path");
     assert!(err.message().len() < 4096, "{} bytes", err.message().len());
 }
+
+/// The user and system CPU ticks a process has used (`/proc/<pid>/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime) are 11 and 12 after the command.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// With its descriptors exhausted by idle clients, a listener would retry accept() in a loop
+/// that takes whole cores (and keeps spinning after they leave); it must pause, and serve
+/// again once descriptors are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_descriptors_do_not_spin_the_listeners() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut server = std::process::Command::new("prlimit")
+        .arg("--nofile=160:160")
+        .arg(common::BIN)
+        .args(["serve", "--backend", "host", "--model-root"])
+        .arg(dir.path())
+        .arg("--unix-socket")
+        .arg(dir.path().join("g.sock"))
+        .arg("--handle-socket")
+        .arg(dir.path().join("h.sock"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("prlimit and the server");
+    let address = format!("http://127.0.0.1:{port}");
+    let mut ready = false;
+    for _ in 0..200 {
+        if modelshare_worker::connect::channel(&address).await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "the server did not start");
+    // Hold more connections than the server has descriptors.
+    let mut idle = Vec::new();
+    for _ in 0..220 {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => idle.push(s),
+            Err(_) => break,
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = cpu_ticks(server.id());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_ticks(server.id()) - before;
+    // Spinning would be ~200 ticks (a whole core for 2 s); pacing costs a few.
+    assert!(
+        used < 60,
+        "the server used {used} CPU ticks in 2 s with descriptors exhausted"
+    );
+    drop(idle);
+    // Descriptors free again: the server answers.
+    let mut answered = false;
+    for _ in 0..50 {
+        if let Ok(ch) = modelshare_worker::connect::channel(&address).await {
+            let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
+            if admin.list_models(pb::ListModelsRequest {}).await.is_ok() {
+                answered = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        answered,
+        "the server did not serve again once descriptors were free"
+    );
+}
