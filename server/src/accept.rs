@@ -1,4 +1,5 @@
-//! Accepting connections without spinning: when `accept` fails (descriptors exhausted,
+//! The server's descriptors: [`raise_fd_limit`] at start, and accepting connections without
+//! spinning: when `accept` fails (descriptors exhausted,
 //! `EMFILE`/`ENFILE`, or any other error), the listener waits before it tries again, and says
 //! so in the log at most every [`WARN_EVERY`], instead of retrying at once in a loop that
 //! takes a whole core and floods nothing but the CPU. Once a descriptor frees, accepting
@@ -53,4 +54,28 @@ pub async fn pause(listener: &str, e: &io::Error, warned: &Mutex<Option<Instant>
         warn!(listener, error = %e, "accepting a connection failed{hint}; pausing before the next");
     }
     tokio::time::sleep(PAUSE).await;
+}
+
+/// Raises the soft limit on open files to the hard limit (every connection, session pidfd,
+/// ticket and arena holds descriptors; the soft default of 1024 is easily reached). Returns
+/// `(before, after)` when it changed, for the start-up log.
+pub fn raise_fd_limit() -> Option<(u64, u64)> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), hard) = (limit.current, limit.maximum) else {
+        return None; // already unlimited
+    };
+    let target = hard.unwrap_or(u64::MAX);
+    if target <= soft {
+        return None;
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: hard,
+            maximum: hard,
+        },
+    )
+    .ok()?;
+    Some((soft, target))
 }

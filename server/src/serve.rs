@@ -248,6 +248,12 @@ pub async fn run_notify(
 ) -> Result<(), ServeError> {
     let config = Arc::new(config);
     check_model_root(&config.model_root)?;
+    if let Some((before, after)) = crate::accept::raise_fd_limit() {
+        info!(
+            before,
+            after, "raised the open-file limit (soft) to the hard limit"
+        );
+    }
     let devices = Devices::open(config.backend, &config.device, config.load_threads)
         .map_err(|e| ServeError::Backend(e.to_string()))?;
     for device in devices.infos() {

@@ -500,6 +500,42 @@ async fn errors_echo_at_most_a_bounded_part_of_the_input() {
     assert!(err.message().len() < 4096, "{} bytes", err.message().len());
 }
 
+/// The server would keep a low soft limit on open files that its hard limit allows raising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_to_the_hard_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = std::process::Command::new("prlimit")
+        .arg("--nofile=100:2048")
+        .arg(common::BIN)
+        .args(["serve", "--backend", "host", "--model-root"])
+        .arg(dir.path())
+        .arg("--unix-socket")
+        .arg(dir.path().join("g.sock"))
+        .arg("--handle-socket")
+        .arg(dir.path().join("h.sock"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prlimit and the server");
+    let address = format!("unix:{}", dir.path().join("g.sock").display());
+    let mut limits = String::new();
+    for _ in 0..200 {
+        if modelshare_worker::connect::channel(&address).await.is_ok() {
+            limits =
+                std::fs::read_to_string(format!("/proc/{}/limits", server.id())).expect("limits");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("no open-file line in {limits:?}"));
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers, ["2048", "2048"], "{line}");
+}
+
 /// The user and system CPU ticks a process has used (`/proc/<pid>/stat`).
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
