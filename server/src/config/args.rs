@@ -72,7 +72,7 @@ pub struct ServeArgs {
     /// CUDA device: an ordinal (0, 1, ...) or a UUID (GPU-...).
     #[arg(long, env = "MODELSHARE_DEVICE")]
     pub device: Option<String>,
-    /// Threads one load reads and copies with (default: the cores, at most 8).
+    /// Threads one load reads and copies with (default: the cores, at most 32).
     #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
     pub load_threads: Option<usize>,
     /// Largest arena one model version may have, in bytes.
