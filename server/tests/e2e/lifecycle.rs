@@ -500,22 +500,29 @@ async fn errors_echo_at_most_a_bounded_part_of_the_input() {
     assert!(err.message().len() < 4096, "{} bytes", err.message().len());
 }
 
+/// A host-backend server over `dir` (its model root and sockets) started under `prlimit
+/// --nofile=<nofile>` (soft:hard), its log discarded.
+fn serve_with_nofile(nofile: &str, dir: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    std::process::Command::new("prlimit")
+        .arg(format!("--nofile={nofile}"))
+        .arg(common::BIN)
+        .args(["serve", "--backend", "host", "--model-root"])
+        .arg(dir)
+        .arg("--unix-socket")
+        .arg(dir.join("g.sock"))
+        .arg("--handle-socket")
+        .arg(dir.join("h.sock"))
+        .args(extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prlimit and the server")
+}
+
 /// The server would keep a low soft limit on open files that its hard limit allows raising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_file_limit_is_raised_to_the_hard_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut server = std::process::Command::new("prlimit")
-        .arg("--nofile=100:2048")
-        .arg(common::BIN)
-        .args(["serve", "--backend", "host", "--model-root"])
-        .arg(dir.path())
-        .arg("--unix-socket")
-        .arg(dir.path().join("g.sock"))
-        .arg("--handle-socket")
-        .arg(dir.path().join("h.sock"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("prlimit and the server");
+    let mut server = serve_with_nofile("100:2048", dir.path(), &[]);
     let address = format!("unix:{}", dir.path().join("g.sock").display());
     let mut limits = String::new();
     for _ in 0..200 {
@@ -555,19 +562,11 @@ async fn exhausted_descriptors_do_not_spin_the_listeners() {
         .and_then(|l| l.local_addr())
         .expect("port")
         .port();
-    let mut server = std::process::Command::new("prlimit")
-        .arg("--nofile=160:160")
-        .arg(common::BIN)
-        .args(["serve", "--backend", "host", "--model-root"])
-        .arg(dir.path())
-        .arg("--unix-socket")
-        .arg(dir.path().join("g.sock"))
-        .arg("--handle-socket")
-        .arg(dir.path().join("h.sock"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("prlimit and the server");
+    let mut server = serve_with_nofile(
+        "160:160",
+        dir.path(),
+        &["--listen", &format!("127.0.0.1:{port}")],
+    );
     let address = format!("http://127.0.0.1:{port}");
     let mut ready = false;
     for _ in 0..200 {
