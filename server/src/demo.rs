@@ -144,15 +144,28 @@ pub fn write_demo_model(dir: &Path) -> io::Result<PathBuf> {
     Ok(model_dir)
 }
 
+/// Removes the demo's own temporary directory when the demo ends, however it ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Runs the demo until `shutdown` resolves (or right after the summary with `--exit-after-ready`).
 pub async fn run(
     args: DemoArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    telemetry::init(telemetry::LogFormat::Text);
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("modelshare-demo-{}", std::process::id())),
+    // The terminal is for the summary; RUST_LOG=info shows the server's log too.
+    telemetry::init_with_default(telemetry::LogFormat::Text, "warn");
+    let (dir, _cleanup) = match &args.dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = std::env::temp_dir().join(format!("modelshare-demo-{}", std::process::id()));
+            (d.clone(), Some(RemoveOnDrop(d)))
+        }
     };
     std::fs::create_dir_all(&dir)?;
     write_demo_model(&dir)?;

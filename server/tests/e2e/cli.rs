@@ -327,6 +327,28 @@ async fn demo_runs_workers_on_one_arena() {
         "{stdout}"
     );
     assert!(!dir.path().join("grpc.sock").exists(), "socket left behind");
+
+    // Without --dir: its own temporary directory goes at the end, and the terminal holds the
+    // summary, not the server's log.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(crate::common::BIN)
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+            "--exit-after-ready",
+        ])
+        .env("TMPDIR", tmp.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run demo");
+    assert!(out.status.success());
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmp").collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains(" INFO "), "{stderr}");
 }
 
 /// The tenant workflow from the CLI alone: make tokens, write their hashes, then load for a
