@@ -48,6 +48,9 @@ type GrpcStack = tower::layer::util::Stack<
 
 /// Largest gRPC message accepted or sent (manifests with metadata files can be large).
 const MAX_MESSAGE_BYTES: usize = 128 << 20;
+/// The largest admin request: names, paths and access lists need kilobytes; a client's
+/// megabytes there are refused before they are decoded (answers may still be large).
+const MAX_ADMIN_REQUEST_BYTES: usize = 1 << 20;
 /// Requests served at once on one connection.
 const CONCURRENCY_PER_CONNECTION: usize = 256;
 
@@ -182,7 +185,7 @@ fn router(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let admin = AdminServiceServer::new(AdminApi::new(app.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(MAX_ADMIN_REQUEST_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let worker = WorkerServiceServer::new(WorkerApi::new(app.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

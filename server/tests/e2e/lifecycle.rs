@@ -483,7 +483,7 @@ async fn cuda_without_a_driver_is_a_clear_error_and_auto_falls_back() {
 async fn errors_echo_at_most_a_bounded_part_of_the_input() {
     let server = Server::start().await;
     let mut admin = server.admin().await;
-    let huge = "x".repeat(1 << 20);
+    let huge = "x".repeat(512 << 10);
     let err = common::load(&mut admin, &huge, "nowhere")
         .await
         .expect_err("bad name");
