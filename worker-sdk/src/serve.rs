@@ -44,7 +44,7 @@ pub use item::{
     Accepts, Batch, Input, InputTensor, Item, Parameter, element_size, oip_datatype, tensor_spec,
 };
 pub use output::{Outcome, Output, OutputTensor};
-pub use supervise::{Target, serve_latest, stop_on_signals};
+pub use supervise::{Target, run_process, serve_latest, stop_on_signals};
 
 use crate::link::{Link, SessionCore};
 use crate::{Model, Session, SessionEvent, WorkerError};

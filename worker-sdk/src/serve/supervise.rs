@@ -1,11 +1,13 @@
 //! A worker's whole life in one call: [`serve_latest`] opens a session, attaches the latest
 //! version of a model, serves it, and after a server drain (a hot swap) attaches the latest
-//! version again, until it is stopped; [`stop_on_signals`] stops it on SIGTERM or SIGINT.
+//! version again, until it is stopped; [`stop_on_signals`] stops it on SIGTERM or SIGINT;
+//! [`run_process`] is a worker binary's `main` around both.
 //!
 //! What may pass (the server away, the model not loaded yet) is retried with backoff; what
 //! will not ([`WorkerError::is_fatal`]) ends the call with the error.
 
 use std::future::Future;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,6 +102,43 @@ where
                     () = stop.cancelled() => return Ok(()),
                 }
             }
+        }
+    }
+}
+
+/// A worker process's `main`: on a new multi-threaded runtime, builds the [`Target`] (reading
+/// the token and TLS settings there), then [`serve_latest`] until SIGTERM or SIGINT
+/// ([`stop_on_signals`]). Returns success once stopped; otherwise prints the error, each cause
+/// once ([`crate::report`]), and returns failure.
+pub fn run_process<H, F>(target: impl FnOnce() -> Result<Target, WorkerError>, setup: F) -> ExitCode
+where
+    H: Handler,
+    F: FnMut(Arc<Model>) -> Result<(ServeOptions, H), WorkerError>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let target = target()?;
+        let stop = CancellationToken::new();
+        tokio::spawn(stop_on_signals(stop.clone()));
+        serve_latest(&target, stop, setup).await
+    });
+    match result {
+        Ok(()) => {
+            info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", crate::report(&e));
+            ExitCode::FAILURE
         }
     }
 }

@@ -21,8 +21,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use modelshare_worker::CancellationToken;
-use tracing::info;
+use modelshare_worker::serve::run_process;
 use tracing_subscriber::EnvFilter;
 
 /// Serve a model of a modelshare server with the echo computation.
@@ -62,16 +61,6 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let config = worker::Config {
         server: args.server,
         model: args.model,
@@ -80,19 +69,8 @@ fn main() -> ExitCode {
         max_batch_items: args.max_batch_items,
         max_batch_bytes: args.max_batch_bytes,
     };
-    let result = runtime.block_on(async move {
-        let stop = CancellationToken::new();
-        tokio::spawn(modelshare_worker::serve::stop_on_signals(stop.clone()));
-        worker::run(config, stop).await
-    });
-    match result {
-        Ok(()) => {
-            info!("stopped");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {}", modelshare_worker::report(e.as_ref()));
-            ExitCode::FAILURE
-        }
-    }
+    run_process(
+        || worker::target(&config),
+        |model| Ok((worker::serve_options(&config), worker::Echo::new(model))),
+    )
 }

@@ -1,15 +1,13 @@
 //! The serving side of the echo worker: the [`Echo`] handler over the attached weights, the
-//! offer's options, and [`run`], which serves the latest version until the worker is
-//! stopped (the SDK's [`serve_latest`]).
+//! offer's options, and the [`target`] the SDK's `run_process` serves until the worker is
+//! stopped.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
-use modelshare_worker::serve::{
-    Batch, ItemFailure, Outcome, ServeOptions, Target, serve_latest, tensor_spec,
-};
-use modelshare_worker::{CancellationToken, ConnectOptions, Handler, Model, WorkerError};
+use modelshare_worker::serve::{Batch, ItemFailure, Outcome, ServeOptions, Target, tensor_spec};
+use modelshare_worker::{ConnectOptions, Handler, Model, WorkerError};
 
 use crate::echo::{Weights, compute, sleep_ms};
 
@@ -34,7 +32,7 @@ pub struct Config {
 /// writes (`input_ids` INT64 `[-1]` and any other tensor, `input` FP32 `[-1]` standing for
 /// it; outputs `embedding` FP32 `[-1]`, `echo` (the input's dtype and shape, FP32 `[-1]`
 /// here) and `plus_weights` FP32 `[-1]`).
-pub fn serve_options(config: &Config, stop: CancellationToken) -> ServeOptions {
+pub fn serve_options(config: &Config) -> ServeOptions {
     use pb::DType::{DtypeF32, DtypeI64};
     ServeOptions {
         credits: config.credits,
@@ -49,7 +47,6 @@ pub fn serve_options(config: &Config, stop: CancellationToken) -> ServeOptions {
             tensor_spec("echo", DtypeF32, &[-1]),
             tensor_spec("plus_weights", DtypeF32, &[-1]),
         ],
-        stop,
         ..ServeOptions::default()
     }
 }
@@ -118,19 +115,13 @@ impl Handler for Echo {
     }
 }
 
-/// Serves until `stop` is cancelled: see [`serve_latest`], with a fresh [`Echo`] handler per
-/// version attached.
-pub async fn run(config: Config, stop: CancellationToken) -> anyhow::Result<()> {
-    // A token file is read again at every connection; the settings themselves once.
-    let target = Target {
+/// Where the worker serves: the server and model of `config`, with the token and TLS settings
+/// of the environment (a token file is read again at every connection).
+pub fn target(config: &Config) -> Result<Target, WorkerError> {
+    Ok(Target {
         server: config.server.clone(),
         model: config.model.clone(),
         worker_name: config.name.clone(),
         connect: ConnectOptions::from_env()?,
-    };
-    serve_latest(&target, stop.clone(), |model| {
-        Ok((serve_options(&config, stop.clone()), Echo::new(model)))
     })
-    .await?;
-    Ok(())
 }

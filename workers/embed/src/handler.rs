@@ -52,24 +52,26 @@ impl Handler for Embedder {
         let Ok(tokenized) = tokenized else {
             return vec![Err(ItemFailure::internal("tokenization failed")); count];
         };
-        let (ok, seqs): (Vec<usize>, Vec<Sequence>) = tokenized
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.as_ref().ok().map(|s| (i, s.clone())))
-            .unzip();
+        // Each item's outcome so far (its failure, or a placeholder until its vector comes);
+        // the good ones' sequences go to the engine.
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(count);
+        let (mut ok, mut seqs) = (Vec::new(), Vec::new());
+        for (i, r) in tokenized.into_iter().enumerate() {
+            match r {
+                Ok(seq) => {
+                    ok.push(i);
+                    seqs.push(seq);
+                    outcomes.push(Ok(Output::new()));
+                }
+                Err(e) => outcomes.push(Err(ItemFailure::invalid_argument(e.to_string()))),
+            }
+        }
         let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
         let vectors = if seqs.is_empty() {
             Ok(Vec::new())
         } else {
             self.engine.encode(seqs).await
         };
-        let mut outcomes: Vec<Outcome> = tokenized
-            .into_iter()
-            .map(|r| {
-                r.map(|_| Output::new())
-                    .map_err(|e| ItemFailure::invalid_argument(e.to_string()))
-            })
-            .collect();
         match vectors {
             Ok(vectors) => {
                 for ((i, row), tokens) in ok

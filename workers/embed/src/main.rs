@@ -33,9 +33,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use modelshare_worker::serve::{Target, serve_latest, stop_on_signals};
-use modelshare_worker::{CancellationToken, ConnectOptions};
-use tracing::info;
+use modelshare_worker::ConnectOptions;
+use modelshare_worker::serve::{Target, run_process};
 use tracing_subscriber::EnvFilter;
 
 use crate::spec::{Overrides, Pooling, parse_pooling};
@@ -107,16 +106,6 @@ fn main() -> ExitCode {
         eprintln!("error: cannot start {n} compute threads: {e}");
         return ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let config = worker::Config {
         credits: args.credits,
         max_batch_items: args.max_batch_items,
@@ -128,25 +117,15 @@ fn main() -> ExitCode {
             max_seq_len: args.max_seq_len,
         },
     };
-    let result = runtime.block_on(async move {
-        let target = Target {
-            server: args.server,
-            model: args.model,
-            worker_name: args.name,
-            connect: ConnectOptions::from_env()?,
-        };
-        let stop = CancellationToken::new();
-        tokio::spawn(stop_on_signals(stop.clone()));
-        serve_latest(&target, stop, |model| worker::setup(model, &config)).await
-    });
-    match result {
-        Ok(()) => {
-            info!("stopped");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {}", modelshare_worker::report(&e));
-            ExitCode::FAILURE
-        }
-    }
+    run_process(
+        || {
+            Ok(Target {
+                server: args.server,
+                model: args.model,
+                worker_name: args.name,
+                connect: ConnectOptions::from_env()?,
+            })
+        },
+        |model| worker::setup(model, &config),
+    )
 }

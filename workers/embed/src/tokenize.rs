@@ -70,16 +70,13 @@ pub struct TextEncoder {
 impl TextEncoder {
     /// Builds the tokenizer from `tokenizer.json`'s bytes.
     pub fn new(json: &[u8], spec: &ModelSpec) -> Result<Self, SpecError> {
-        let load = || -> Result<Tokenizer, SpecError> {
-            let mut t = Tokenizer::from_bytes(json)
-                .map_err(|e| SpecError::new(TOKENIZER_FILE, format!("cannot be read: {e}")))?;
-            t.with_padding(None);
-            t.with_truncation(None).map_err(|e| {
-                SpecError::new(TOKENIZER_FILE, format!("cannot be configured: {e}"))
-            })?;
-            Ok(t)
-        };
-        let mut truncating = load()?;
+        let mut whole = Tokenizer::from_bytes(json)
+            .map_err(|e| SpecError::new(TOKENIZER_FILE, format!("cannot be read: {e}")))?;
+        whole.with_padding(None);
+        whole
+            .with_truncation(None)
+            .map_err(|e| SpecError::new(TOKENIZER_FILE, format!("cannot be configured: {e}")))?;
+        let mut truncating = whole.clone();
         truncating
             .with_truncation(Some(TruncationParams {
                 max_length: spec.max_seq_len,
@@ -104,7 +101,7 @@ impl TextEncoder {
         }
         Ok(Self {
             truncating,
-            whole: load()?,
+            whole,
             max_len: spec.max_seq_len,
             lower_case: spec.lower_case,
             vocab,
