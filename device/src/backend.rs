@@ -15,6 +15,9 @@ pub enum BackendKind {
     /// CUDA legacy IPC (`cuMemAlloc` + `CUipcMemHandle`): bytes in the attach reply. Mappings
     /// of this kind are writable by the worker.
     CudaIpc,
+    /// CUDA VMM (`cuMemCreate`): a POSIX file descriptor passed over the handle socket, mapped
+    /// read-only by the worker.
+    CudaVmm,
 }
 
 /// What a backend says about its device.

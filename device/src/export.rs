@@ -15,10 +15,15 @@ pub struct Export {
     /// The device the arena lives on (`"host"` for host memory).
     pub device_uuid: String,
     /// Opaque handle bytes that travel in the attach reply, in the order the kind defines
-    /// (CUDA IPC: the memory handle, then the ready event's handle; host: none).
+    /// (CUDA IPC: the memory handle, then the ready event's handle; CUDA VMM: the ready
+    /// event's handle; host: none).
     pub handles: Vec<Vec<u8>>,
-    /// A descriptor that travels by `SCM_RIGHTS` (host: a `dup` of the sealed memfd).
+    /// A descriptor that travels by `SCM_RIGHTS` (host: a `dup` of the sealed memfd; CUDA
+    /// VMM: a `dup` of the allocation's exported descriptor).
     pub fd: Option<OwnedFd>,
+    /// The size of the allocation behind the descriptor where the worker must map all of it
+    /// (CUDA VMM: the arena's length rounded up to the device's granularity); 0 otherwise.
+    pub alloc_len: u64,
 }
 
 impl Export {
@@ -30,6 +35,7 @@ impl Export {
             device_uuid: self.device_uuid.clone(),
             handles: self.handles.clone(),
             fd: None,
+            alloc_len: self.alloc_len,
         })
     }
 }
@@ -47,6 +53,8 @@ pub struct Import {
     pub fd: Option<OwnedFd>,
     /// The arena's length as the manifest gives it; the mapping is checked against it.
     pub len: u64,
+    /// The allocation's size, for kinds that map a whole allocation (CUDA VMM); 0 otherwise.
+    pub alloc_len: u64,
 }
 
 impl Import {

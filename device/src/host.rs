@@ -243,6 +243,7 @@ impl Arena for HostArena {
             device_uuid: "host".into(),
             handles: Vec::new(),
             fd: Some(self.dup()?),
+            alloc_len: 0,
         })
     }
 

@@ -26,6 +26,7 @@ impl Mapping {
         match import.kind {
             BackendKind::Host => crate::host::import(import).map(Self),
             BackendKind::CudaIpc => crate::cuda::import(import).map(Self),
+            BackendKind::CudaVmm => crate::cuda::import_vmm(import).map(Self),
         }
     }
 
@@ -45,7 +46,8 @@ impl Mapping {
     }
 
     /// Whether writes through the mapping are impossible (host: a `PROT_READ` mapping of a
-    /// write-sealed memfd). Legacy CUDA IPC mappings are writable: `false`.
+    /// write-sealed memfd; CUDA VMM: mapped with read-only access). Legacy CUDA IPC mappings
+    /// are writable: `false`.
     pub fn read_only(&self) -> bool {
         self.0.read_only()
     }

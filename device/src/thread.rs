@@ -617,6 +617,7 @@ mod tests {
                 device_uuid: "GPU-test".into(),
                 handles: vec![vec![1; 64], vec![2; 64]],
                 fd: None,
+                alloc_len: 0,
             })
         }
         fn read_at(&self, _: u64, _: &mut [u8]) -> Result<()> {

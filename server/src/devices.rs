@@ -13,7 +13,7 @@ use modelshare_device::cuda::CudaBackend;
 use modelshare_device::{DeviceInfo, DeviceThread, HostBackend};
 use tracing::info;
 
-use crate::config::BackendChoice;
+use crate::config::{BackendChoice, CudaHandles};
 
 /// How long a stats or metrics call waits for a device's memory figure before reporting the
 /// last one it read.
@@ -36,14 +36,15 @@ pub struct Devices {
 
 impl Devices {
     /// Opens the backend `choice` names; `selector` picks the CUDA device (ordinal or UUID),
-    /// with staging buffers for `load_threads` loading threads. `auto` takes CUDA when a
-    /// driver and a device are found at run time, else host memory.
+    /// with staging buffers for `load_threads` loading threads, sharing arenas by `handles`.
+    /// `auto` takes CUDA when a driver and a device are found at run time, else host memory.
     pub fn open(
         choice: BackendChoice,
         selector: &str,
         load_threads: usize,
+        handles: CudaHandles,
     ) -> Result<Self, modelshare_device::DeviceError> {
-        let cuda = || CudaBackend::thread(selector, load_threads);
+        let cuda = || CudaBackend::thread(selector, load_threads, handles.into());
         let thread = match choice {
             BackendChoice::Host => HostBackend::thread()?,
             BackendChoice::Cuda => cuda()?,

@@ -257,8 +257,13 @@ pub async fn run_notify(
             after, "raised the open-file limit (soft) to the hard limit"
         );
     }
-    let devices = Devices::open(config.backend, &config.device, config.load_threads)
-        .map_err(|e| ServeError::Backend(e.to_string()))?;
+    let devices = Devices::open(
+        config.backend,
+        &config.device,
+        config.load_threads,
+        config.cuda_handles,
+    )
+    .map_err(|e| ServeError::Backend(e.to_string()))?;
     for device in devices.infos() {
         info!(backend = ?device.backend, device = %device.name, uuid = %device.uuid, "device ready");
     }

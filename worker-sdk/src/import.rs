@@ -3,7 +3,8 @@
 //!
 //! Each arm of the protocol's `oneof attach_response::Handle` becomes a backend-neutral
 //! [`Import`] (host: the ticket redeemed on the handle socket for a descriptor, no handle
-//! bytes; CUDA IPC: the memory and event handles, no descriptor), which
+//! bytes; CUDA IPC: the memory and event handles, no descriptor; CUDA VMM: the ticket redeemed
+//! for the allocation's descriptor, and the event handle), which
 //! [`Mapping::import`] maps on a blocking thread.
 
 use modelshare_device::{BackendKind, DeviceError, Import, Mapping, handoff};
@@ -34,6 +35,7 @@ pub(crate) async fn map(
                 handles: Vec::new(),
                 fd: Some(fd),
                 len,
+                alloc_len: 0,
             }
         }
         Some(Handle::CudaIpc(h)) => Import {
@@ -42,7 +44,21 @@ pub(crate) async fn map(
             handles: vec![h.mem_handle, h.event_handle],
             fd: None,
             len,
+            alloc_len: 0,
         },
+        Some(Handle::CudaVmm(h)) => {
+            let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
+                .await
+                .map_err(device_err)?;
+            Import {
+                kind: BackendKind::CudaVmm,
+                device_uuid: h.device_uuid,
+                handles: vec![h.event_handle],
+                fd: Some(fd),
+                len,
+                alloc_len: h.allocation_bytes,
+            }
+        }
         None => {
             return Err(WorkerError::Protocol(
                 "attach reply without an arena handle".into(),

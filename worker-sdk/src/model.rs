@@ -64,7 +64,7 @@ pub struct Model {
 }
 
 impl Model {
-    /// Attaches `version` of `model` (0: latest ready) on the session's current link. The
+    /// Attaches `version` of `model` (0: latest ready, or the first version still loading on a CUDA server) on the session's current link. The
     /// session registers [`Model::shared`] to re-attach it after a reconnection.
     pub(crate) async fn attach(
         session: KeepOpen,

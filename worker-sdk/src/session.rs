@@ -214,12 +214,13 @@ impl Session {
         self.device.as_ref()
     }
 
-    /// Attaches to the latest ready version of `model`.
+    /// Attaches to the latest ready version of `model` (while none is ready, on a CUDA server,
+    /// the version still loading: [`Model::wait_ready`] orders reads after its load).
     pub async fn attach(&self, model: &str) -> Result<Model, WorkerError> {
         self.attach_version(model, 0).await
     }
 
-    /// Attaches to `version` of `model` (0: latest ready). While the server answers
+    /// Attaches to `version` of `model` (0: latest, as [`Session::attach`]). While the server answers
     /// UNAVAILABLE (start-up models still loading, or the version's memory being allocated) the
     /// call retries with backoff for up to 5 s. After a reconnection the SDK asks again for the
     /// same thing: the same version, or the latest.

@@ -1,5 +1,10 @@
-//! Server side of the CUDA backend: one `cuMemAlloc` arena per version with its gated ready
-//! event, exported as legacy IPC handles, and the writer that loads it.
+//! Server side of the CUDA backend: one arena per version with its gated ready event, and the
+//! writer that loads it. The arena is exported one of two ways, chosen per backend:
+//! - **VMM** (`cuMemCreate`): a POSIX file descriptor of the allocation, exported once at
+//!   allocation and `dup`ed for each attach (it travels by the handle socket), plus the ready
+//!   event's IPC handle; workers map it read-only.
+//! - **legacy IPC** (`cuMemAlloc`): the `CUipcMemHandle` and the event handle, bytes in the
+//!   attach reply; workers' mappings are writable.
 //!
 //! # Loading
 //! A loading thread gets a [`CudaWriter`] holding pinned staging buffers (each with an event).
@@ -9,6 +14,7 @@
 //! thread on a channel. So a file read overlaps up to [`STAGING_SLOTS`] copies per thread, and
 //! every driver call happens on the device thread, none of them blocking it.
 
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -62,27 +68,44 @@ pub(crate) struct CudaArena {
     sealed: Arc<AtomicBool>,
     staging: StagingPool,
     ms64: Option<Arc<Ms64Kernel>>,
-    /// The IPC handles of the memory and of the ready event: fixed for the arena's life,
-    /// taken once at allocation.
+    /// What every attach gets, taken once at allocation: the handles (legacy: memory and
+    /// ready event; VMM: the ready event), without a descriptor.
     export: Export,
+    /// The allocation's descriptor (VMM), `dup`ed for each attach.
+    fd: Option<OwnedFd>,
 }
 
 impl CudaArena {
+    /// A new arena of `len` bytes shared as `kind` (`CudaVmm` or `CudaIpc`).
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         gate_ctx: &Arc<CudaContext>,
         len: u64,
+        kind: BackendKind,
         staging: StagingPool,
         ms64: Option<Arc<Ms64Kernel>>,
         device_uuid: String,
     ) -> Result<Self> {
-        let mem = Arc::new(sys::DeviceMemory::alloc(ctx, len)?);
+        let (mem, fd) = if kind == BackendKind::CudaVmm {
+            let mem = sys::DeviceMemory::alloc_vmm(ctx, len)?;
+            let fd = mem.export_fd()?;
+            (mem, Some(fd))
+        } else {
+            (sys::DeviceMemory::alloc(ctx, len)?, None)
+        };
+        let mem = Arc::new(mem);
         let ready = ReadyEvent::gated(gate_ctx)?;
+        let mut handles = Vec::with_capacity(2);
+        if fd.is_none() {
+            handles.push(mem.ipc_handle()?.to_vec());
+        }
+        handles.push(ready.ipc_handle()?.to_vec());
         let export = Export {
-            kind: BackendKind::CudaIpc,
+            kind,
             device_uuid,
-            handles: vec![mem.ipc_handle()?.to_vec(), ready.ipc_handle()?.to_vec()],
+            handles,
             fd: None,
+            alloc_len: mem.vmm_size().unwrap_or(0),
         };
         Ok(Self {
             ctx: ctx.clone(),
@@ -93,6 +116,7 @@ impl CudaArena {
             staging,
             ms64,
             export,
+            fd,
         })
     }
 }
@@ -118,12 +142,23 @@ impl Arena for CudaArena {
     }
 
     fn export(&self) -> Result<Export> {
-        self.export.without_fd().ok_or(DeviceError::Unsupported {
-            what: "a CUDA IPC export with a descriptor".into(),
-        })
+        let mut export = self.export.without_fd().ok_or(DeviceError::Unsupported {
+            what: "a CUDA export with a descriptor at allocation".into(),
+        })?;
+        if let Some(fd) = &self.fd {
+            export.fd = Some(fd.try_clone().map_err(|e| DeviceError::Io {
+                op: "dup of the arena's descriptor",
+                source: e,
+            })?);
+        }
+        Ok(export)
     }
 
     fn fixed_export(&self) -> Option<Export> {
+        // A VMM export needs a descriptor of its own for each attach.
+        if self.fd.is_some() {
+            return None;
+        }
         self.export.without_fd()
     }
 

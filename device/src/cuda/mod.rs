@@ -1,6 +1,8 @@
-//! The CUDA backend (legacy IPC): one `cuMemAlloc` arena per version, shared with workers by
-//! `CUipcMemHandle`, and an inter-process ready event that orders a worker's first use of the
-//! arena after the load on the device, with no host round trip.
+//! The CUDA backend: one arena per version, shared with workers either through **VMM**
+//! (`cuMemCreate`, a POSIX file descriptor passed over the handle socket, mapped read-only by
+//! workers) or through **legacy IPC** (`cuMemAlloc` + `CUipcMemHandle`, mappings writable),
+//! and an inter-process ready event that orders a worker's first use of the arena after the
+//! load on the device, with no host round trip. [`HandleChoice`] picks the kind per backend.
 //!
 //! # Layout
 //! - [`sys`]: the `unsafe` driver calls, wrapped (the only `unsafe` of the backend).
@@ -9,8 +11,10 @@
 //! - [`arena`]: the server side: allocation, export, and the writer that loads through pinned
 //!   staging buffers with copies submitted to the device thread.
 //! - [`checksum`]: the ms64 kernel, compiled when the backend opens.
-//! - [`import`]: the worker side ([`CudaMapping`]): the device found by UUID, the handle opened
-//!   once per process (reference-counted), the ready event.
+//! - [`import`]: the worker side of legacy IPC ([`CudaMapping`]): the device found by UUID, the
+//!   handle opened once per process (reference-counted), the ready event.
+//! - [`vmm`]: the worker side of VMM ([`VmmMapping`]): the descriptor imported and mapped
+//!   read-only, the ready event.
 //!
 //! [`CudaBackend`] lives on its device thread ([`crate::DeviceThread`]): open it with
 //! [`CudaBackend::thread`].
@@ -22,6 +26,7 @@ mod event;
 mod import;
 #[allow(unsafe_code)] // The CUDA backend's `unsafe` driver calls; see its docs.
 pub(crate) mod sys;
+mod vmm;
 
 use std::sync::{Arc, Mutex};
 
@@ -31,12 +36,44 @@ pub use arena::{STAGING_BYTES, STAGING_SLOTS};
 pub use context::{device_count, init_driver, ordinal_of, primary as context};
 pub use import::CudaMapping;
 pub(crate) use import::import;
+pub use vmm::VmmMapping;
+pub(crate) use vmm::import as import_vmm;
 
 use self::arena::{CudaArena, Staging, StagingPool};
 use self::checksum::Ms64Kernel;
 use crate::backend::{BackendKind, DeviceInfo};
 use crate::error::{DeviceError, Result};
 use crate::thread::{Arena, Backend, DeviceThread};
+
+/// Which handles a CUDA backend shares arenas with (`--cuda-handles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HandleChoice {
+    /// VMM when the device supports POSIX file-descriptor handles, else legacy IPC.
+    #[default]
+    Auto,
+    /// VMM file descriptors (read-only mappings); refused where the device lacks them.
+    Vmm,
+    /// Legacy IPC handles (writable mappings; bytes in the attach reply, so usable by workers
+    /// that cannot receive descriptors).
+    Legacy,
+}
+
+impl HandleChoice {
+    /// The kind of handle this choice gives on a device that does (`vmm_ok`) or does not
+    /// support VMM file descriptors; `Err` names why a forced `vmm` cannot be had.
+    fn resolve(self, vmm_ok: bool) -> Result<BackendKind> {
+        match (self, vmm_ok) {
+            (HandleChoice::Legacy, _) | (HandleChoice::Auto, false) => Ok(BackendKind::CudaIpc),
+            (HandleChoice::Vmm | HandleChoice::Auto, true) => Ok(BackendKind::CudaVmm),
+            (HandleChoice::Vmm, false) => Err(DeviceError::Unsupported {
+                what: "VMM handles (--cuda-handles vmm): the device does not support POSIX \
+                       file-descriptor handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_\
+                       DESCRIPTOR_SUPPORTED); use --cuda-handles legacy or auto"
+                    .into(),
+            }),
+        }
+    }
+}
 
 /// The CUDA backend on one device. Lives on its device thread.
 #[derive(Debug)]
@@ -53,17 +90,38 @@ impl CudaBackend {
     /// `"GPU-…"`) and opens the backend on it, with staging buffers pinned for `load_threads`
     /// loading threads (64 MiB a thread), so that no load pays for pinning host memory
     /// (`cuMemHostAlloc` runs at a few GB/s).
-    pub fn thread(selector: &str, load_threads: usize) -> Result<DeviceThread> {
+    /// `handles` says how arenas are shared with workers.
+    pub fn thread(
+        selector: &str,
+        load_threads: usize,
+        handles: HandleChoice,
+    ) -> Result<DeviceThread> {
         let selector = selector.to_owned();
         DeviceThread::start(&format!("cuda-{selector}"), move || {
-            Ok(Box::new(CudaBackend::open(&selector, load_threads)?) as Box<dyn Backend>)
+            Ok(Box::new(CudaBackend::open(&selector, load_threads, handles)?) as Box<dyn Backend>)
         })
     }
 
     /// Opens the backend on the calling thread (which becomes its device thread).
-    fn open(selector: &str, load_threads: usize) -> Result<Self> {
+    fn open(selector: &str, load_threads: usize, handles: HandleChoice) -> Result<Self> {
         let ordinal = context::resolve(selector)?;
         let ctx = context::primary(ordinal)?;
+        let vmm_ok = sys::fd_handles_supported(&ctx)?;
+        let kind = handles.resolve(vmm_ok)?;
+        tracing::info!(
+            handles = match kind {
+                BackendKind::CudaVmm => "vmm",
+                _ => "legacy",
+            },
+            asked = ?handles,
+            vmm_supported = vmm_ok,
+            "CUDA arena handles: {}",
+            match kind {
+                BackendKind::CudaVmm =>
+                    "VMM file descriptors over the handle socket; workers map arenas read-only",
+                _ => "legacy IPC; workers' mappings of arenas are WRITABLE",
+            }
+        );
         let ms64 = warm_checksum_kernel(&ctx);
         let started = std::time::Instant::now();
         let staging: Vec<Staging> = (0..load_threads * STAGING_SLOTS)
@@ -78,7 +136,7 @@ impl CudaBackend {
         let gate_ctx = context::separate(ordinal)?;
         let cuda = |op| move |e| DeviceError::Cuda { op, source: e };
         let info = DeviceInfo {
-            backend: BackendKind::CudaIpc,
+            backend: kind,
             uuid: context::uuid(ordinal)?,
             name: ctx.name().map_err(cuda("cuDeviceGetName"))?,
             total_bytes: ctx.total_mem().map_err(cuda("cuDeviceTotalMem"))? as u64,
@@ -103,6 +161,7 @@ impl Backend for CudaBackend {
             &self.ctx,
             &self.gate_ctx,
             len,
+            self.info.backend,
             self.staging.clone(),
             self.ms64.clone(),
             self.info.uuid.clone(),
@@ -135,5 +194,34 @@ fn warm_checksum_kernel(ctx: &Arc<CudaContext>) -> Option<Arc<Ms64Kernel>> {
             tracing::warn!(error = %e, "device checksums (ms64) disabled: the checksum kernel cannot run");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` no longer takes VMM where the device supports it (or legacy where it does not),
+    /// or a forced `vmm` on a device without it no longer fails with a message naming the flag.
+    #[test]
+    fn handle_choice_resolves_against_device_support() {
+        assert_eq!(
+            HandleChoice::Auto.resolve(true).unwrap(),
+            BackendKind::CudaVmm
+        );
+        assert_eq!(
+            HandleChoice::Auto.resolve(false).unwrap(),
+            BackendKind::CudaIpc
+        );
+        assert_eq!(
+            HandleChoice::Legacy.resolve(true).unwrap(),
+            BackendKind::CudaIpc
+        );
+        assert_eq!(
+            HandleChoice::Vmm.resolve(true).unwrap(),
+            BackendKind::CudaVmm
+        );
+        let err = HandleChoice::Vmm.resolve(false).unwrap_err().to_string();
+        assert!(err.contains("--cuda-handles"), "{err}");
     }
 }

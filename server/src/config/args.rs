@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::settings::{BackendChoice, ClientAuth, StartupModel, parse_mode};
+use super::settings::{BackendChoice, ClientAuth, CudaHandles, StartupModel, parse_mode};
 use crate::telemetry::LogFormat;
 
 /// Flags (and variables) of `modelshare serve`. Every field is optional so that the file and
@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// Loads allowed to run at once.
     #[arg(long, env = "MODELSHARE_MAX_CONCURRENT_LOADS")]
     pub max_concurrent_loads: Option<usize>,
+    /// How CUDA arenas are shared with workers: `vmm` (file descriptors over the handle
+    /// socket; workers' mappings are read-only), `legacy` (CUDA IPC handles; workers'
+    /// mappings are writable), or `auto` (vmm where the device supports it).
+    #[arg(long, value_enum, env = "MODELSHARE_CUDA_HANDLES")]
+    pub cuda_handles: Option<CudaHandles>,
     /// CUDA device: an ordinal (0, 1, ...) or a UUID (GPU-...).
     #[arg(long, env = "MODELSHARE_DEVICE")]
     pub device: Option<String>,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::settings::{BackendChoice, ClientAuth, StartupModel};
+use super::settings::{BackendChoice, ClientAuth, CudaHandles, StartupModel};
 use crate::telemetry::LogFormat;
 
 /// The `[tls]` table of the file.
@@ -44,6 +44,7 @@ pub(super) struct FileConfig {
     pub(super) handle_socket: Option<PathBuf>,
     pub(super) model_root: Option<PathBuf>,
     pub(super) backend: Option<BackendChoice>,
+    pub(super) cuda_handles: Option<CudaHandles>,
     pub(super) device: Option<String>,
     pub(super) load_threads: Option<usize>,
     pub(super) log_format: Option<LogFormat>,

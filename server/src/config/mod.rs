@@ -29,7 +29,7 @@ use crate::weights::WeightLimits;
 
 pub use self::args::ServeArgs;
 pub use self::serving::ServingSettings;
-pub use self::settings::{BackendChoice, ClientAuth, StartupModel, TlsSettings};
+pub use self::settings::{BackendChoice, ClientAuth, CudaHandles, StartupModel, TlsSettings};
 
 /// Why the configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +70,8 @@ pub struct Config {
     pub model_root: PathBuf,
     /// Backend choice.
     pub backend: BackendChoice,
+    /// How CUDA arenas are shared with workers.
+    pub cuda_handles: CudaHandles,
     /// CUDA device selector (ordinal or UUID).
     pub device: String,
     /// Threads per load.
@@ -219,6 +221,7 @@ impl Config {
             handle_socket,
             model_root,
             backend: args.backend.or(file.backend).unwrap_or_default(),
+            cuda_handles: args.cuda_handles.or(file.cuda_handles).unwrap_or_default(),
             device: args.device.or(file.device).unwrap_or_else(|| "0".into()),
             load_threads: match args.load_threads.or(file.load_threads) {
                 Some(0) => {

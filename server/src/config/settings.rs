@@ -19,6 +19,30 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// How CUDA arenas are shared with workers (`--cuda-handles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaHandles {
+    /// VMM when the device supports file-descriptor handles, else legacy.
+    #[default]
+    Auto,
+    /// VMM file descriptors over the handle socket: workers map arenas read-only.
+    Vmm,
+    /// Legacy CUDA IPC handles: workers' mappings are writable (for workers that cannot
+    /// receive a descriptor).
+    Legacy,
+}
+
+impl From<CudaHandles> for modelshare_device::cuda::HandleChoice {
+    fn from(c: CudaHandles) -> Self {
+        match c {
+            CudaHandles::Auto => Self::Auto,
+            CudaHandles::Vmm => Self::Vmm,
+            CudaHandles::Legacy => Self::Legacy,
+        }
+    }
+}
+
 /// A model loaded at start-up: `NAME=PATH` on the command line; in the file also its owner
 /// and access.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -154,7 +154,7 @@ impl Registry {
         }
         let rec = st.visible_model(caller, model)?;
         let version = if version == 0 {
-            rec.latest_ready()
+            rec.latest_attachable()
                 .ok_or_else(|| ServerError::NoReadyVersion(model.to_owned()))?
         } else {
             version

@@ -68,6 +68,22 @@ impl ModelRecord {
             .find(|(_, v)| v.state == VersionState::Ready)
             .map(|(n, _)| *n)
     }
+
+    /// The version an attach of "latest" (version 0) takes: the latest ready one; while none
+    /// is ready, the latest loading one whose arena may be attached before it is (a device
+    /// backend, whose ready event orders the worker's reads after the load).
+    pub(super) fn latest_attachable(&self) -> Option<u32> {
+        self.latest_ready().or_else(|| {
+            self.versions
+                .iter()
+                .rev()
+                .find(|(_, v)| {
+                    v.state == VersionState::Loading
+                        && v.arena.as_ref().is_some_and(|a| a.attach_while_loading())
+                })
+                .map(|(n, _)| *n)
+        })
+    }
 }
 
 #[derive(Debug)]

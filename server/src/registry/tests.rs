@@ -15,6 +15,8 @@ struct Probe {
     registry: OnceLock<Weak<Registry>>,
     /// Whether the registry's lock was free when an arena was dropped.
     unlocked_at_drop: Mutex<Vec<bool>>,
+    /// What the arenas say of attaching while loading (a device backend with a ready event).
+    attach_while_loading: bool,
 }
 
 #[derive(Debug)]
@@ -37,6 +39,9 @@ impl Arena for ProbeArena {
     }
     fn read_at(&self, _: u64, _: &mut [u8]) -> modelshare_device::Result<()> {
         Ok(())
+    }
+    fn attach_while_loading(&self) -> bool {
+        self.0.attach_while_loading
     }
 }
 
@@ -244,4 +249,60 @@ fn ending_a_session_closes_its_tickets() {
         registry.redeem_ticket(&ticket, None).unwrap_err(),
         TicketError::Unknown
     );
+}
+
+/// Attaching "latest" (version 0) while a model's first version is loading no longer takes
+/// that version where the backend orders reads after the load (a device's ready event), or
+/// takes it where the backend cannot (host memory), or prefers it to a ready version.
+#[test]
+fn attach_latest_takes_a_first_version_still_loading() {
+    let admin = Caller::Admin;
+    for device_orders_reads in [true, false] {
+        let probe = Arc::new(Probe {
+            attach_while_loading: device_orders_reads,
+            ..Probe::default()
+        });
+        let device = probe_device(&probe);
+        let registry = Registry::new(RegistryLimits::default());
+        let first = begin(
+            &registry,
+            &device,
+            &admin,
+            &LoadFor::default(),
+            Quota::default(),
+            "m",
+        )
+        .expect("begin");
+        let s = registry
+            .open_session(&admin, WorkerHello::default())
+            .expect("session");
+        let got = registry.attach(&admin, &s.id, "m", 0);
+        if device_orders_reads {
+            let att = got.expect("attach latest during the first load");
+            assert_eq!(att.manifest.version, first.version);
+            assert!(att.loading);
+        } else {
+            assert!(
+                matches!(got, Err(ServerError::NoReadyVersion(_))),
+                "{got:?}"
+            );
+        }
+        // Once a version is ready, a newer one still loading is not what "latest" attaches.
+        registry.finish_load(&first.model, first.version, Ok(first.manifest.clone()));
+        let second = begin(
+            &registry,
+            &device,
+            &admin,
+            &LoadFor::default(),
+            Quota::default(),
+            "m",
+        )
+        .expect("begin the second version");
+        let att = registry
+            .attach(&admin, &s.id, "m", 0)
+            .expect("attach latest");
+        assert_eq!(att.manifest.version, first.version);
+        assert!(!att.loading);
+        assert_ne!(second.version, first.version);
+    }
 }

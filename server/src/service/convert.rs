@@ -58,6 +58,7 @@ pub fn device(d: &DeviceInfo) -> pb::DeviceInfo {
     let backend = match d.backend {
         BackendKind::Host => pb::BackendKind::Host,
         BackendKind::CudaIpc => pb::BackendKind::CudaIpc,
+        BackendKind::CudaVmm => pb::BackendKind::CudaVmm,
     };
     pb::DeviceInfo {
         backend: backend.into(),
@@ -186,6 +187,19 @@ pub fn attach_handle(
                 mem_handle: mem,
                 event_handle: event,
                 device_uuid: export.device_uuid,
+            })
+        }
+        BackendKind::CudaVmm => {
+            let t = ticket.ok_or_else(|| missing("a descriptor"))?;
+            let [event] = <[Vec<u8>; 1]>::try_from(export.handles)
+                .map_err(|_| missing("its event handle"))?;
+            pb::attach_response::Handle::CudaVmm(pb::CudaVmmArenaHandle {
+                ticket: t.ticket,
+                handle_socket: t.handle_socket,
+                ticket_ttl_ms: u32::try_from(t.ttl.as_millis()).unwrap_or(u32::MAX),
+                event_handle: event,
+                device_uuid: export.device_uuid,
+                allocation_bytes: export.alloc_len,
             })
         }
     })

@@ -10,6 +10,9 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
 use crate::error::{DeviceError, Result};
 
+mod vmm;
+pub use vmm::{VmmImport, fd_handles_supported};
+
 /// Size of a legacy IPC handle (memory or event).
 pub const IPC_HANDLE_BYTES: usize = 64;
 
@@ -76,12 +79,15 @@ fn bind(ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
 }
 
-/// A device allocation (`cuMemAlloc`), freed on drop. Every access is range-checked.
+/// A device allocation (`cuMemAlloc`, or `cuMemCreate` for VMM), freed on drop. Every access
+/// is range-checked.
 #[derive(Debug)]
 pub struct DeviceMemory {
     ctx: Arc<CudaContext>,
     ptr: CUdeviceptr,
     len: u64,
+    /// The physical allocation, for VMM memory (see [`DeviceMemory::alloc_vmm`]).
+    vmm: Option<vmm::VmmAlloc>,
 }
 
 // SAFETY: a device pointer is a plain number valid in any thread that binds the context (every
@@ -116,6 +122,7 @@ impl DeviceMemory {
             ctx: ctx.clone(),
             ptr,
             len,
+            vmm: None,
         })
     }
 
@@ -179,7 +186,7 @@ impl DeviceMemory {
         unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset) }.map_err(driver("cuMemcpyDtoH"))
     }
 
-    /// The allocation's IPC handle.
+    /// The allocation's legacy IPC handle (memory from `cuMemAlloc` only).
     pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
         bind(&self.ctx)?;
         let mut handle = sys::CUipcMemHandle {
@@ -197,6 +204,10 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         if let Err(e) = bind(&self.ctx) {
             tracing::warn!(error = %e, "cannot bind the context to free device memory; leaking it");
+            return;
+        }
+        if let Some(vmm) = &self.vmm {
+            self.free_vmm(vmm);
             return;
         }
         // SAFETY: the allocation is ours and nothing in this process uses it after drop.

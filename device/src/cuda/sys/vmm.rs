@@ -1,0 +1,343 @@
+//! The `unsafe` VMM calls: physical allocations made with `cuMemCreate` and exported as POSIX
+//! file descriptors (server side, [`DeviceMemory::alloc_vmm`] and
+//! [`DeviceMemory::export_fd`]), and their import into another process, mapped **read-only**
+//! ([`VmmImport`]).
+//!
+//! An allocation is rounded up to the device's allocation granularity (2 MiB on Hopper). It
+//! lives while any process holds it — a handle, a mapping, or an exported descriptor the driver
+//! has not yet closed — so a worker's mapping stays valid after the server exits.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
+use cudarc::driver::{CudaContext, DriverError};
+
+use super::{DeviceMemory, bind, driver};
+use crate::error::{DeviceError, Result};
+
+/// The one handle type used: a POSIX file descriptor, passed by `SCM_RIGHTS`.
+const FD_HANDLE: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+/// A physical allocation of `size` bytes and the handle that owns it (server side).
+#[derive(Debug)]
+pub(crate) struct VmmAlloc {
+    handle: CUmemGenericAllocationHandle,
+    size: usize,
+}
+
+fn prop(ordinal: usize) -> Result<sys::CUmemAllocationProp> {
+    let id = i32::try_from(ordinal).map_err(|_| DeviceError::NoSuchDevice {
+        device: ordinal.to_string(),
+        reason: "ordinal out of range".into(),
+    })?;
+    // SAFETY: the struct is plain data for which all-zero bytes are valid (null pointer, zero
+    // enums are "invalid"/"none" and are all set below where they matter).
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes = FD_HANDLE;
+    p.location = location(id);
+    Ok(p)
+}
+
+fn location(id: i32) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id,
+    }
+}
+
+/// Whether the device supports VMM allocations exported as POSIX file descriptors.
+pub fn fd_handles_supported(ctx: &CudaContext) -> Result<bool> {
+    use sys::CUdevice_attribute as A;
+    let get = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
+    Ok(
+        get(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? != 0
+            && get(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? != 0,
+    )
+}
+
+/// The device's minimum allocation granularity for such allocations.
+pub fn granularity(ordinal: usize) -> Result<u64> {
+    let p = prop(ordinal)?;
+    let mut g: usize = 0;
+    // SAFETY: `g` and `p` are valid for the call's duration.
+    unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut g,
+            &p,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    }
+    .result()
+    .map_err(driver("cuMemGetAllocationGranularity"))?;
+    Ok(g.max(1) as u64)
+}
+
+/// `len` rounded up to the granularity `g` (at least one granule).
+pub fn rounded(len: u64, g: u64) -> Option<u64> {
+    len.max(1).checked_next_multiple_of(g.max(1))
+}
+
+fn oom_or(op: &'static str, bytes: u64) -> impl Fn(DriverError) -> DeviceError {
+    move |e| {
+        if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            DeviceError::AllocationFailed {
+                bytes,
+                reason: "out of device memory".into(),
+            }
+        } else {
+            DeviceError::Cuda { op, source: e }
+        }
+    }
+}
+
+/// Reserves `size` bytes of address space and maps `handle` there with `access` for device
+/// `id`. Undoes what it did on failure.
+fn reserve_and_map(
+    handle: CUmemGenericAllocationHandle,
+    size: usize,
+    id: i32,
+    access: sys::CUmemAccess_flags,
+) -> Result<CUdeviceptr> {
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: `ptr` is a valid out-parameter; alignment 0 = the granularity, no fixed address.
+    unsafe { sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) }
+        .result()
+        .map_err(driver("cuMemAddressReserve"))?;
+    // SAFETY: `ptr..ptr+size` was just reserved; `handle` is a live allocation of `size` bytes.
+    if let Err(e) = unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }.result() {
+        // SAFETY: the reservation made above, released once.
+        let _ = unsafe { sys::cuMemAddressFree(ptr, size) };
+        return Err(DeviceError::Cuda {
+            op: "cuMemMap",
+            source: e,
+        });
+    }
+    let desc = sys::CUmemAccessDesc {
+        location: location(id),
+        flags: access,
+    };
+    // SAFETY: the range is mapped (above); `desc` is one valid descriptor.
+    if let Err(e) = unsafe { sys::cuMemSetAccess(ptr, size, &desc, 1) }.result() {
+        unmap(ptr, size);
+        return Err(DeviceError::Cuda {
+            op: "cuMemSetAccess",
+            source: e,
+        });
+    }
+    Ok(ptr)
+}
+
+/// Unmaps and frees the address range of a mapping made by [`reserve_and_map`].
+fn unmap(ptr: CUdeviceptr, size: usize) {
+    // SAFETY: `ptr..ptr+size` is a range this module reserved and mapped; nothing in this
+    // process uses it afterwards (its owner is being dropped).
+    if let Err(e) = unsafe { sys::cuMemUnmap(ptr, size) }.result() {
+        tracing::warn!(error = %e, "cuMemUnmap failed");
+    }
+    // SAFETY: as above; the reservation is released once.
+    if let Err(e) = unsafe { sys::cuMemAddressFree(ptr, size) }.result() {
+        tracing::warn!(error = %e, "cuMemAddressFree failed");
+    }
+}
+
+fn release(handle: CUmemGenericAllocationHandle) {
+    // SAFETY: the handle came from cuMemCreate or cuMemImportFromShareableHandle and is
+    // released once; the allocation itself lives on while mapped or held elsewhere.
+    if let Err(e) = unsafe { sys::cuMemRelease(handle) }.result() {
+        tracing::warn!(error = %e, "cuMemRelease failed");
+    }
+}
+
+impl DeviceMemory {
+    /// Allocates `len` bytes (rounded up to the granularity) with `cuMemCreate`, exportable as
+    /// a file descriptor, mapped read-write for this process.
+    pub fn alloc_vmm(ctx: &Arc<CudaContext>, len: u64) -> Result<Self> {
+        let ordinal = ctx.ordinal();
+        let size = rounded(len, granularity(ordinal)?).ok_or(DeviceError::AllocationFailed {
+            bytes: len,
+            reason: "larger than the address space".into(),
+        })?;
+        let size = usize::try_from(size).map_err(|_| DeviceError::AllocationFailed {
+            bytes: len,
+            reason: "larger than the address space".into(),
+        })?;
+        bind(ctx)?;
+        let p = prop(ordinal)?;
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a valid out-parameter, `p` a valid property struct.
+        unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) }
+            .result()
+            .map_err(oom_or("cuMemCreate", len))?;
+        let ptr = match reserve_and_map(
+            handle,
+            size,
+            p.location.id,
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        ) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                release(handle);
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            vmm: Some(VmmAlloc { handle, size }),
+        })
+    }
+
+    /// The allocation's size (`len` rounded up to the granularity), for VMM memory.
+    pub fn vmm_size(&self) -> Option<u64> {
+        self.vmm.as_ref().map(|v| v.size as u64)
+    }
+
+    /// A new file descriptor for the allocation (VMM memory only), to pass to a worker.
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        let vmm = self.vmm.as_ref().ok_or(DeviceError::Unsupported {
+            what: "a descriptor for memory not allocated with cuMemCreate".into(),
+        })?;
+        bind(&self.ctx)?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: for the POSIX descriptor type the out-parameter is an `int`; the handle is
+        // live (owned by `self`).
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                vmm.handle,
+                FD_HANDLE,
+                0,
+            )
+        }
+        .result()
+        .map_err(driver("cuMemExportToShareableHandle"))?;
+        if fd < 0 {
+            return Err(DeviceError::Protocol {
+                reason: "cuMemExportToShareableHandle returned no descriptor".into(),
+            });
+        }
+        // SAFETY: the driver returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Frees VMM memory: unmap, free the address range, release the handle.
+    pub(super) fn free_vmm(&self, vmm: &VmmAlloc) {
+        unmap(self.ptr, vmm.size);
+        release(vmm.handle);
+    }
+}
+
+/// Another process's VMM allocation, imported from its file descriptor and mapped read-only
+/// on one device; unmapped and released on drop.
+#[derive(Debug)]
+pub struct VmmImport {
+    ctx: Arc<CudaContext>,
+    handle: CUmemGenericAllocationHandle,
+    ptr: CUdeviceptr,
+    size: usize,
+}
+
+// SAFETY: a device address and an allocation handle, plain numbers used with the context
+// bound (every method binds it); the driver serialises access.
+unsafe impl Send for VmmImport {}
+// SAFETY: as above; no method mutates `self`.
+unsafe impl Sync for VmmImport {}
+
+impl VmmImport {
+    /// Imports the allocation `fd` names (`size` bytes, as the exporter said) and maps it
+    /// read-only in `ctx`. The descriptor stays the caller's.
+    pub fn open(ctx: &Arc<CudaContext>, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
+        let size = usize::try_from(size).map_err(|_| DeviceError::BadHandle {
+            reason: format!("allocation size {size} is larger than the address space"),
+        })?;
+        let ordinal = ctx.ordinal();
+        let g = granularity(ordinal)?;
+        if size == 0 || !(size as u64).is_multiple_of(g) {
+            return Err(DeviceError::BadHandle {
+                reason: format!(
+                    "allocation size {size} is not a positive multiple of the device's \
+                     granularity {g}"
+                ),
+            });
+        }
+        bind(ctx)?;
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        // SAFETY: for the POSIX descriptor type the OS handle is the descriptor's value passed
+        // as a pointer-sized integer; the driver does not take ownership of it (it dups what it
+        // needs); `handle` is a valid out-parameter.
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                FD_HANDLE,
+            )
+        }
+        .result()
+        .map_err(driver("cuMemImportFromShareableHandle"))?;
+        let id = i32::try_from(ordinal).unwrap_or(0);
+        let ptr = match reserve_and_map(
+            handle,
+            size,
+            id,
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
+        ) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                release(handle);
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            ctx: ctx.clone(),
+            handle,
+            ptr,
+            size,
+        })
+    }
+
+    /// The address in this process.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Synchronous copy from `offset` into `dst`; `total` is the arena's length (at most the
+    /// allocation's size).
+    pub fn read(&self, offset: u64, dst: &mut [u8], total: u64) -> Result<()> {
+        super::check("read", offset, dst.len(), total.min(self.size as u64))?;
+        bind(&self.ctx)?;
+        // SAFETY: the range lies inside the mapped allocation (checked above); reading is
+        // allowed by the mapping's access flags.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, self.ptr + offset) }
+            .map_err(driver("cuMemcpyDtoH"))
+    }
+}
+
+impl Drop for VmmImport {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_err() {
+            return;
+        }
+        unmap(self.ptr, self.size);
+        release(self.handle);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rounded;
+
+    /// Sizes no longer round up to whole granules (or an empty arena gets no allocation).
+    #[test]
+    fn sizes_round_up_to_whole_granules() {
+        let g = 2 << 20;
+        assert_eq!(rounded(0, g), Some(g));
+        assert_eq!(rounded(1, g), Some(g));
+        assert_eq!(rounded(g, g), Some(g));
+        assert_eq!(rounded(g + 1, g), Some(2 * g));
+        assert_eq!(rounded(u64::MAX - 3, g), None);
+    }
+}

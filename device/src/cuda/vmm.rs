@@ -1,0 +1,124 @@
+//! The worker side of VMM arenas: the allocation's descriptor (received over the handle
+//! socket) imported with `cuMemImportFromShareableHandle` and mapped **read-only**; the ready
+//! event opened from its IPC handle, as for legacy arenas.
+//!
+//! A write through the mapping fails: a copy or memset into it returns
+//! `CUDA_ERROR_INVALID_VALUE`, and a kernel that stores into it faults with
+//! `CUDA_ERROR_ILLEGAL_ADDRESS` in the writing process only (its context is lost; the server's
+//! and other workers' are not). The descriptor is kept with the mapping: the memory stays
+//! valid after the server exits, and the descriptor is what could hand it back to a restarted
+//! server.
+//!
+//! What read-only does *not* stop: a process holding the descriptor may import it again on its
+//! own and ask for read-write access; the driver grants it (see `docs/ARCHITECTURE.md`, "VMM
+//! handles"). It stops accidental writes by any worker that maps through this SDK or follows
+//! the protocol, not deliberate ones by code that calls the driver itself.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::sys::{self, IPC_HANDLE_BYTES};
+use crate::backend::{BackendKind, Mapped};
+use crate::error::{DeviceError, Result};
+use crate::export::Import;
+
+/// A worker's read-only view of a VMM arena.
+#[derive(Debug)]
+pub struct VmmMapping {
+    ctx: Arc<CudaContext>,
+    mem: sys::VmmImport,
+    ready: sys::Event,
+    len: u64,
+    device_uuid: String,
+    /// The allocation's descriptor, kept while the mapping lives.
+    fd: OwnedFd,
+}
+
+impl VmmMapping {
+    /// Maps the allocation `fd` names (`alloc_len` bytes, holding an arena of `len`) read-only
+    /// on the device `device_uuid`, with its ready event `event`.
+    pub fn open(
+        fd: OwnedFd,
+        alloc_len: u64,
+        event: &[u8; IPC_HANDLE_BYTES],
+        device_uuid: &str,
+        len: u64,
+    ) -> Result<Self> {
+        if alloc_len < len {
+            return Err(DeviceError::BadHandle {
+                reason: format!(
+                    "the allocation ({alloc_len} bytes) is smaller than the arena ({len} bytes)"
+                ),
+            });
+        }
+        let ordinal = super::ordinal_of(device_uuid)?;
+        let ctx = super::context::primary(ordinal)?;
+        let mem = sys::VmmImport::open(&ctx, fd.as_fd(), alloc_len)?;
+        let ready = sys::Event::open_ipc(&ctx, event)?;
+        Ok(Self {
+            ctx,
+            mem,
+            ready,
+            len,
+            device_uuid: device_uuid.to_owned(),
+            fd,
+        })
+    }
+
+    /// The allocation's descriptor in this process.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Mapped for VmmMapping {
+    fn kind(&self) -> BackendKind {
+        BackendKind::CudaVmm
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn device_uuid(&self) -> &str {
+        &self.device_uuid
+    }
+    fn host_bytes(&self) -> Option<&[u8]> {
+        None
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.mem.ptr())
+    }
+    fn context(&self) -> Option<&Arc<CudaContext>> {
+        Some(&self.ctx)
+    }
+    fn wait_ready(&self, stream: &CudaStream) -> Result<()> {
+        self.ready.wait_on(stream)
+    }
+    fn is_ready(&self) -> Result<bool> {
+        self.ready.is_done()
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.ready.synchronize()?;
+        self.mem.read(offset, dst, self.len)
+    }
+}
+
+/// Maps a received VMM arena: handles `[ready event]` (64 bytes), the descriptor, and the
+/// allocation's size.
+pub(crate) fn import(import: Import) -> Result<Arc<dyn Mapped>> {
+    let event: [u8; IPC_HANDLE_BYTES] = import.handle(0, "the event handle")?;
+    let fd = import.fd.ok_or_else(|| DeviceError::BadHandle {
+        reason: "a CUDA VMM handle carries a descriptor, and none came".into(),
+    })?;
+    Ok(Arc::new(VmmMapping::open(
+        fd,
+        import.alloc_len,
+        &event,
+        &import.device_uuid,
+        import.len,
+    )?))
+}
