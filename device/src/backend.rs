@@ -111,6 +111,11 @@ pub trait Mapped: Send + Sync + std::fmt::Debug {
     fn is_ready(&self) -> Result<bool>;
     /// Copies `dst.len()` bytes at `offset` to the host (after the load completed).
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// The descriptor the arena came as, kept while the mapping lives (kinds that pass one:
+    /// host, CUDA VMM): what a restarted server adopts the memory by.
+    fn descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Checks that `len` bytes at `offset` lie within an arena of `arena_len` bytes.

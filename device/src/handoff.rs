@@ -20,6 +20,14 @@
 //!
 //! Server: [`read_ticket`], then [`send_fd`] or [`send_refusal`], then drop the stream.
 //! Client: [`redeem`].
+//!
+//! # Offers (the other direction)
+//!
+//! A worker that kept an arena's descriptor across a server restart offers it back: it sends
+//! its offer ticket line (from the `OfferHeld` call) with the descriptor attached to it as
+//! `SCM_RIGHTS`, and the server answers `OK\n` (adopted; no descriptor) or `ERR <reason>\n`.
+//! Server: [`read_ticket_and_fd`], then [`send_ok`] or [`send_refusal`]. Client: [`offer`].
+//! A ticket line carrying more than one descriptor is a protocol error (all are closed).
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -31,7 +39,7 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
 use crate::error::{DeviceError, Result};
@@ -73,41 +81,88 @@ pub fn validate_ticket(ticket: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Server side: reads the ticket line, at most `MAX_TICKET_LEN + 1` bytes.
+/// Server side: reads the ticket line, at most `MAX_TICKET_LEN + 1` bytes. A descriptor sent
+/// with it (an offer, see [`read_ticket_and_fd`]) is closed.
 ///
 /// A longer line, an invalid ticket, or a connection closed before the `\n` is a
 /// [`DeviceError::Protocol`] error; a client silent for [`HANDOFF_TIMEOUT`] an `Io` error of
 /// kind `TimedOut`.
 pub async fn read_ticket(stream: &mut UnixStream) -> Result<String> {
-    with_timeout("reading the ticket", read_ticket_line(stream)).await
+    read_ticket_and_fd(stream).await.map(|(ticket, _)| ticket)
 }
 
-async fn read_ticket_line(stream: &mut UnixStream) -> Result<String> {
-    let mut buf = [0u8; MAX_TICKET_LEN + 1];
+/// Server side: reads the ticket line and the descriptor sent with it, if any (an offer).
+/// Errors as [`read_ticket`]; more than one descriptor is a protocol error.
+pub async fn read_ticket_and_fd(stream: &mut UnixStream) -> Result<(String, Option<OwnedFd>)> {
+    let (line, mut fds, truncated) = with_timeout(
+        "reading the ticket",
+        recv_line(stream, MAX_TICKET_LEN + 1, "ticket"),
+    )
+    .await?;
+    validate_ticket(&line)?;
+    if truncated || fds.len() > 1 {
+        return Err(protocol(format!(
+            "the ticket line carried {}{} descriptors, at most one is allowed",
+            fds.len(),
+            if truncated { " or more" } else { "" }
+        )));
+    }
+    Ok((line.iter().map(|&b| char::from(b)).collect(), fds.pop()))
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes (the `\n` included), with the
+/// descriptors that came with it; `what` names the line in errors ("ticket", "reply").
+async fn recv_line(
+    stream: &UnixStream,
+    max: usize,
+    what: &'static str,
+) -> Result<(Vec<u8>, Vec<OwnedFd>, bool)> {
+    let mut buf = vec![0u8; max];
     let mut filled = 0;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut truncated = false;
     loop {
         if let Some(end) = buf[..filled].iter().position(|&b| b == b'\n') {
-            let ticket = &buf[..end];
-            validate_ticket(ticket)?;
-            return Ok(ticket.iter().map(|&b| char::from(b)).collect());
+            buf.truncate(end);
+            return Ok((buf, fds, truncated));
         }
         if filled == buf.len() {
             return Err(protocol(format!(
-                "the ticket line is longer than {MAX_TICKET_LEN} bytes"
+                "the {what} line is longer than {} bytes",
+                max - 1
             )));
         }
         let n = stream
-            .read(&mut buf[filled..])
+            .async_io(Interest::READABLE, || {
+                let mut space =
+                    [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(RECV_FD_ROOM))];
+                let mut control = RecvAncillaryBuffer::new(&mut space);
+                let mut iov = [IoSliceMut::new(&mut buf[filled..])];
+                let msg =
+                    rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+                for message in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(received) = message {
+                        fds.extend(received);
+                    }
+                }
+                truncated |= msg.flags.contains(ReturnFlags::CTRUNC);
+                Ok(msg.bytes)
+            })
             .await
             .map_err(|source| DeviceError::Io {
-                op: "reading the ticket",
+                op: if what == "ticket" {
+                    "reading the ticket"
+                } else {
+                    "receiving the reply"
+                },
                 source,
             })?;
         if n == 0 {
-            return Err(protocol(if filled == 0 {
-                "the client closed the connection without sending a ticket"
-            } else {
-                "the client closed the connection before the ticket line ended"
+            return Err(protocol(match (what, filled) {
+                ("ticket", 0) => "the client closed the connection without sending a ticket",
+                ("ticket", _) => "the client closed the connection before the ticket line ended",
+                (_, 0) => "the server closed the connection without replying",
+                _ => "the server closed the connection before the reply line ended",
             }));
         }
         filled += n;
@@ -120,7 +175,11 @@ pub async fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
 }
 
 async fn send_fd_inner(stream: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
-    const REPLY: &[u8] = b"OK\n";
+    send_with_fd(stream, b"OK\n", fd).await
+}
+
+/// Sends `line` with `fd` attached to its first byte.
+async fn send_with_fd(stream: &UnixStream, line: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
     let io_err = |source| DeviceError::Io {
         op: "sending the descriptor",
         source,
@@ -135,7 +194,7 @@ async fn send_fd_inner(stream: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
             }
             rustix::net::sendmsg(
                 stream,
-                &[IoSlice::new(REPLY)],
+                &[IoSlice::new(line)],
                 &mut control,
                 SendFlags::NOSIGNAL,
             )
@@ -145,10 +204,10 @@ async fn send_fd_inner(stream: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
         .map_err(io_err)?;
     // The descriptor went with the first byte; the rest of a short write goes plain.
     let mut done = sent;
-    while done < REPLY.len() {
+    while done < line.len() {
         done += stream
             .async_io(Interest::WRITABLE, || {
-                rustix::net::send(stream, &REPLY[done..], SendFlags::NOSIGNAL)
+                rustix::net::send(stream, &line[done..], SendFlags::NOSIGNAL)
                     .map_err(std::io::Error::from)
             })
             .await
@@ -184,6 +243,51 @@ fn clean_reason(reason: &str) -> String {
     out
 }
 
+/// Server side: answers an offer with `OK\n` (the descriptor was adopted).
+pub async fn send_ok(stream: &mut UnixStream) -> Result<()> {
+    with_timeout("sending the answer", async {
+        stream.write_all(b"OK\n").await?;
+        stream.shutdown().await
+    })
+    .await
+}
+
+/// Client side: offers `fd` to the server against an offer `ticket` (see the module docs).
+/// `Ok` when the server adopted it; a refusal is [`DeviceError::HandoffRefused`].
+pub async fn offer(socket: &Path, ticket: &str, fd: BorrowedFd<'_>) -> Result<()> {
+    validate_ticket(ticket.as_bytes())?;
+    let stream = with_timeout(
+        "connecting to the handle socket",
+        UnixStream::connect(socket),
+    )
+    .await?;
+    let line = format!("{ticket}\n");
+    with_timeout(
+        "sending the offer",
+        send_with_fd(&stream, line.as_bytes(), fd),
+    )
+    .await?;
+    let (reply, _fds, _) = with_timeout(
+        "receiving the answer",
+        recv_line(&stream, MAX_REPLY_LEN, "reply"),
+    )
+    .await?;
+    if reply == b"OK" {
+        return Ok(());
+    }
+    if let Some(rest) = reply.strip_prefix(b"ERR")
+        && (rest.is_empty() || rest.starts_with(b" "))
+    {
+        return Err(DeviceError::HandoffRefused {
+            reason: String::from_utf8_lossy(rest.strip_prefix(b" ").unwrap_or(rest)).into_owned(),
+        });
+    }
+    Err(protocol(format!(
+        "unexpected answer {:?}",
+        String::from_utf8_lossy(&reply[..reply.len().min(64)])
+    )))
+}
+
 /// Client side: connects to `socket`, sends `ticket` and receives the descriptor.
 ///
 /// A refusal is [`DeviceError::HandoffRefused`] with the server's reason; a reply that breaks
@@ -201,50 +305,8 @@ pub async fn redeem(socket: &Path, ticket: &str) -> Result<OwnedFd> {
 }
 
 async fn receive_reply(stream: &UnixStream) -> Result<OwnedFd> {
-    let mut buf = [0u8; MAX_REPLY_LEN];
-    let mut filled = 0;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut truncated = false;
-    let line_end = loop {
-        if let Some(end) = buf[..filled].iter().position(|&b| b == b'\n') {
-            break end;
-        }
-        if filled == buf.len() {
-            return Err(protocol(format!(
-                "the reply line is longer than {MAX_REPLY_LEN} bytes"
-            )));
-        }
-        let n = stream
-            .async_io(Interest::READABLE, || {
-                let mut space =
-                    [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(RECV_FD_ROOM))];
-                let mut control = RecvAncillaryBuffer::new(&mut space);
-                let mut iov = [IoSliceMut::new(&mut buf[filled..])];
-                let msg =
-                    rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
-                for message in control.drain() {
-                    if let RecvAncillaryMessage::ScmRights(received) = message {
-                        fds.extend(received);
-                    }
-                }
-                truncated |= msg.flags.contains(ReturnFlags::CTRUNC);
-                Ok(msg.bytes)
-            })
-            .await
-            .map_err(|source| DeviceError::Io {
-                op: "receiving the reply",
-                source,
-            })?;
-        if n == 0 {
-            return Err(protocol(if filled == 0 {
-                "the server closed the connection without replying"
-            } else {
-                "the server closed the connection before the reply line ended"
-            }));
-        }
-        filled += n;
-    };
-    let line = &buf[..line_end];
+    let (line, mut fds, truncated) = recv_line(stream, MAX_REPLY_LEN, "reply").await?;
+    let line = &line[..];
     if line == b"OK" {
         if truncated || fds.len() > 1 {
             return Err(protocol(format!(
@@ -328,6 +390,7 @@ mod tests {
     use std::path::PathBuf;
 
     use rustix::io::FdFlags;
+    use tokio::io::AsyncReadExt;
     use tokio::net::UnixListener;
 
     use super::*;
@@ -371,6 +434,60 @@ mod tests {
         );
         let mapping = HostMapping::map(fd, data.len() as u64).unwrap();
         assert!(mapping.as_slice() == data);
+    }
+
+    /// An offer no longer carries the worker's descriptor to the server with its ticket (or
+    /// the server cannot adopt the same memory from it, or the worker does not hear the OK).
+    #[tokio::test]
+    async fn an_offer_carries_the_descriptor_to_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = socket_path(&dir);
+        let listener = UnixListener::bind(&path).unwrap();
+        let data = random_bytes(1 << 20, 9);
+        let arena = sealed_arena(&data);
+        let Some(kept) = arena.export().unwrap().fd else {
+            panic!("a host arena exports an fd")
+        };
+        drop(arena);
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let (ticket, fd) = read_ticket_and_fd(&mut stream).await.unwrap();
+            send_ok(&mut stream).await.unwrap();
+            (ticket, fd.expect("the offer's descriptor"))
+        });
+        offer(&path, "o-42", kept.as_fd()).await.unwrap();
+        let (ticket, fd) = server.await.unwrap();
+        assert_eq!(ticket, "o-42");
+        let adopted = HostArena::adopt(fd, data.len() as u64).unwrap();
+        let mut back = vec![0u8; data.len()];
+        adopted.read_at(0, &mut back).unwrap();
+        assert!(back == data);
+    }
+
+    /// A refused offer no longer reaches the worker as HandoffRefused with the reason, or a
+    /// plain ticket read no longer closes a descriptor sent with it.
+    #[tokio::test]
+    async fn a_refused_offer_names_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = socket_path(&dir);
+        let listener = UnixListener::bind(&path).unwrap();
+        let arena = sealed_arena(b"weights");
+        let Some(kept) = arena.export().unwrap().fd else {
+            panic!("a host arena exports an fd")
+        };
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            read_ticket(&mut stream).await.unwrap();
+            send_refusal(&mut stream, "checksum of tensor 'w' differs")
+                .await
+                .unwrap();
+        });
+        let err = offer(&path, "o-1", kept.as_fd()).await.unwrap_err();
+        server.await.unwrap();
+        assert!(
+            matches!(&err, DeviceError::HandoffRefused { reason } if reason.contains("tensor 'w'")),
+            "{err}"
+        );
     }
 
     /// A refusal reaches the client as HandoffRefused with the server's reason.

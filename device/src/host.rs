@@ -8,7 +8,7 @@
 //! and maps it read-only. The kernel frees the memory once the arena, every exported
 //! descriptor and every mapping are gone.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -71,6 +71,10 @@ impl Backend for HostBackend {
     fn used_bytes(&mut self) -> Option<u64> {
         None
     }
+
+    fn adopt(&mut self, fd: OwnedFd, _alloc_len: u64, len: u64) -> Result<Box<dyn Arena>> {
+        Ok(Box::new(HostArena::adopt(fd, len)?))
+    }
 }
 
 /// `MemTotal` from `/proc/meminfo`, in bytes.
@@ -120,6 +124,19 @@ impl HostArena {
             fd,
             len,
             sealed: AtomicBool::new(false),
+        })
+    }
+
+    /// The arena a worker kept alive across a server restart, from its descriptor: checked,
+    /// as a worker checks one, to be a memory file of `len` bytes sealed against writes,
+    /// shrinking and growing ([`DeviceError::BadHandle`] otherwise).
+    pub fn adopt(fd: OwnedFd, len: u64) -> Result<Self> {
+        // Mapping checks the seals and the size; the mapping itself is not kept.
+        drop(SealedMapping::map(fd.as_fd(), len)?);
+        Ok(HostArena {
+            fd,
+            len,
+            sealed: AtomicBool::new(true),
         })
     }
 
@@ -276,11 +293,13 @@ impl Arena for HostArena {
 
 /// Worker side: a read-only mapping of an arena received as a descriptor.
 ///
-/// Send and Sync; unmapped on drop. It keeps the memory alive by itself: the descriptor it was
-/// made from is closed once mapped, and the server may drop its arena meanwhile.
+/// Send and Sync; unmapped on drop. It keeps the memory alive by itself (the server may drop
+/// its arena meanwhile), and keeps the descriptor it was made from: that is what a restarted
+/// server can adopt the memory by.
 #[derive(Debug)]
 pub struct HostMapping {
     mapping: SealedMapping,
+    fd: OwnedFd,
 }
 
 impl HostMapping {
@@ -289,7 +308,7 @@ impl HostMapping {
     /// bytes could change or the file shrink under the reader, a `SIGBUS`). Consumes `fd`.
     pub fn map(fd: OwnedFd, expected_len: u64) -> Result<HostMapping> {
         let mapping = SealedMapping::map(fd.as_fd(), expected_len)?;
-        Ok(HostMapping { mapping })
+        Ok(HostMapping { mapping, fd })
     }
 
     /// The arena's bytes.
@@ -336,6 +355,9 @@ impl Mapped for HostMapping {
     fn is_ready(&self) -> Result<bool> {
         Ok(true)
     }
+    fn descriptor(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
+    }
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         check_range("read", offset, dst.len(), HostMapping::len(self))?;
         let start = offset as usize;
@@ -366,6 +388,26 @@ mod tests {
         let export = arena.export().unwrap();
         assert_eq!(export.kind, BackendKind::Host);
         export.fd.expect("a host export carries a descriptor")
+    }
+
+    /// A descriptor of an unsealed memory file is no longer refused for adoption (its bytes
+    /// could change under the server), or one of the wrong size is accepted.
+    #[test]
+    fn adoption_takes_only_sealed_files_of_the_right_size() {
+        let arena = HostArena::new(4096, "adopt").unwrap();
+        let unsealed = arena.dup().unwrap();
+        assert!(matches!(
+            HostArena::adopt(unsealed, 4096),
+            Err(DeviceError::BadHandle { .. })
+        ));
+        arena.seal().unwrap();
+        assert!(matches!(
+            HostArena::adopt(arena.dup().unwrap(), 8192),
+            Err(DeviceError::BadHandle { .. })
+        ));
+        let adopted = HostArena::adopt(arena.dup().unwrap(), 4096).unwrap();
+        assert!(adopted.is_sealed());
+        assert!(adopted.export().unwrap().fd.is_some());
     }
 
     /// Several MiB written from several threads, sealed, exported and mapped come back intact.

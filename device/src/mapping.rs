@@ -95,6 +95,12 @@ impl Mapping {
         self.0.read(offset, dst)
     }
 
+    /// The descriptor the arena came as (host, CUDA VMM), kept while the mapping lives; offered
+    /// back to a restarted server so that it adopts the memory instead of loading it again.
+    pub fn descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.0.descriptor()
+    }
+
     /// Bytes `[offset, offset + len)` of a host mapping, or `None` if out of range or in device
     /// memory.
     pub fn host_range(&self, offset: u64, len: u64) -> Option<&[u8]> {

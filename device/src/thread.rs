@@ -20,6 +20,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -45,6 +46,17 @@ pub trait Backend: std::fmt::Debug {
 
     /// Device memory in use as the device reports it; `None` where unknown (host).
     fn used_bytes(&mut self) -> Option<u64>;
+
+    /// Takes over an arena that outlived the server that made it: `fd` is a descriptor of it
+    /// that a worker kept (an allocation of `alloc_len` bytes holding an arena of `len`). The
+    /// arena comes back sealed and ready to export; whether its bytes are the right ones is
+    /// the caller's to check. Kinds that pass no descriptor cannot be adopted.
+    fn adopt(&mut self, fd: OwnedFd, alloc_len: u64, len: u64) -> Result<Box<dyn Arena>> {
+        let _ = (fd, alloc_len, len);
+        Err(DeviceError::Unsupported {
+            what: format!("adopting an arena on the {:?} backend", self.info().backend),
+        })
+    }
 }
 
 /// One allocation: written, then sealed, then exported to workers. Its methods run on its
@@ -383,6 +395,24 @@ impl DeviceThread {
         let exec = self.shared.exec.clone();
         self.shared.exec.call(move |ctx| {
             let arena = ctx.backend().allocate(len, &label)?;
+            let attach_while_loading = arena.attach_while_loading();
+            let fixed = arena.fixed_export().map(Arc::new);
+            Ok(ArenaHandle {
+                inner: Arc::new(OnDevice::new(arena, exec.clone())),
+                exec,
+                len,
+                attach_while_loading,
+                fixed,
+            })
+        })
+    }
+
+    /// Takes over an arena kept alive by a worker across a server restart (see
+    /// [`Backend::adopt`]); it comes back sealed and ready to export.
+    pub fn adopt(&self, fd: OwnedFd, alloc_len: u64, len: u64) -> Reply<ArenaHandle> {
+        let exec = self.shared.exec.clone();
+        self.shared.exec.call(move |ctx| {
+            let arena = ctx.backend().adopt(fd, alloc_len, len)?;
             let attach_while_loading = arena.attach_while_loading();
             let fixed = arena.fixed_export().map(Arc::new);
             Ok(ArenaHandle {

@@ -77,48 +77,79 @@ pub(crate) struct CudaArena {
 
 impl CudaArena {
     /// A new arena of `len` bytes shared as `kind` (`CudaVmm` or `CudaIpc`).
-    pub(crate) fn new(
-        ctx: &Arc<CudaContext>,
-        gate_ctx: &Arc<CudaContext>,
-        len: u64,
-        kind: BackendKind,
-        staging: StagingPool,
-        ms64: Option<Arc<Ms64Kernel>>,
-        device_uuid: String,
-    ) -> Result<Self> {
-        let (mem, fd) = if kind == BackendKind::CudaVmm {
-            let mem = sys::DeviceMemory::alloc_vmm(ctx, len)?;
+    pub(crate) fn new(parts: ArenaParts<'_>, len: u64, kind: BackendKind) -> Result<Self> {
+        if kind == BackendKind::CudaVmm {
+            let mem = sys::DeviceMemory::alloc_vmm(parts.ctx, len)?;
             let fd = mem.export_fd()?;
-            (mem, Some(fd))
+            Self::assemble(parts, mem, Some(fd), false)
         } else {
-            (sys::DeviceMemory::alloc(ctx, len)?, None)
-        };
-        let mem = Arc::new(mem);
-        let ready = ReadyEvent::gated(gate_ctx)?;
-        let mut handles = Vec::with_capacity(2);
-        if fd.is_none() {
-            handles.push(mem.ipc_handle()?.to_vec());
+            let mem = sys::DeviceMemory::alloc(parts.ctx, len)?;
+            Self::assemble(parts, mem, None, false)
         }
+    }
+
+    /// A VMM arena a worker kept alive across a server restart, from its descriptor `fd` (an
+    /// allocation of `alloc_len` bytes holding `len`): mapped read-write here, sealed, its
+    /// ready event already complete. The caller checks the bytes.
+    pub(crate) fn adopt(
+        parts: ArenaParts<'_>,
+        fd: OwnedFd,
+        alloc_len: u64,
+        len: u64,
+    ) -> Result<Self> {
+        use std::os::fd::AsFd;
+        let mem = sys::DeviceMemory::import_vmm(parts.ctx, fd.as_fd(), alloc_len, len)?;
+        Self::assemble(parts, mem, Some(fd), true)
+    }
+
+    fn assemble(
+        parts: ArenaParts<'_>,
+        mem: sys::DeviceMemory,
+        fd: Option<OwnedFd>,
+        sealed: bool,
+    ) -> Result<Self> {
+        let len = mem.len();
+        let mem = Arc::new(mem);
+        let ready = ReadyEvent::gated(parts.gate_ctx)?;
+        let mut handles = Vec::with_capacity(2);
+        let kind = if fd.is_some() {
+            BackendKind::CudaVmm
+        } else {
+            handles.push(mem.ipc_handle()?.to_vec());
+            BackendKind::CudaIpc
+        };
         handles.push(ready.ipc_handle()?.to_vec());
+        if sealed {
+            ready.open();
+        }
         let export = Export {
             kind,
-            device_uuid,
+            device_uuid: parts.device_uuid.to_owned(),
             handles,
             fd: None,
             alloc_len: mem.vmm_size().unwrap_or(0),
         };
         Ok(Self {
-            ctx: ctx.clone(),
+            ctx: parts.ctx.clone(),
             mem,
             len,
             ready,
-            sealed: Arc::new(AtomicBool::new(false)),
-            staging,
-            ms64,
+            sealed: Arc::new(AtomicBool::new(sealed)),
+            staging: parts.staging,
+            ms64: parts.ms64,
             export,
             fd,
         })
     }
+}
+
+/// What every arena of one backend shares.
+pub(crate) struct ArenaParts<'a> {
+    pub(crate) ctx: &'a Arc<CudaContext>,
+    pub(crate) gate_ctx: &'a Arc<CudaContext>,
+    pub(crate) staging: StagingPool,
+    pub(crate) ms64: Option<Arc<Ms64Kernel>>,
+    pub(crate) device_uuid: &'a str,
 }
 
 impl Arena for CudaArena {

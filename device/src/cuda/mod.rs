@@ -28,6 +28,7 @@ mod import;
 pub(crate) mod sys;
 mod vmm;
 
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
@@ -39,7 +40,7 @@ pub(crate) use import::import;
 pub use vmm::VmmMapping;
 pub(crate) use vmm::import as import_vmm;
 
-use self::arena::{CudaArena, Staging, StagingPool};
+use self::arena::{ArenaParts, CudaArena, Staging, StagingPool};
 use self::checksum::Ms64Kernel;
 use crate::backend::{BackendKind, DeviceInfo};
 use crate::error::{DeviceError, Result};
@@ -151,6 +152,18 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    fn parts(&self) -> ArenaParts<'_> {
+        ArenaParts {
+            ctx: &self.ctx,
+            gate_ctx: &self.gate_ctx,
+            staging: self.staging.clone(),
+            ms64: self.ms64.clone(),
+            device_uuid: &self.info.uuid,
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     fn info(&self) -> DeviceInfo {
         self.info.clone()
@@ -158,13 +171,23 @@ impl Backend for CudaBackend {
 
     fn allocate(&mut self, len: u64, _label: &str) -> Result<Box<dyn Arena>> {
         Ok(Box::new(CudaArena::new(
-            &self.ctx,
-            &self.gate_ctx,
+            self.parts(),
             len,
             self.info.backend,
-            self.staging.clone(),
-            self.ms64.clone(),
-            self.info.uuid.clone(),
+        )?))
+    }
+
+    fn adopt(&mut self, fd: OwnedFd, alloc_len: u64, len: u64) -> Result<Box<dyn Arena>> {
+        if self.info.backend != BackendKind::CudaVmm {
+            return Err(DeviceError::Unsupported {
+                what: "adopting an arena on a server sharing legacy IPC handles".into(),
+            });
+        }
+        Ok(Box::new(CudaArena::adopt(
+            self.parts(),
+            fd,
+            alloc_len,
+            len,
         )?))
     }
 

@@ -66,11 +66,6 @@ impl VmmMapping {
             fd,
         })
     }
-
-    /// The allocation's descriptor in this process.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
 }
 
 impl Mapped for VmmMapping {
@@ -104,6 +99,9 @@ impl Mapped for VmmMapping {
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.ready.synchronize()?;
         self.mem.read(offset, dst, self.len)
+    }
+    fn descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
     }
 }
 

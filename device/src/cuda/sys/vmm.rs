@@ -191,6 +191,46 @@ impl DeviceMemory {
         })
     }
 
+    /// Another process's VMM allocation of `size` bytes, imported from `fd` and mapped
+    /// read-write for this process: a restarted server taking over an arena a worker kept
+    /// alive. `len` is the arena's length inside it.
+    pub fn import_vmm(
+        ctx: &Arc<CudaContext>,
+        fd: BorrowedFd<'_>,
+        size: u64,
+        len: u64,
+    ) -> Result<Self> {
+        let size_us = checked_size(ctx.ordinal(), size)?;
+        if len > size {
+            return Err(DeviceError::BadHandle {
+                reason: format!("the allocation ({size} bytes) is smaller than the arena ({len})"),
+            });
+        }
+        bind(ctx)?;
+        let handle = import_handle(fd)?;
+        let ptr = match reserve_and_map(
+            handle,
+            size_us,
+            i32::try_from(ctx.ordinal()).unwrap_or(0),
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        ) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                release(handle);
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            vmm: Some(VmmAlloc {
+                handle,
+                size: size_us,
+            }),
+        })
+    }
+
     /// The allocation's size (`len` rounded up to the granularity), for VMM memory.
     pub fn vmm_size(&self) -> Option<u64> {
         self.vmm.as_ref().map(|v| v.size as u64)
@@ -247,37 +287,47 @@ unsafe impl Send for VmmImport {}
 // SAFETY: as above; no method mutates `self`.
 unsafe impl Sync for VmmImport {}
 
+/// `size` as a mapping size: positive, a multiple of the device's granularity.
+fn checked_size(ordinal: usize, size: u64) -> Result<usize> {
+    let g = granularity(ordinal)?;
+    if size == 0 || !size.is_multiple_of(g) {
+        return Err(DeviceError::BadHandle {
+            reason: format!(
+                "allocation size {size} is not a positive multiple of the device's granularity {g}"
+            ),
+        });
+    }
+    usize::try_from(size).map_err(|_| DeviceError::BadHandle {
+        reason: format!("allocation size {size} is larger than the address space"),
+    })
+}
+
+/// The allocation handle of a received descriptor (the context must be bound).
+fn import_handle(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHandle> {
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    // SAFETY: for the POSIX descriptor type the OS handle is the descriptor's value passed as a
+    // pointer-sized integer; the driver does not take ownership of it; `handle` is a valid
+    // out-parameter.
+    unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+            FD_HANDLE,
+        )
+    }
+    .result()
+    .map_err(driver("cuMemImportFromShareableHandle"))?;
+    Ok(handle)
+}
+
 impl VmmImport {
     /// Imports the allocation `fd` names (`size` bytes, as the exporter said) and maps it
     /// read-only in `ctx`. The descriptor stays the caller's.
     pub fn open(ctx: &Arc<CudaContext>, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
-        let size = usize::try_from(size).map_err(|_| DeviceError::BadHandle {
-            reason: format!("allocation size {size} is larger than the address space"),
-        })?;
         let ordinal = ctx.ordinal();
-        let g = granularity(ordinal)?;
-        if size == 0 || !(size as u64).is_multiple_of(g) {
-            return Err(DeviceError::BadHandle {
-                reason: format!(
-                    "allocation size {size} is not a positive multiple of the device's \
-                     granularity {g}"
-                ),
-            });
-        }
+        let size = checked_size(ordinal, size)?;
         bind(ctx)?;
-        let mut handle: CUmemGenericAllocationHandle = 0;
-        // SAFETY: for the POSIX descriptor type the OS handle is the descriptor's value passed
-        // as a pointer-sized integer; the driver does not take ownership of it (it dups what it
-        // needs); `handle` is a valid out-parameter.
-        unsafe {
-            sys::cuMemImportFromShareableHandle(
-                &mut handle,
-                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
-                FD_HANDLE,
-            )
-        }
-        .result()
-        .map_err(driver("cuMemImportFromShareableHandle"))?;
+        let handle = import_handle(fd)?;
         let id = i32::try_from(ordinal).unwrap_or(0);
         let ptr = match reserve_and_map(
             handle,
