@@ -111,6 +111,11 @@ pub trait Mapped: Send + Sync + std::fmt::Debug {
     fn is_ready(&self) -> Result<bool>;
     /// Copies `dst.len()` bytes at `offset` to the host (after the load completed).
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// The size of the allocation behind the mapping (CUDA VMM: the arena's length rounded up
+    /// to the device's granularity; otherwise the arena's length).
+    fn allocation_len(&self) -> u64 {
+        self.len()
+    }
     /// The descriptor the arena came as, kept while the mapping lives (kinds that pass one:
     /// host, CUDA VMM): what a restarted server adopts the memory by.
     fn descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

@@ -95,6 +95,12 @@ impl Mapping {
         self.0.read(offset, dst)
     }
 
+    /// The size of the allocation behind the mapping (CUDA VMM: rounded up to the device's
+    /// granularity; otherwise the arena's length).
+    pub fn allocation_len(&self) -> u64 {
+        self.0.allocation_len()
+    }
+
     /// The descriptor the arena came as (host, CUDA VMM), kept while the mapping lives; offered
     /// back to a restarted server so that it adopts the memory instead of loading it again.
     pub fn descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

@@ -10,6 +10,7 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::devices::Devices;
 use crate::error::ServerError;
+use crate::held::{HeldRecord, HeldStore, record};
 use crate::loader;
 use crate::model::validate_name;
 use crate::registry::{LoadFor, LoadProgress, Registry, VersionSnapshot};
@@ -18,6 +19,7 @@ use crate::sessions::Hub;
 use crate::tenants::{Caller, TenantStore};
 use crate::timer::Timer;
 use crate::weights::{layout, source};
+use modelshare_device::BackendKind;
 
 /// State shared by the gRPC services.
 #[derive(Debug, Clone)]
@@ -42,6 +44,8 @@ pub struct App {
     pub tenants: Arc<TenantStore>,
     /// The request path: queues, batches, Serve streams.
     pub engine: Engine,
+    /// Records of memory that can outlive the server, and their adoption after a restart.
+    pub held: Arc<HeldStore>,
     load_slots: Arc<Semaphore>,
 }
 
@@ -95,7 +99,14 @@ impl App {
             metrics.clone(),
             shutdown.clone(),
         );
+        let adoptable = matches!(
+            devices.primary().info().backend,
+            BackendKind::Host | BackendKind::CudaVmm
+        );
+        let held_dir =
+            (adoptable && !config.adopt_wait.is_zero()).then(|| records_dir(&config.handle_socket));
         Self {
+            held: Arc::new(HeldStore::open(held_dir, config.adopt_wait)),
             tenants,
             engine,
             registry: Arc::new(Registry::new(config.registry.clone())),
@@ -157,8 +168,11 @@ impl App {
         let tenants = self.tenants.clone();
         let device = self.devices.primary().clone();
         let uuid = device.uuid().to_owned();
+        let held = self.held.clone();
+        let only_adopted = load_for.only_adopted;
+        let mut load_for = load_for;
         // Validation reads files: it blocks.
-        let (reservation, src, plan) = tokio::task::spawn_blocking(move || {
+        let (reservation, src, plan, files) = tokio::task::spawn_blocking(move || {
             // Other tenants' directories count as missing for every file the load reads (the
             // path asked for, the index, shards, metadata files, and links among them), before
             // anything there is opened: the answer is exactly that of a missing path.
@@ -175,6 +189,10 @@ impl App {
                 });
             }
             let manifest = loader::manifest(&model, &src, &plan);
+            let files = record::file_ids(&src);
+            if load_for.resume_version.is_none() {
+                load_for.resume_version = held.version_hint(&model, &src.source);
+            }
             let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
             let reservation = registry.reserve(
                 &caller,
@@ -186,7 +204,7 @@ impl App {
                 &uuid,
                 keep_previous,
             )?;
-            Ok::<_, ServerError>((reservation, src, plan))
+            Ok::<_, ServerError>((reservation, src, plan, files))
         })
         .await
         .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
@@ -205,13 +223,40 @@ impl App {
         let copy = LoadCopy {
             registry: self.registry.clone(),
             metrics: self.metrics.clone(),
+            held: self.held.clone(),
             threads: self.config.load_threads,
             reservation,
             src,
             plan,
-            permit,
+            files,
+            backend: device.info().backend,
+            _permit: permit,
         };
         tokio::spawn(async move {
+            // Memory a worker kept across a restart, if it is these bytes: adopted, not loaded.
+            if let Some((arena, record)) = copy
+                .held
+                .claim(&copy.reservation.manifest, &copy.files)
+                .await
+            {
+                let r = &copy.reservation;
+                copy.registry.set_arena(&r.model, r.version, arena.clone());
+                let _ = allocated_tx.send(Ok(()));
+                let _ = tx.send(copy.adopted(&record));
+                drop(arena);
+                return;
+            }
+            if only_adopted {
+                let r = &copy.reservation;
+                let err = ServerError::FilesChanged {
+                    model: r.model.clone(),
+                    version: r.version,
+                };
+                copy.registry
+                    .finish_load(&r.model, r.version, Err(err.to_string()));
+                let _ = allocated_tx.send(Err(err));
+                return;
+            }
             let label = format!("{}@{}", copy.reservation.model, copy.reservation.version);
             let arena = match device
                 .allocate(copy.reservation.manifest.arena_bytes, &label)
@@ -320,29 +365,32 @@ impl App {
 struct LoadCopy {
     registry: Arc<Registry>,
     metrics: Arc<crate::metrics::Metrics>,
+    held: Arc<HeldStore>,
     threads: usize,
     reservation: crate::registry::Reservation,
     src: source::ModelSource,
     plan: layout::Layout,
-    permit: OwnedSemaphorePermit,
+    files: Vec<record::FileId>,
+    backend: BackendKind,
+    /// The load slot, held until the load ends.
+    _permit: OwnedSemaphorePermit,
 }
 
 impl LoadCopy {
     /// Fills `arena`, records the outcome, and returns the version as it then stands.
     fn run(self, arena: &modelshare_device::ArenaHandle) -> Result<VersionSnapshot, ServerError> {
-        let LoadCopy {
-            registry,
-            metrics,
-            threads,
-            reservation: job,
-            src,
-            plan,
-            permit,
-        } = self;
-        let _permit = permit;
         let started = std::time::Instant::now();
-        match loader::copy_into(&job, arena, &src, &plan, threads) {
+        match loader::copy_into(
+            &self.reservation,
+            arena,
+            &self.src,
+            &self.plan,
+            self.threads,
+        ) {
             Ok(manifest) => {
+                let (registry, metrics, job, plan) =
+                    (&self.registry, &self.metrics, &self.reservation, &self.plan);
+                self.remember(&manifest);
                 registry.finish_load(&job.model, job.version, Ok(manifest));
                 let secs = started.elapsed().as_secs_f64();
                 metrics.loads.with_label_values(&["ok"]).inc();
@@ -364,11 +412,72 @@ impl LoadCopy {
                     })
             }
             Err(e) => {
-                metrics.loads.with_label_values(&["error"]).inc();
+                let job = &self.reservation;
+                self.metrics.loads.with_label_values(&["error"]).inc();
                 warn!(model = %job.model, version = job.version, error = %e, "load failed");
-                registry.finish_load(&job.model, job.version, Err(e.to_string()));
+                self.registry
+                    .finish_load(&job.model, job.version, Err(e.to_string()));
                 Err(e)
             }
         }
     }
+
+    /// Finishes a load with memory adopted from a worker (`record`'s bytes, checked when the
+    /// worker offered them): the version is ready with the record's checksums.
+    fn adopted(self, record: &HeldRecord) -> Result<VersionSnapshot, ServerError> {
+        let job = &self.reservation;
+        let mut manifest = job.manifest.clone();
+        record.fill_checksums(&mut manifest);
+        self.remember(&manifest);
+        self.registry
+            .finish_load(&job.model, job.version, Ok(manifest));
+        self.metrics.loads.with_label_values(&["adopted"]).inc();
+        info!(
+            model = %job.model,
+            version = job.version,
+            bytes = job.manifest.arena_bytes,
+            "model back from memory a worker kept across the restart (not read from the files)"
+        );
+        self.registry
+            .version_snapshot(&job.model, job.version)
+            .ok_or_else(|| ServerError::LoadCancelled {
+                model: job.model.clone(),
+                version: job.version,
+            })
+    }
+
+    /// Writes the held-memory record of the loaded version (kinds whose memory can outlive
+    /// the server; a no-op otherwise).
+    fn remember(&self, manifest: &crate::model::Manifest) {
+        if !self.held.enabled() {
+            return;
+        }
+        let Some((owner, access)) = self.registry.ownership(&manifest.model) else {
+            return;
+        };
+        let backend = match self.backend {
+            BackendKind::Host => "host",
+            BackendKind::CudaVmm => "cuda-vmm",
+            BackendKind::CudaIpc => return,
+        };
+        self.held.remember(&HeldRecord::new(
+            manifest,
+            owner,
+            &access,
+            &self.src.source,
+            self.files.clone(),
+            backend,
+            &self.reservation.device,
+        ));
+    }
+}
+
+/// Where the held-memory records go: beside the handle socket (`<socket>.held/`).
+pub fn records_dir(handle_socket: &std::path::Path) -> std::path::PathBuf {
+    let mut name = handle_socket
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| "modelshare-handles".into());
+    name.push(".held");
+    handle_socket.with_file_name(name)
 }

@@ -97,6 +97,18 @@ pub enum ServerError {
         version: u32,
     },
     /// The server is still loading its start-up models.
+    /// A version's memory adopted from a worker, whose files changed since it was loaded.
+    #[error(
+        "the files of '{model}' changed since the memory of version {version} was loaded: that \
+         memory is not brought back"
+    )]
+    FilesChanged {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+    },
+
     #[error("server is starting: start-up models are still loading")]
     Starting,
     /// The server is shutting down.

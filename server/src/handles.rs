@@ -5,8 +5,11 @@
 //! the descriptor back with `SCM_RIGHTS` (wire format: [`modelshare_device::handoff`]). The
 //! kernel says who connected (`SO_PEERCRED`), so a ticket issued to one uid is refused to
 //! another.
+//!
+//! The same socket takes **offers** the other way: a worker presenting an offer ticket (from
+//! `OfferHeld`) with a descriptor attached hands memory it kept across a restart to the server
+//! ([`crate::adopt`]); it is answered `OK` once the memory is checked and adopted.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use modelshare_device::handoff;
@@ -14,13 +17,14 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::registry::Registry;
+use crate::app::App;
+use crate::held::HeldStore;
 
 /// How long a connection may take to send its ticket.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Accepts handle-socket connections until `shutdown` is cancelled.
-pub async fn serve(listener: UnixListener, registry: Arc<Registry>, shutdown: CancellationToken) {
+pub async fn serve(listener: UnixListener, app: App, shutdown: CancellationToken) {
     let warned = std::sync::Mutex::new(None);
     loop {
         let stream = tokio::select! {
@@ -33,27 +37,40 @@ pub async fn serve(listener: UnixListener, registry: Arc<Registry>, shutdown: Ca
                 }
             },
         };
-        let registry = registry.clone();
+        let app = app.clone();
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, &registry).await {
+            if let Err(e) = answer(stream, &app).await {
                 debug!(error = %e, "handle socket: connection ended with an error");
             }
         });
     }
 }
 
-async fn answer(
-    mut stream: UnixStream,
-    registry: &Registry,
-) -> Result<(), modelshare_device::DeviceError> {
-    let ticket = match tokio::time::timeout(READ_TIMEOUT, handoff::read_ticket(&mut stream)).await {
+async fn answer(mut stream: UnixStream, app: &App) -> Result<(), modelshare_device::DeviceError> {
+    let read = tokio::time::timeout(READ_TIMEOUT, handoff::read_ticket_and_fd(&mut stream)).await;
+    let (ticket, offered) = match read {
         Ok(r) => r?,
         Err(_) => {
             return handoff::send_refusal(&mut stream, "timed out waiting for the ticket").await;
         }
     };
     let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
-    match registry.redeem_ticket(&ticket, peer_uid) {
+    if HeldStore::is_offer(&ticket) {
+        let Some(fd) = offered else {
+            return handoff::send_refusal(&mut stream, "an offer ticket comes with its descriptor")
+                .await;
+        };
+        return match crate::adopt::redeem(app, &ticket, fd, peer_uid).await {
+            Ok(()) => handoff::send_ok(&mut stream).await,
+            Err(reason) => {
+                tracing::info!(%reason, "offered memory refused");
+                handoff::send_refusal(&mut stream, &reason).await
+            }
+        };
+    }
+    // A descriptor sent with an attach ticket is not wanted: closed here.
+    drop(offered);
+    match app.registry.redeem_ticket(&ticket, peer_uid) {
         Ok(fd) => {
             use std::os::fd::AsFd;
             handoff::send_fd(&stream, fd.as_fd()).await

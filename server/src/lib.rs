@@ -58,6 +58,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod adopt;
 pub mod app;
 pub mod audit;
 pub mod cli;
@@ -68,6 +69,7 @@ pub mod error;
 pub mod expiry;
 pub mod front;
 pub mod handles;
+pub mod held;
 pub mod http;
 pub mod loader;
 pub mod metrics;

@@ -298,6 +298,7 @@ pub async fn run_notify(
                 .await;
         });
         tokio::spawn(crate::sessions::run::dispatch_events(app.clone()));
+        tokio::spawn(sweep_held_records(app.clone()));
     }
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -309,9 +310,9 @@ pub async fn run_notify(
     let handle_listener = bind_unix(&config.handle_socket).await?;
     set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     {
-        let (registry, stop) = (registry.clone(), app.shutdown.clone());
+        let (app, stop) = (app.clone(), app.shutdown.clone());
         tasks.spawn(async move {
-            handles::serve(handle_listener, registry, stop).await;
+            handles::serve(handle_listener, app, stop).await;
             Ok(())
         });
     }
@@ -472,6 +473,8 @@ async fn load_startup_models(app: &App) -> Result<(), ServeError> {
                 shared_with: m.share_with.iter().cloned().collect(),
                 public: m.public,
             }),
+            resume_version: None,
+            only_adopted: false,
         };
         let load = app
             .start_load(&Caller::Admin, load_for, &m.name, &m.path, false)
@@ -528,5 +531,26 @@ async fn first_failure(tasks: &mut JoinSet<Result<(), ServeError>>) -> Result<()
         Some(Err(join)) => Err(ServeError::Backend(format!(
             "a listener task failed: {join}"
         ))),
+    }
+}
+
+/// How often the held-memory records are brought in line with the registry.
+const HELD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Removes the records of versions whose memory is gone and drops pending records past their
+/// deadline (see [`crate::held`]), until shutdown.
+async fn sweep_held_records(app: App) {
+    if !app.held.enabled() {
+        return;
+    }
+    let mut tick = tokio::time::interval(HELD_SWEEP_EVERY);
+    loop {
+        tokio::select! {
+            () = app.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let live = app.registry.live_versions();
+        let held = app.held.clone();
+        let _ = tokio::task::spawn_blocking(move || held.sweep(&live)).await;
     }
 }

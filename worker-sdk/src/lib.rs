@@ -56,6 +56,7 @@ pub mod error;
 mod import;
 mod link;
 pub mod model;
+mod offer;
 pub mod serve;
 pub mod session;
 pub mod tensor;

@@ -44,6 +44,12 @@ impl ModelInner {
             .clone()
     }
 
+    /// The version attached now and its mapping (to offer it back to a restarted server).
+    pub(crate) fn attached(&self) -> (u32, Mapping) {
+        let cur = self.current();
+        (cur.manifest.version, cur.view)
+    }
+
     /// Attaches again on the session's new `link` (after a reconnection); returns the version.
     pub(crate) async fn reattach(&self, link: &Link) -> Result<u32, WorkerError> {
         let fresh = attach_once(link, &self.name, self.requested_version).await?;

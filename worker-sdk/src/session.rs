@@ -257,6 +257,12 @@ async fn handshake(
 ) -> Result<(Link, pb::Welcome, HeartbeatStream), WorkerError> {
     let channel = connect::authed(&inner.address, &inner.options.connect).await?;
     let mut client = WorkerServiceClient::new(channel).max_decoding_message_size(256 << 20);
+    // Memory still mapped from before a server restart goes back first: a restarting server
+    // may be waiting for it before it takes sessions.
+    let held = inner.held_models();
+    if !held.is_empty() {
+        crate::offer::offer_held(&mut client, &held).await;
+    }
     let (tx, rx) = mpsc::channel::<pb::SessionRequest>(4);
     let hello = pb::SessionRequest {
         kind: Some(pb::session_request::Kind::Hello(pb::Hello {
@@ -437,13 +443,18 @@ async fn run_stream(
     }
 }
 
-/// Attaches every still-held model again on the new link.
-async fn reattach_all(inner: &Arc<SessionInner>) {
-    let held: Vec<Arc<ModelInner>> = {
-        let mut held = inner.held.lock().unwrap_or_else(|e| e.into_inner());
+impl SessionInner {
+    /// The models still held.
+    fn held_models(&self) -> Vec<Arc<ModelInner>> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.retain(|w| w.strong_count() > 0);
         held.iter().filter_map(Weak::upgrade).collect()
-    };
+    }
+}
+
+/// Attaches every still-held model again on the new link.
+async fn reattach_all(inner: &Arc<SessionInner>) {
+    let held = inner.held_models();
     for model in held {
         let reattached = match inner.core.link() {
             Ok(link) => model.reattach(&link).await,

@@ -100,6 +100,9 @@ impl Mapped for VmmMapping {
         self.ready.synchronize()?;
         self.mem.read(offset, dst, self.len)
     }
+    fn allocation_len(&self) -> u64 {
+        self.mem.size()
+    }
     fn descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(self.fd.as_fd())
     }

@@ -391,6 +391,7 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
             "sessions": s.sessions,
             "leases": s.leases,
             "device_used_bytes": s.device_used_bytes,
+            "held_by_workers_bytes": s.held_by_workers_bytes,
             "tenants": s.tenants.iter().map(tenant_usage_json).collect::<Vec<_>>(),
             "requests_outstanding": s.requests_outstanding,
             "serving": s.serving.iter().map(|m| json!({
@@ -418,6 +419,12 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
                 right(human_bytes(s.arena_bytes)),
             ]);
             t.add_row(vec![Cell::new("arenas"), right(s.arenas)]);
+            if s.held_by_workers_bytes > 0 {
+                t.add_row(vec![
+                    Cell::new("held by workers only"),
+                    right(human_bytes(s.held_by_workers_bytes)),
+                ]);
+            }
             t.add_row(vec![Cell::new("models"), right(s.models)]);
             for (state, n) in &by_state {
                 t.add_row(vec![Cell::new(format!("versions {state}")), right(n)]);

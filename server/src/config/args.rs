@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// mappings are writable), or `auto` (vmm where the device supports it).
     #[arg(long, value_enum, env = "MODELSHARE_CUDA_HANDLES")]
     pub cuda_handles: Option<CudaHandles>,
+    /// After a restart, how long to wait for workers to offer the memory of the versions the
+    /// server had (VMM and host arenas outlive it) before loading those from their files, in
+    /// milliseconds; default 10000, 0 turns adoption off.
+    #[arg(long, env = "MODELSHARE_ADOPT_WAIT_MS")]
+    pub adopt_wait_ms: Option<u64>,
     /// CUDA device: an ordinal (0, 1, ...) or a UUID (GPU-...).
     #[arg(long, env = "MODELSHARE_DEVICE")]
     pub device: Option<String>,

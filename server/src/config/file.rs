@@ -52,6 +52,7 @@ pub(super) struct FileConfig {
     pub(super) heartbeat_interval_ms: Option<u32>,
     pub(super) heartbeat_misses: Option<u32>,
     pub(super) ticket_ttl_ms: Option<u64>,
+    pub(super) adopt_wait_ms: Option<u64>,
     pub(super) tenants_file: Option<PathBuf>,
     pub(super) unix_socket_mode: Option<String>,
     #[serde(default)]

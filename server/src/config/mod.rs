@@ -88,6 +88,9 @@ pub struct Config {
     pub heartbeat_misses: u32,
     /// How long an fd-passing ticket stays valid.
     pub ticket_ttl: Duration,
+    /// How long, after a restart, the server waits for workers to offer the memory of the
+    /// versions it had (VMM and host arenas outlive it) before loading them from the files.
+    pub adopt_wait: Duration,
     /// Loads allowed at once.
     pub max_concurrent_loads: usize,
     /// Registry limits.
@@ -242,6 +245,9 @@ impl Config {
             heartbeat_interval: Duration::from_millis(u64::from(heartbeat_interval_ms)),
             heartbeat_misses,
             ticket_ttl: Duration::from_millis(file.ticket_ttl_ms.unwrap_or(30_000)),
+            adopt_wait: Duration::from_millis(
+                args.adopt_wait_ms.or(file.adopt_wait_ms).unwrap_or(10_000),
+            ),
             max_concurrent_loads,
             registry: RegistryLimits {
                 max_model_bytes: args.max_model_bytes.or(limits.max_model_bytes),

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 
 use super::state::HttpState;
 use crate::devices::Devices;
+use crate::held::HeldStore;
 use crate::metrics::{ArenaBytes, DeviceMemory, GaugeValues, TenantGauges};
 use crate::registry::Registry;
 use crate::tenants::Caller;
@@ -16,7 +17,7 @@ pub async fn metrics(
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let app = &s.app;
     app.metrics
-        .refresh(&gauge_values(&app.registry, &app.devices).await);
+        .refresh(&gauge_values(&app.registry, &app.devices, &app.held).await);
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
@@ -27,7 +28,7 @@ pub async fn metrics(
 /// The gauges' values, read from `registry` as the admin sees it (every model, every
 /// session) and from each device's thread (its memory; a busy device gives its last figure).
 /// Per-device values are labelled with the device's UUID.
-pub async fn gauge_values(registry: &Registry, devices: &Devices) -> GaugeValues {
+pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldStore) -> GaugeValues {
     let stats = registry.stats(&Caller::Admin);
     let mut arena_bytes = Vec::new();
     let mut held_by_device: std::collections::BTreeMap<String, u64> = Default::default();
@@ -75,7 +76,23 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices) -> GaugeValues
         models: stats.models,
         tenants,
         devices: memory,
+        held_by_workers: held_by_workers(held),
     }
+}
+
+/// The pending versions' bytes, summed per model and device.
+fn held_by_workers(held: &HeldStore) -> Vec<ArenaBytes> {
+    let mut sums: std::collections::BTreeMap<(String, String), u64> = Default::default();
+    for p in held.pending() {
+        *sums.entry((p.model, p.device)).or_default() += p.bytes;
+    }
+    sums.into_iter()
+        .map(|((model, device), bytes)| ArenaBytes {
+            model,
+            device,
+            bytes,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -91,7 +108,7 @@ mod tests {
     async fn an_empty_registry_has_every_state_at_zero_and_its_device() {
         let registry = Registry::new(RegistryLimits::default());
         let devices = Devices::single(HostBackend::thread().expect("host device"));
-        let v = gauge_values(&registry, &devices).await;
+        let v = gauge_values(&registry, &devices, &HeldStore::disabled()).await;
         assert_eq!(
             v.versions_by_state,
             ["loading", "ready", "draining", "freed", "failed"]

@@ -15,6 +15,9 @@ pub struct GaugeValues {
     pub tenants: Vec<TenantGauges>,
     /// Memory of each device arenas live on.
     pub devices: Vec<DeviceMemory>,
+    /// Bytes of versions from before a restart that only workers may hold now (not yet
+    /// adopted), per model and device.
+    pub held_by_workers: Vec<ArenaBytes>,
 }
 
 /// Arena bytes one model holds on one device.

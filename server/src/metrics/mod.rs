@@ -59,6 +59,7 @@ pub struct Metrics {
     quota_denials: IntCounterVec,
     versions: IntGaugeVec,
     arena_bytes: IntGaugeVec,
+    held_by_workers: IntGaugeVec,
     models: IntGauge,
     sessions: IntGaugeVec,
     leases: IntGaugeVec,
@@ -152,6 +153,15 @@ impl Metrics {
             &["model", "device"],
         )?;
         registry.register(Box::new(arena_bytes.clone()))?;
+        let held_by_workers = IntGaugeVec::new(
+            Opts::new(
+                "modelshare_held_by_workers_bytes",
+                "Bytes of versions from before a server restart that only workers may hold now \
+                 (not yet adopted back), by model and device.",
+            ),
+            &["model", "device"],
+        )?;
+        registry.register(Box::new(held_by_workers.clone()))?;
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
             let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
             registry.register(Box::new(g.clone()))?;
@@ -213,6 +223,7 @@ impl Metrics {
             )?,
             versions,
             arena_bytes,
+            held_by_workers,
             models: gauge("modelshare_models", "Model names on record.")?,
             sessions: gauge_vec(
                 "modelshare_sessions",
@@ -251,6 +262,12 @@ impl Metrics {
         self.arena_bytes.reset();
         for a in &values.arena_bytes {
             self.arena_bytes
+                .with_label_values(&[a.model.as_str(), a.device.as_str()])
+                .set(clamp(a.bytes));
+        }
+        self.held_by_workers.reset();
+        for a in &values.held_by_workers {
+            self.held_by_workers
                 .with_label_values(&[a.model.as_str(), a.device.as_str()])
                 .set(clamp(a.bytes));
         }
@@ -333,6 +350,11 @@ mod tests {
                     used_bytes: *used,
                 })
                 .collect(),
+            held_by_workers: vec![ArenaBytes {
+                model: "old".into(),
+                device: "GPU-0".into(),
+                bytes: 2048,
+            }],
         }
     }
 
@@ -357,6 +379,7 @@ mod tests {
             r#"modelshare_leases{tenant="a"} 3"#,
             r#"modelshare_device_memory_total_bytes{device="GPU-1"} 1000"#,
             r#"modelshare_device_memory_used_bytes{device="GPU-1"} 600"#,
+            r#"modelshare_held_by_workers_bytes{device="GPU-0",model="old"} 2048"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

@@ -155,6 +155,41 @@ impl Registry {
         self.send(events);
     }
 
+    /// Every version that holds memory (loading, ready, draining), by model and number, with
+    /// the pids of the worker processes holding leases on it.
+    pub fn live_versions(
+        &self,
+    ) -> std::collections::BTreeMap<(String, u32), std::collections::BTreeSet<u32>> {
+        let st = self.lock();
+        let mut live: std::collections::BTreeMap<_, std::collections::BTreeSet<u32>> = st
+            .models
+            .iter()
+            .flat_map(|(name, rec)| {
+                rec.versions
+                    .iter()
+                    .filter(|(_, v)| v.state.holds_arena())
+                    .map(move |(n, _)| ((name.clone(), *n), Default::default()))
+            })
+            .collect();
+        for lease in st.leases.values() {
+            if let (Some(pids), Some(s)) = (
+                live.get_mut(&(lease.model.clone(), lease.version)),
+                st.sessions.get(&lease.session),
+            ) {
+                pids.insert(s.hello.peer_pid.unwrap_or(s.hello.pid));
+            }
+        }
+        live
+    }
+
+    /// The owner and access of `model`.
+    pub fn ownership(&self, model: &str) -> Option<(Option<String>, crate::tenants::Access)> {
+        let st = self.lock();
+        st.models
+            .get(model)
+            .map(|rec| (rec.owner.clone(), rec.access.clone()))
+    }
+
     /// One version as it stands now.
     pub fn version_snapshot(&self, model: &str, version: u32) -> Option<VersionSnapshot> {
         let st = self.lock();

@@ -133,6 +133,12 @@ pub struct LoadFor {
     pub default_owner: Option<String>,
     /// Access to set (`None`: a new model is private, an existing one keeps its access).
     pub access: Option<Access>,
+    /// The number a version brought back after a restart had (its memory adopted from a
+    /// worker), taken if the model's numbering has not passed it.
+    pub resume_version: Option<u32>,
+    /// The load brings back a version whose memory was adopted: it takes that memory or
+    /// fails; it never reads the files (which may have changed since).
+    pub only_adopted: bool,
 }
 
 /// What one tenant uses.
@@ -176,6 +182,9 @@ pub struct WorkerHello {
     pub pid: u32,
     /// Labels.
     pub labels: BTreeMap<String, String>,
+    /// The pid the kernel reports for the session's Unix-socket peer, in the server's pid
+    /// namespace (none over TCP).
+    pub peer_pid: Option<u32>,
 }
 
 /// A session, as reported to the admin.

@@ -101,6 +101,11 @@ impl State {
         if let Some(access) = &req.load_for.access {
             rec.access = access.clone();
         }
+        if let Some(v) = req.load_for.resume_version
+            && v > rec.next_version
+        {
+            rec.next_version = v - 1;
+        }
         rec.next_version += 1;
         let version = rec.next_version;
         let mut manifest = manifest.clone();

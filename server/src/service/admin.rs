@@ -56,6 +56,8 @@ impl AdminApi {
             requested_owner,
             default_owner: caller.tenant().map(str::to_owned),
             access,
+            resume_version: None,
+            only_adopted: false,
         })
     }
 }
@@ -226,6 +228,9 @@ impl AdminService for AdminApi {
             serving.outstanding_for(&own)
         };
         reply.requests_outstanding = u32::try_from(outstanding).unwrap_or(u32::MAX);
+        if caller.is_admin() {
+            reply.held_by_workers_bytes = self.app.held.held_by_workers_bytes();
+        }
         let table = self.app.tenants.current();
         reply.tenants = table
             .tenants

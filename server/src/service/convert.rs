@@ -227,6 +227,7 @@ pub fn stats(s: &Stats, dev: &DeviceInfo, used: Option<u64>) -> pb::GetStatsResp
         tenants: Vec::new(),
         serving: Vec::new(),
         requests_outstanding: 0,
+        held_by_workers_bytes: 0,
     }
 }
 
@@ -322,6 +323,7 @@ impl TryFrom<pb::Hello> for WorkerHello {
             name: h.worker_name,
             pid: h.pid,
             labels: h.labels.into_iter().collect(),
+            peer_pid: None,
         })
     }
 }

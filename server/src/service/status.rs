@@ -36,9 +36,9 @@ impl From<ServerError> for Status {
             | ServerError::SessionNotFound(_)
             | ServerError::LeaseNotFound(_)
             | ServerError::NotLeased { .. } => Code::NotFound,
-            ServerError::NoReadyVersion(_) | ServerError::WrongState { .. } => {
-                Code::FailedPrecondition
-            }
+            ServerError::NoReadyVersion(_)
+            | ServerError::WrongState { .. }
+            | ServerError::FilesChanged { .. } => Code::FailedPrecondition,
             ServerError::LimitExceeded { .. } => Code::ResourceExhausted,
             ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
             ServerError::Device(_) => Code::Internal,

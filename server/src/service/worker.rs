@@ -122,6 +122,64 @@ impl WorkerService for WorkerApi {
         let stream = super::serve::open(&self.app, caller, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
+
+    /// Memory a worker kept across a restart, offered back ([`crate::held`]). Taken while the
+    /// server is still starting: start-up loads may be waiting for it.
+    async fn offer_held(
+        &self,
+        request: Request<pb::OfferHeldRequest>,
+    ) -> Result<Response<pb::OfferHeldResponse>, Status> {
+        let caller = caller_of(&request)?;
+        let peer_uid = peer_uid(request.extensions());
+        let req = request.into_inner();
+        if req.model.is_empty() {
+            return Err(Status::invalid_argument("model: the offer names no model"));
+        }
+        let held = &self.app.held;
+        let not_wanted = |reason: String| pb::OfferHeldResponse {
+            wanted: false,
+            reason,
+            ..Default::default()
+        };
+        let Some(record) = held.pending_record(&req.model, req.version) else {
+            return Ok(Response::new(not_wanted(format!(
+                "the server holds no record of version {} of '{}' from before a restart",
+                req.version, req.model
+            ))));
+        };
+        if !crate::tenants::policy::may_see(record.owner.as_deref(), &record.access(), &caller) {
+            return Err(ServerError::ModelNotFound(req.model).into());
+        }
+        let key = (req.model.clone(), req.version);
+        if crate::adopt::loaded_from_files(&self.app, &key) {
+            // Loaded from its files already (its files changed, or no worker offered in time):
+            // this memory is a second copy now.
+            held.forget(&key);
+            return Ok(Response::new(not_wanted(format!(
+                "the server loaded version {} of '{}' from its files already",
+                req.version, req.model
+            ))));
+        }
+        let ttl = self.app.config.ticket_ttl;
+        let reply = match held.offer(
+            &req.model,
+            req.version,
+            &req.device_uuid,
+            req.allocation_bytes,
+            peer_uid,
+            ttl,
+        ) {
+            Ok(ticket) => pb::OfferHeldResponse {
+                wanted: true,
+                ticket,
+                handle_socket: self.app.config.handle_socket.display().to_string(),
+                ticket_ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+                reason: String::new(),
+            },
+            Err(reason) => not_wanted(reason),
+        };
+        Ok(Response::new(reply))
+    }
 }
 
 impl WorkerApi {

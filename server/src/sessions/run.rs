@@ -36,6 +36,8 @@ pub fn open(
     inbound: Streaming<pb::SessionRequest>,
     device: pb::DeviceInfo,
 ) -> Result<Outbound, ServerError> {
+    let mut hello = hello;
+    hello.peer_pid = peer.pid();
     let opened = match app.registry.open_session(&caller, hello.clone()) {
         Ok(o) => o,
         Err(e) => {

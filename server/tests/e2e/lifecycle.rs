@@ -614,3 +614,157 @@ async fn exhausted_descriptors_do_not_spin_the_listeners() {
         "the server did not serve again once descriptors were free"
     );
 }
+
+/// Reads the held-memory record of `model`@`version` beside the server's handle socket.
+fn held_record(server: &Server, model: &str, version: u32) -> Option<serde_json::Value> {
+    let path = server
+        .dir
+        .path()
+        .join("handles.sock.held")
+        .join(format!("{model}@{version}.json"));
+    let bytes = std::fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Waits until the record of m@1 names `pid` among its holders (the server keeps it current
+/// within seconds of an attach).
+async fn wait_until_recorded_holder(server: &Server, pid: u32) {
+    common::eventually(
+        Duration::from_secs(10),
+        "the record names the worker",
+        || {
+            let held = held_record(server, "m", 1);
+            async move {
+                held.is_some_and(|r| {
+                    r["holders"]
+                        .as_array()
+                        .is_some_and(|h| h.iter().any(|x| x["pid"] == pid))
+                })
+            }
+        },
+    )
+    .await;
+}
+
+/// The inode of the memory file a probe maps (the same inode: the same memory).
+fn mapped_inode(report: &serde_json::Value) -> u64 {
+    report["mapping"]["inode"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no mapping inode in {report}"))
+}
+
+/// A worker keeps its mapping across a `kill -9` of the server; the restarted server adopts
+/// that memory for its start-up model instead of loading a second copy, under the same version
+/// number, and the worker's session re-attaches it. Fails if the restart reads the files
+/// again (a new memory file), loses the version number, or leaves the memory counted as held by
+/// workers only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_adopts_the_memory_a_worker_kept() {
+    let mut server =
+        Server::start_with(&["--model", "m=m"], |root| write_small(root, "m", 1)).await;
+    let mut keeper = common::Worker::start(&server, "m", "keeper");
+    let inode_before = mapped_inode(&keeper.report);
+    wait_until_recorded_holder(&server, keeper.pid()).await;
+
+    assert!(!server.stop_with("KILL").success());
+    server.spawn();
+    server.wait_ready().await;
+    let log = server.log();
+    assert!(log.contains("adopted the memory a worker kept"), "{log}");
+    assert!(
+        log.contains("model back from memory a worker kept"),
+        "{log}"
+    );
+
+    let mut admin = server.admin().await;
+    let stats = common::stats(&mut admin).await;
+    assert_eq!(stats.arenas, 1);
+    assert_eq!(stats.held_by_workers_bytes, 0);
+    let list = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(list.models[0].latest_ready, 1);
+
+    // The keeper's session came back and attached again; a new worker maps the same memory.
+    let mut reattached = false;
+    for _ in 0..4 {
+        let ev = keeper.next_event();
+        if ev["event"] == "reattached" {
+            reattached = true;
+            break;
+        }
+    }
+    assert!(reattached, "the keeper's session did not re-attach");
+    let fresh = common::Worker::start(&server, "m", "fresh");
+    assert_eq!(fresh.report["verified"], true, "{}", fresh.report);
+    assert_eq!(mapped_inode(&fresh.report), inode_before);
+}
+
+/// When the model's files changed while the server was down, the memory a worker kept is
+/// the old bytes: the restarted server loads the new files and does not adopt it. Fails if the
+/// server serves the stale memory, or keeps counting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_of_changed_files_is_not_adopted() {
+    let mut server =
+        Server::start_with(&["--model", "m=m"], |root| write_small(root, "m", 1)).await;
+    let keeper = common::Worker::start(&server, "m", "keeper");
+    let inode_before = mapped_inode(&keeper.report);
+    wait_until_recorded_holder(&server, keeper.pid()).await;
+
+    assert!(!server.stop_with("KILL").success());
+    // Same names and shapes, other bytes.
+    write_small(&server.root, "m", 7);
+    server.spawn();
+    server.wait_ready().await;
+    let mut admin = server.admin().await;
+    common::eventually(
+        Duration::from_secs(15),
+        "the kept memory no longer counted",
+        || {
+            let mut admin = admin.clone();
+            async move { common::stats(&mut admin).await.held_by_workers_bytes == 0 }
+        },
+    )
+    .await;
+    assert_eq!(common::stats(&mut admin).await.arenas, 1);
+    let fresh = common::Worker::start(&server, "m", "fresh");
+    assert_eq!(fresh.report["verified"], true, "{}", fresh.report);
+    assert_ne!(mapped_inode(&fresh.report), inode_before);
+    assert!(
+        !server.log().contains("model back from memory"),
+        "{}",
+        server.log()
+    );
+}
+
+/// A restart after a `kill -9` with no worker holding anything does not wait for offers: the
+/// start-up model is loaded from its files at once. Fails if every restart waits out
+/// `--adopt-wait-ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_holders_does_not_wait() {
+    let mut server = Server::start_with(&["--model", "m=m", "--adopt-wait-ms", "60000"], |root| {
+        write_small(root, "m", 1)
+    })
+    .await;
+    {
+        let probe = common::Worker::start(&server, "m", "short-lived");
+        wait_until_recorded_holder(&server, probe.pid()).await;
+        // Dropped: the probe is killed.
+    }
+    assert!(!server.stop_with("KILL").success());
+    let started = std::time::Instant::now();
+    server.spawn();
+    server.wait_ready().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert!(
+        server.log().contains("no process that held this version"),
+        "{}",
+        server.log()
+    );
+}

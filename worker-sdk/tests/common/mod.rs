@@ -176,6 +176,18 @@ impl WorkerService for Service {
         Ok(Response::new(pb::ReleaseResponse {}))
     }
 
+    /// Wants nothing: this fake server never restarts with memory to adopt.
+    async fn offer_held(
+        &self,
+        _request: Request<pb::OfferHeldRequest>,
+    ) -> Result<Response<pb::OfferHeldResponse>, Status> {
+        Ok(Response::new(pb::OfferHeldResponse {
+            wanted: false,
+            reason: "a fake server".into(),
+            ..Default::default()
+        }))
+    }
+
     type ServeStream = ReceiverStream<Result<pb::ServeEvent, Status>>;
 
     /// Hands the call to the test (see [`Fake::serve_calls`]), which reads the offer and

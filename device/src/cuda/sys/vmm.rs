@@ -354,6 +354,11 @@ impl VmmImport {
         self.ptr
     }
 
+    /// The allocation's size.
+    pub fn size(&self) -> u64 {
+        self.size as u64
+    }
+
     /// Synchronous copy from `offset` into `dst`; `total` is the arena's length (at most the
     /// allocation's size).
     pub fn read(&self, offset: u64, dst: &mut [u8], total: u64) -> Result<()> {
