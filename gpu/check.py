@@ -14,6 +14,16 @@ What it checks (each row of the table says PASS/FAIL and the figures):
   gemv         GEMV over the imported mapping vs a private copy (ratio), vs D2D bandwidth
   attach       attach latency p50/p99 over 1000 attaches of a 256-tensor model
   remap        a worker with CUDA_VISIBLE_DEVICES naming the GPU by UUID finds it
+  write (vmm)  a worker's copy and kernel writes into a VMM mapping fail; the server, a worker
+               computing beside it and the device checksums of the weights are unaffected
+  namespaces   a worker in its own PID, IPC and mount namespaces attaches through VMM, correct
+  legacy       a server with --cuda-handles legacy: the same write goes through (a worker's
+               check sees the changed bytes); attach latency beside VMM's
+  server kill -9  4 workers run GEMV in a loop while the server is killed and restarted: every
+               pass stays bit-identical, the restarted server adopts the memory they kept (one
+               copy on the device, not two) and their sessions re-attach
+
+The main server shares arenas through VMM (--cuda-handles auto on a device that supports it).
 """
 
 import argparse
@@ -153,8 +163,8 @@ class Check:
                  f"safetensors load_file {load.get('gbps') or 0:.2f} GB/s; torch IPC p50 "
                  f"{(ipc.get('ipc_baseline_ms') or {}).get('p50') or 0:.1f} ms; pinned H2D {copy.get('h2d_pinned_gbps') or 0:.1f} GB/s")
 
-    def start_server(self):
-        self.server_log = open(os.path.join(self.out, "server.log"), "w")
+    def start_server(self, log_name="server.log"):
+        self.server_log = open(os.path.join(self.out, log_name), "w")
         self.server = subprocess.Popen(
             [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--device", "0", "--unix-socket", self.socket,
              "--handle-socket", os.path.join(self.work, "handles.sock"), "--model-root", os.path.join(self.work, "models"),
@@ -302,6 +312,138 @@ class Check:
         self.row("remap", bool(r.get("ok")), f"worker with CUDA_VISIBLE_DEVICES={uuid[:12]}... found the device by UUID "
                  "(one GPU: the ordinal stays 0)")
 
+    def probe(self, how, address=None):
+        p = subprocess.run([f"{self.bin}/gpu_worker", "write-probe", "--model", "m", "--how", how, "--server",
+                            address or self.address], capture_output=True, text=True, timeout=600, env=self.env)
+        return last_json(p.stdout) or {"result": "no report", "error": p.stderr[-300:]}
+
+    def loop_workers(self, n, secs, address=None):
+        procs = [subprocess.Popen([f"{self.bin}/gpu_worker", "loop", "--model", "m", "--secs", str(secs), "--server",
+                                   address or self.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=self.env) for _ in range(n)]
+        started = [json.loads(p.stdout.readline() or "{}") for p in procs]
+        return procs, started
+
+    @staticmethod
+    def finish(procs):
+        out = []
+        for p in procs:
+            o, e = p.communicate(timeout=600)
+            out.append(last_json(o) or {"ok": False, "error": e[-400:]})
+        return out
+
+    def vmm_writes(self):
+        """Writes through VMM mappings fail, in the writer only."""
+        kind = (self.stats().get("device") or {}).get("backend")
+        procs, started = self.loop_workers(1, 12)
+        memcpy = self.probe("memcpy")
+        kernel = self.probe("kernel")
+        after = last_json(self.worker("check", "--model", "m").communicate(timeout=900)[0]) or {}
+        bystander = self.finish(procs)[0]
+        alive = self.server.poll() is None and bool(self.stats().get("device"))
+        self.results["vmm_writes"] = {"backend": kind, "memcpy": memcpy, "kernel": kernel, "check_after": after,
+                                      "bystander": bystander, "server_alive": alive}
+        ok = (kind == "cuda-vmm" and memcpy.get("read_only") is True and memcpy.get("result") == "CUDA_ERROR_INVALID_VALUE"
+              and "ILLEGAL_ADDRESS" in str(kernel.get("result")) and after.get("ok") and after.get("ms64_checked", 0) > 0
+              and bystander.get("ok") and alive)
+        self.row("write (vmm)", ok,
+                 f"server shares {kind}; copy into the mapping: {memcpy.get('result')}; kernel store: "
+                 f"{kernel.get('result')} (that worker only); afterwards device ms64 of {after.get('ms64_checked')} "
+                 f"tensors and GEMV {'match' if after.get('ok') else 'DO NOT match'}; a worker computing beside it: "
+                 f"{bystander.get('passes')} passes, {bystander.get('bad')} bad; server alive: {alive}")
+
+    def namespaces(self):
+        """A worker in its own PID, IPC and mount namespaces attaches through VMM."""
+        cmd = ["unshare", "--pid", "--ipc", "--mount", "--mount-proc", "--fork", f"{self.bin}/gpu_worker", "check",
+               "--model", "m", "--server", self.address]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=self.env)
+        r = last_json(p.stdout) or {"ok": False, "error": p.stderr[-400:]}
+        self.results["namespaces"] = r
+        self.row("namespaces", bool(r.get("ok")) and r.get("pid") == 1,
+                 f"unshare --pid --ipc --mount --mount-proc: worker pid {r.get('pid')} in its namespace; GEMV and "
+                 f"device ms64 of {r.get('ms64_checked')} tensors {'correct' if r.get('ok') else 'WRONG: ' + str(r.get('error') or r.get('failures'))}")
+
+    def legacy(self):
+        """A legacy-IPC server: a worker's write goes through; attach latency beside VMM's."""
+        sock = os.path.join(self.work, "legacy.sock")
+        address = f"unix:{sock}"
+        with open(os.path.join(self.out, "legacy-server.log"), "w") as lf:
+            srv = subprocess.Popen(
+                [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--cuda-handles", "legacy", "--unix-socket", sock,
+                 "--handle-socket", os.path.join(self.work, "legacy-handles.sock"), "--model-root",
+                 os.path.join(self.work, "models"), "--log-format", "json"], stdout=lf, stderr=lf, env=self.env)
+            try:
+                cli = lambda *a: self.run([f"{self.bin}/modelshare", "--server", address, "--output", "json", *a],  # noqa: E731
+                                          timeout=900)
+                for _ in range(600):
+                    if os.path.exists(sock) and cli("stats").returncode == 0:
+                        break
+                    time.sleep(0.1)
+                kind = ((last_json(cli("stats").stdout) or {}).get("device") or {}).get("backend")
+                cli("load", "m", "m")
+                bench = last_json(self.run([f"{self.bin}/gpu_worker", "attach-bench", "--model", "m", "--n", "1000",
+                                            "--server", address], timeout=900).stdout) or {}
+                memcpy = self.probe("memcpy", address)
+                after = last_json(self.run([f"{self.bin}/gpu_worker", "check", "--model", "m", "--server", address],
+                                           timeout=900).stdout) or {}
+            finally:
+                srv.terminate()
+                try:
+                    srv.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    srv.kill()
+        vmm = self.results.get("attach") or {}
+        ipc = (self.results.get("anchors", {}).get("ipc", {}).get("ipc_baseline_ms") or {})
+        self.results["legacy"] = {"backend": kind, "attach": bench, "memcpy": memcpy, "check_after": after}
+        seen = not after.get("ok") and any("ms64" in f for f in after.get("failures", []))
+        self.row("legacy", kind == "cuda-ipc" and memcpy.get("result") == "ok" and memcpy.get("read_only") is False and seen,
+                 f"--cuda-handles legacy: a worker's copy into its mapping: {memcpy.get('result')}; another worker's "
+                 f"check then {'SEES the change' if seen else 'does not see it'} ({(after.get('failures') or ['-'])[0]}). "
+                 f"Attach p50/p99 over 1000 attaches of {bench.get('tensors')} tensors: legacy "
+                 f"{bench.get('p50_ms') or 0:.3f}/{bench.get('p99_ms') or 0:.3f} ms, VMM {vmm.get('p50_ms') or 0:.3f}/"
+                 f"{vmm.get('p99_ms') or 0:.3f} ms, torch IPC p50 {ipc.get('p50') or 0:.1f} ms")
+
+    def server_kill9(self):
+        """Workers outlive a kill -9 of the server; the restarted server adopts their memory."""
+        procs, started = self.loop_workers(4, 40)
+        before = self.stats()
+        smi = lambda: int(self.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]).stdout.split()[0])  # noqa: E731
+        used_before = smi()
+        time.sleep(3)  # the records name the workers as holders (kept current every 2 s)
+        os.kill(self.server.pid, signal.SIGKILL)
+        self.server.wait(timeout=30)
+        time.sleep(3)
+        used_down = smi()
+        t = time.perf_counter()
+        self.start_server("server-restarted.log")
+        back = None
+        while time.perf_counter() - t < 30:
+            listed = last_json(self.cli("ls").stdout)
+            models = listed if isinstance(listed, list) else (listed or {}).get("models", [])
+            if any(m.get("name") == "m" and m.get("latest_ready") for m in models):
+                back = time.perf_counter() - t
+                break
+            time.sleep(0.2)
+        after = self.stats()
+        reports = self.finish(procs)
+        used_after = smi()
+        log = open(os.path.join(self.out, "server-restarted.log")).read()
+        adopted = "adopted the memory a worker kept" in log
+        model_gib = (self.results.get("load") or {}).get("bytes", 0) / GIB
+        grew = (used_after - used_before) / 1024
+        self.results["server_kill9"] = {"reports": reports, "started": started, "stats_before": before,
+                                        "stats_after": after, "nvidia_smi_mib": [used_before, used_down, used_after],
+                                        "back_s": back, "adopted": adopted}
+        ok = (all(r.get("ok") for r in reports) and all(r.get("reattached") for r in reports) and back is not None
+              and adopted and after.get("arenas") == 1 and grew < model_gib / 2)
+        self.row("server kill -9", ok,
+                 f"4 workers x {sum(r.get('passes', 0) for r in reports)} GEMV passes over 40 s, "
+                 f"{sum(r.get('bad', 0) for r in reports)} differing from the first; server back with m in "
+                 f"{back or 0:.1f} s, memory adopted: {adopted}; sessions re-attached: "
+                 f"{sum(1 for r in reports if r.get('reattached'))}/4; device used {used_before} MiB before, "
+                 f"{used_down} MiB while down, {used_after} MiB after (model {model_gib:.1f} GiB: one copy, not two); "
+                 f"arenas {after.get('arenas')}")
+
     def tenants(self):
         """A server with a tenants file: a tenant's worker checks the model over CUDA IPC with its
         token, a worker without one is refused, and attach latency is compared with the open
@@ -443,6 +585,11 @@ def main():
         c.gemv_bench()
         c.attach_bench()
         c.remap()
+        if want("vmm"):
+            c.vmm_writes()
+            c.namespaces()
+            c.legacy()
+            c.server_kill9()
         c.stop_server()
         if want("tenants"):
             c.tenants()

@@ -20,6 +20,14 @@ pub enum BackendKind {
     CudaVmm,
 }
 
+impl BackendKind {
+    /// Whether a worker's mapping of this kind keeps the memory alive after the server lets it
+    /// go (or dies): kinds passed as descriptors.
+    pub fn outlives_server(self) -> bool {
+        matches!(self, BackendKind::Host | BackendKind::CudaVmm)
+    }
+}
+
 /// What a backend says about its device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {

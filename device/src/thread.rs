@@ -395,15 +395,8 @@ impl DeviceThread {
         let exec = self.shared.exec.clone();
         self.shared.exec.call(move |ctx| {
             let arena = ctx.backend().allocate(len, &label)?;
-            let attach_while_loading = arena.attach_while_loading();
-            let fixed = arena.fixed_export().map(Arc::new);
-            Ok(ArenaHandle {
-                inner: Arc::new(OnDevice::new(arena, exec.clone())),
-                exec,
-                len,
-                attach_while_loading,
-                fixed,
-            })
+            let outlives_server = ctx.backend().info().backend.outlives_server();
+            Ok(ArenaHandle::new(arena, exec, len, outlives_server))
         })
     }
 
@@ -413,15 +406,8 @@ impl DeviceThread {
         let exec = self.shared.exec.clone();
         self.shared.exec.call(move |ctx| {
             let arena = ctx.backend().adopt(fd, alloc_len, len)?;
-            let attach_while_loading = arena.attach_while_loading();
-            let fixed = arena.fixed_export().map(Arc::new);
-            Ok(ArenaHandle {
-                inner: Arc::new(OnDevice::new(arena, exec.clone())),
-                exec,
-                len,
-                attach_while_loading,
-                fixed,
-            })
+            let outlives_server = ctx.backend().info().backend.outlives_server();
+            Ok(ArenaHandle::new(arena, exec, len, outlives_server))
         })
     }
 
@@ -470,9 +456,31 @@ pub struct ArenaHandle {
     attach_while_loading: bool,
     /// The arena's export when it never changes (see [`Arena::fixed_export`]).
     fixed: Option<Arc<Export>>,
+    /// Whether workers' mappings keep the memory alive after the server lets it go (kinds
+    /// passed as descriptors: host, CUDA VMM).
+    outlives_server: bool,
 }
 
 impl ArenaHandle {
+    fn new(arena: Box<dyn Arena>, exec: Executor, len: u64, outlives_server: bool) -> Self {
+        let attach_while_loading = arena.attach_while_loading();
+        let fixed = arena.fixed_export().map(Arc::new);
+        ArenaHandle {
+            inner: Arc::new(OnDevice::new(arena, exec.clone())),
+            exec,
+            len,
+            attach_while_loading,
+            fixed,
+            outlives_server,
+        }
+    }
+
+    /// Whether workers' mappings keep the memory alive after the server lets it go (host
+    /// memfds, CUDA VMM; not legacy IPC).
+    pub fn outlives_server(&self) -> bool {
+        self.outlives_server
+    }
+
     /// The arena's length in bytes.
     pub fn len(&self) -> u64 {
         self.len

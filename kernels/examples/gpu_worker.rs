@@ -7,7 +7,16 @@
 //! - `bench-gemv`: GEMV over every 2-D weight on the imported mapping vs the same weights
 //!   copied into this process's own memory, and the device's copy bandwidth as the anchor.
 //! - `attach-bench`: attach latency (RPC + handle open + event open) over N attaches; CUDA
-//!   context creation measured separately.
+//!   context creation measured separately. Reports the handle kind it got.
+//! - `loop --secs S`: GEMV over every 2-D weight, pass after pass, for S seconds, whatever
+//!   happens to the server: the first pass is checked against the CPU reference (first 4
+//!   matrices), every later pass must equal the first bit for bit. Prints `{"event":"started"}`
+//!   after the first pass; reports passes, bad passes, and whether the session re-attached
+//!   (a server restart).
+//! - `write-probe --how memcpy|kernel`: tries to write into the attached arena, by a host copy
+//!   (cuMemcpyHtoD) or by a kernel (a GEMV whose output is the arena), and reports what the
+//!   driver said. On VMM mappings both must fail (the kernel faults this process only); on
+//!   legacy IPC they succeed.
 //!
 //! Every mode prints one JSON line last.
 //!
@@ -35,6 +44,8 @@ struct Args {
     iters: usize,
     n: usize,
     retry_secs: u64,
+    secs: u64,
+    how: String,
 }
 
 fn args() -> Res<Args> {
@@ -52,6 +63,8 @@ fn args() -> Res<Args> {
         iters: 20,
         n: 1000,
         retry_secs: 60,
+        secs: 30,
+        how: "memcpy".into(),
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -62,6 +75,8 @@ fn args() -> Res<Args> {
             "--iters" => a.iters = val()?.parse()?,
             "--n" => a.n = val()?.parse()?,
             "--retry-secs" => a.retry_secs = val()?.parse()?,
+            "--secs" => a.secs = val()?.parse()?,
+            "--how" => a.how = val()?,
             "--hold" => a.hold = true,
             "--announce" => a.announce = true,
             other => return Err(format!("unknown flag {other}").into()),
@@ -395,6 +410,7 @@ async fn attach_bench(a: &Args) -> Res<serde_json::Value> {
     let first = attach_retrying(&session, a).await?;
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
     let tensors = first.manifest().tensors.len();
+    let first_kind = first.view().kind();
     first.release().await?;
     let mut times = Vec::with_capacity(a.n);
     for _ in 0..a.n {
@@ -405,9 +421,145 @@ async fn attach_bench(a: &Args) -> Res<serde_json::Value> {
     }
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
     let report = serde_json::json!({
-        "mode": "attach-bench", "n": a.n, "tensors": tensors, "context_ms": context_ms,
+        "mode": "attach-bench", "kind": format!("{:?}", first_kind), "n": a.n, "tensors": tensors,
+        "context_ms": context_ms,
         "first_attach_ms": first_ms, "p50_ms": percentile(&mut times, 0.5),
         "p99_ms": percentile(&mut times, 0.99), "mean_ms": mean,
+    });
+    println!("{report}");
+    Ok(report)
+}
+
+/// The driver's name for an error, or "ok".
+fn outcome<T>(r: &Result<T, cudarc::driver::DriverError>) -> String {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(e) => e
+            .error_name()
+            .map_or_else(|_| format!("{e:?}"), |n| n.to_string_lossy().into_owned()),
+    }
+}
+
+async fn gemv_loop(a: &Args) -> Res<serde_json::Value> {
+    let session = Session::open(&a.server, "gemv-loop").await?;
+    let model = attach_retrying(&session, a).await?;
+    let lease_at_start = model.lease_id();
+    let view = model.view();
+    let ctx = view.context().ok_or("not a CUDA model")?.clone();
+    let stream = ctx.new_stream()?;
+    model.wait_ready(&stream)?;
+    let mats = matrices(&model);
+    let cache = KernelCache::new();
+    let bufs = buffers(&stream, &mats)?;
+    enqueue_all(&cache, &stream, &mats, &bufs, None, 0)?;
+    stream.synchronize()?;
+    let first: Vec<Vec<f32>> = bufs
+        .iter()
+        .map(|b| stream.clone_dtoh(&b.y))
+        .collect::<Result<_, _>>()?;
+    let mut first_ok = !mats.is_empty();
+    for (((t, d, r, c), b), y) in mats.iter().zip(&bufs).zip(&first).take(4) {
+        let w = if matches!(d, WeightDtype::BF16) {
+            let view = t.device_view::<half::bf16>(&stream)?;
+            let host: Vec<half::bf16> = stream.clone_dtoh(&view)?;
+            bytemuck::cast_slice(&host).to_vec()
+        } else {
+            t.to_host()?
+        };
+        let err = rel_err(y, &reference_gemv(&w, *d, &b.xs, *r, *c)?);
+        first_ok &= !err.is_nan() && err <= 1e-5;
+    }
+    println!(
+        "{}",
+        serde_json::json!({"event": "started", "pid": std::process::id(), "first_ok": first_ok})
+    );
+    let started = Instant::now();
+    let (mut passes, mut bad, mut errors) = (0u64, 0u64, Vec::<String>::new());
+    while started.elapsed() < Duration::from_secs(a.secs) {
+        let pass = (|| -> Res<bool> {
+            enqueue_all(&cache, &stream, &mats, &bufs, None, 0)?;
+            stream.synchronize()?;
+            for (b, y0) in bufs.iter().zip(&first) {
+                let y = stream.clone_dtoh(&b.y)?;
+                if y.iter().zip(y0).any(|(p, q)| p.to_bits() != q.to_bits()) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })();
+        passes += 1;
+        match pass {
+            Ok(true) => {}
+            Ok(false) => bad += 1,
+            Err(e) => {
+                bad += 1;
+                if errors.len() < 4 {
+                    errors.push(e.to_string());
+                }
+            }
+        }
+    }
+    // A restarted server's session: give the SDK a moment to re-attach if it is about to.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while model.lease_id() == lease_at_start && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let report = serde_json::json!({
+        "mode": "loop", "pid": std::process::id(), "first_ok": first_ok, "passes": passes,
+        "bad": bad, "errors": errors, "seconds": started.elapsed().as_secs_f64(),
+        "reattached": model.lease_id() != lease_at_start, "version": model.version(),
+        "kind": format!("{:?}", view.kind()), "ok": first_ok && bad == 0 && passes > 0,
+    });
+    println!("{report}");
+    Ok(report)
+}
+
+async fn write_probe(a: &Args) -> Res<serde_json::Value> {
+    let session = Session::open(&a.server, "write-probe").await?;
+    let model = attach_retrying(&session, a).await?;
+    let view = model.view();
+    let ctx = view.context().ok_or("not a CUDA model")?.clone();
+    let base = view.device_ptr().ok_or("not a CUDA model")?;
+    let stream = ctx.new_stream()?;
+    model.wait_ready(&stream)?;
+    stream.synchronize()?;
+    ctx.bind_to_thread()?;
+    let result = match a.how.as_str() {
+        "memcpy" => {
+            let junk = [0x5au8; 64];
+            // SAFETY: the destination is the first 64 bytes of the attached arena (at least
+            // that long: it holds the model's tensors). Writing there is what this probe tests;
+            // on a read-only mapping the driver refuses the copy.
+            let r = unsafe { cudarc::driver::result::memcpy_htod_sync(base, &junk) };
+            outcome(&r)
+        }
+        "kernel" => {
+            // A GEMV whose output is the arena's first bytes, reading another matrix: the
+            // launcher refuses an output that overlaps its own input, not one in the arena.
+            let mats = matrices(&model);
+            let (t, d, rows, cols) = mats
+                .into_iter()
+                .find(|(t, _, rows, _)| t.offset() >= (*rows as u64) * 4)
+                .ok_or("no 2-D weight past the arena's first bytes")?;
+            let x = stream.clone_htod(&random_f32(5, cols))?;
+            let (xp, _gx) = x.device_ptr(&stream);
+            let w = t.device_ptr().ok_or("tensor not on the device")?;
+            let cache = KernelCache::new();
+            // SAFETY: w is the tensor's rows*cols elements in the arena; y is the arena's base,
+            // rows*4 bytes that lie in the arena before w (checked above). The store into the
+            // arena is what this probe tests: on a read-only mapping it faults, and only this
+            // process's context is lost.
+            let launched = unsafe { gemv::gemv(&cache, &stream, d, w, xp, base, rows, cols) };
+            match launched {
+                Err(e) => format!("launch: {e}"),
+                Ok(()) => outcome(&stream.synchronize()),
+            }
+        }
+        other => return Err(format!("--how {other}: memcpy or kernel").into()),
+    };
+    let report = serde_json::json!({
+        "mode": "write-probe", "how": a.how, "kind": format!("{:?}", view.kind()),
+        "read_only": view.read_only(), "result": result, "pid": std::process::id(),
     });
     println!("{report}");
     Ok(report)
@@ -421,6 +573,8 @@ async fn main() {
             "check" => check(&a).await.map(|_| ()),
             "bench-gemv" => bench_gemv(&a).await.map(|_| ()),
             "attach-bench" => attach_bench(&a).await.map(|_| ()),
+            "loop" => gemv_loop(&a).await.map(|_| ()),
+            "write-probe" => write_probe(&a).await.map(|_| ()),
             other => Err(format!("unknown mode {other}").into()),
         }
     }

@@ -229,7 +229,10 @@ fn descriptor_set_holds_both_packages() {
 
     let worker = service(&fds, "modelshare.v1", "WorkerService");
     let names: Vec<&str> = worker.method.iter().map(|m| m.name()).collect();
-    assert_eq!(names, ["Session", "Attach", "Release", "Serve"]);
+    assert_eq!(
+        names,
+        ["Session", "Attach", "Release", "Serve", "OfferHeld"]
+    );
     let serve = worker.method.iter().find(|m| m.name() == "Serve").unwrap();
     assert_eq!(serve.input_type(), ".modelshare.v1.ServeRequest");
     assert_eq!(serve.output_type(), ".modelshare.v1.ServeEvent");

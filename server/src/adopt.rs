@@ -52,11 +52,14 @@ async fn adopt(app: &App, record: &HeldRecord, fd: OwnedFd, alloc_len: u64) -> R
         .devices
         .get(&record.device_uuid)
         .ok_or_else(|| format!("this server has no device {}", record.device_uuid))?;
+    let started = std::time::Instant::now();
     let arena = device
         .adopt(fd, alloc_len, record.arena_bytes)
         .await
         .map_err(|e| format!("the memory cannot be taken over: {e}"))?;
+    let imported = started.elapsed();
     check(&arena, record).await?;
+    let checked = started.elapsed() - imported;
     let key: Key = (record.model.clone(), record.version);
     if loaded_from_files(app, &key) {
         app.held.forget(&key);
@@ -70,6 +73,9 @@ async fn adopt(app: &App, record: &HeldRecord, fd: OwnedFd, alloc_len: u64) -> R
         model = %record.model,
         version = record.version,
         bytes = record.arena_bytes,
+        import_seconds = imported.as_secs_f64(),
+        check_seconds = checked.as_secs_f64(),
+        tensors = record.tensors.len(),
         "adopted the memory a worker kept across the restart"
     );
     if claimed {

@@ -60,6 +60,11 @@ pub enum ServerError {
         /// Version number.
         version: u32,
     },
+    /// The model is coming back from memory a worker kept across a restart; retry shortly.
+    #[error(
+        "model '{0}' is being brought back from memory its workers kept across the restart; retry shortly"
+    )]
+    Restoring(String),
     /// Unknown session id (never opened, or already ended).
     #[error("session '{0}' not found")]
     SessionNotFound(String),

@@ -540,9 +540,6 @@ const HELD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// Removes the records of versions whose memory is gone and drops pending records past their
 /// deadline (see [`crate::held`]), until shutdown.
 async fn sweep_held_records(app: App) {
-    if !app.held.enabled() {
-        return;
-    }
     let mut tick = tokio::time::interval(HELD_SWEEP_EVERY);
     loop {
         tokio::select! {
@@ -550,7 +547,20 @@ async fn sweep_held_records(app: App) {
             _ = tick.tick() => {}
         }
         let live = app.registry.live_versions();
-        let held = app.held.clone();
-        let _ = tokio::task::spawn_blocking(move || held.sweep(&live)).await;
+        let (held, registry) = (app.held.clone(), app.registry.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            held.sweep(&live);
+            // Memory revoked workers held: no longer counted once none of them lives.
+            let gone: Vec<u64> = registry
+                .orphans()
+                .into_iter()
+                .filter(|o| !o.holders.iter().any(crate::held::Holder::alive))
+                .map(|o| o.id)
+                .collect();
+            if !gone.is_empty() {
+                registry.forget_orphans(&gone);
+            }
+        })
+        .await;
     }
 }

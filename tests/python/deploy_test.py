@@ -44,7 +44,7 @@ def test_server_daemonset():
     docs = load_yaml("k8s/server-daemonset.yaml")
     ds = by_kind(docs, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
-    assert pod["hostIPC"] is True, "CUDA IPC needs the node's IPC namespace"
+    assert "hostIPC" not in pod and "hostPID" not in pod, "VMM handles need neither"
     c = pod["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -60,6 +60,7 @@ def test_server_daemonset():
     # The tenants file and the TLS files are where their Secrets are mounted.
     import tomllib
     conf = tomllib.loads(cfg)
+    assert conf["cuda_handles"] == "vmm"
     assert conf["tenants_file"].startswith(mounts["tenants"] + "/"), conf["tenants_file"]
     assert conf["tls"]["cert"].startswith(mounts["tls"] + "/")
     assert conf["tls"]["key"].startswith(mounts["tls"] + "/")
@@ -70,7 +71,7 @@ def test_server_daemonset():
 def test_worker_deployment():
     dep = by_kind(load_yaml("k8s/worker-deployment.yaml"), "Deployment")
     pod = dep["spec"]["template"]["spec"]
-    assert pod["hostIPC"] is True
+    assert "hostIPC" not in pod and "hostPID" not in pod
     c = pod["containers"][0]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["MODELSHARE_SERVER"] == "unix:/run/modelshare/grpc.sock"
@@ -87,7 +88,8 @@ def test_worker_deployment():
 def test_compose():
     (doc,) = load_yaml("compose.yaml")
     s, w = doc["services"]["modelshare"], doc["services"]["worker"]
-    assert s["ipc"] == "shareable" and w["ipc"] == "service:modelshare" and w["pid"] == "service:modelshare"
+    assert "ipc" not in s and "ipc" not in w and w["pid"] == "service:modelshare"
+    assert s["command"][s["command"].index("--cuda-handles") + 1] == "vmm"
     for svc in (s, w):
         dev = svc["deploy"]["resources"]["reservations"]["devices"][0]
         assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"]

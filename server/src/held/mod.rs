@@ -37,6 +37,10 @@ use tracing::{info, warn};
 pub use self::record::{FileId, HeldRecord};
 use crate::model::Manifest;
 
+/// How long an offer's memory may take to be imported and checked before another worker's
+/// offer of the same version is wanted instead.
+const OFFER_CHECK_WINDOW: Duration = Duration::from_secs(60);
+
 /// A version: model name and number.
 pub type Key = (String, u32);
 
@@ -49,8 +53,9 @@ struct Pending {
     claimed: bool,
     /// The memory, once a worker's offer was adopted.
     arena: Option<ArenaHandle>,
-    /// An offer ticket outstanding for it.
-    offering: Option<String>,
+    /// Until when an offer of it is under way (a ticket out, or memory being checked): no other
+    /// worker's offer is wanted meanwhile.
+    offering: Option<Instant>,
 }
 
 /// An offer ticket: which record, the allocation's size the worker stated, who may redeem it.
@@ -298,6 +303,16 @@ impl HeldStore {
             .max()
     }
 
+    /// The pending records of `model` (whatever their state).
+    pub fn pending_of(&self, model: &str) -> Vec<HeldRecord> {
+        self.lock()
+            .pending
+            .values()
+            .filter(|p| p.record.model == model)
+            .map(|p| p.record.clone())
+            .collect()
+    }
+
     /// The owner and access of a pending record (to check who may offer for it).
     pub fn pending_record(&self, model: &str, version: u32) -> Option<HeldRecord> {
         self.lock()
@@ -362,7 +377,6 @@ impl HeldStore {
         let key = (model.to_owned(), version);
         let now = Instant::now();
         inner.offers.retain(|_, o| o.expires > now);
-        let outstanding = inner.offers.values().any(|o| o.key == key);
         let p = inner.pending.get_mut(&key).ok_or_else(|| {
             format!(
                 "the server holds no record of version {version} of '{model}' from before a restart"
@@ -386,11 +400,11 @@ impl HeldStore {
                 p.record.arena_bytes
             ));
         }
-        if outstanding {
+        if p.offering.is_some_and(|until| until > now) {
             return Err("another worker's offer of this memory is under way".into());
         }
         let ticket = format!("o-{}", uuid::Uuid::new_v4().simple());
-        p.offering = Some(ticket.clone());
+        p.offering = Some(now + ttl);
         inner.offers.insert(
             ticket.clone(),
             Offer {
@@ -415,16 +429,26 @@ impl HeldStore {
             .offers
             .remove(ticket)
             .ok_or("offer ticket unknown, used or expired")?;
-        if offer.expires <= Instant::now() {
-            return Err("offer ticket expired".into());
-        }
-        if offer.peer_uid.is_some() && peer_uid != offer.peer_uid {
-            return Err("offer ticket issued to another user".into());
+        let refusal = if offer.expires <= Instant::now() {
+            Some("offer ticket expired")
+        } else if offer.peer_uid.is_some() && peer_uid != offer.peer_uid {
+            Some("offer ticket issued to another user")
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            // The ticket is spent: another worker may offer now.
+            if let Some(p) = inner.pending.get_mut(&offer.key) {
+                p.offering = None;
+            }
+            return Err(reason.into());
         }
         let p = inner
             .pending
-            .get(&offer.key)
+            .get_mut(&offer.key)
             .ok_or("the server no longer waits for this memory")?;
+        // Checking the memory takes a moment; other offers wait for its outcome.
+        p.offering = Some(Instant::now() + OFFER_CHECK_WINDOW);
         Ok(Redeemed {
             record: p.record.clone(),
             alloc_len: offer.alloc_len,

@@ -76,15 +76,19 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
         models: stats.models,
         tenants,
         devices: memory,
-        held_by_workers: held_by_workers(held),
+        held_by_workers: held_by_workers(held, registry),
     }
 }
 
-/// The pending versions' bytes, summed per model and device.
-fn held_by_workers(held: &HeldStore) -> Vec<ArenaBytes> {
+/// Memory only workers may hold now, per model and device: versions from before a restart not
+/// yet adopted, and versions force-unloaded while their workers live.
+fn held_by_workers(held: &HeldStore, registry: &Registry) -> Vec<ArenaBytes> {
     let mut sums: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for p in held.pending() {
         *sums.entry((p.model, p.device)).or_default() += p.bytes;
+    }
+    for o in registry.orphans() {
+        *sums.entry((o.model, o.device)).or_default() += o.bytes;
     }
     sums.into_iter()
         .map(|((model, device), bytes)| ArenaBytes {

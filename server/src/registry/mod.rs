@@ -182,6 +182,16 @@ impl Registry {
         live
     }
 
+    /// Memory let go of while revoked workers may still map it.
+    pub fn orphans(&self) -> Vec<Orphan> {
+        self.lock().orphans.clone()
+    }
+
+    /// Forgets the orphans with these ids (none of their processes lives any more).
+    pub fn forget_orphans(&self, ids: &[u64]) {
+        self.lock().orphans.retain(|o| !ids.contains(&o.id));
+    }
+
     /// The owner and access of `model`.
     pub fn ownership(&self, model: &str) -> Option<(Option<String>, crate::tenants::Access)> {
         let st = self.lock();

@@ -105,6 +105,10 @@ pub(super) struct State {
     /// Arenas held or reserved.
     pub(super) arenas: u32,
     pub(super) shutting_down: bool,
+    /// Memory let go of while revoked workers may still map it.
+    pub(super) orphans: Vec<super::types::Orphan>,
+    /// Last orphan id handed out.
+    pub(super) orphan_ids: u64,
     /// Last model generation handed out.
     pub(super) generations: u64,
     /// What sections release, dropped right after the lock is.

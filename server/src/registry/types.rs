@@ -185,6 +185,27 @@ pub struct WorkerHello {
     /// The pid the kernel reports for the session's Unix-socket peer, in the server's pid
     /// namespace (none over TCP).
     pub peer_pid: Option<u32>,
+    /// That process's start time (see [`crate::held::Holder`]), read when the session opened.
+    pub peer_start: Option<u64>,
+}
+
+/// Memory the server let go of while workers may still map it: a version force-unloaded (its
+/// sessions revoked) on a kind whose mappings keep the memory alive. Counted as held by
+/// workers, and against `max_total_bytes`, until none of the processes lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// Distinguishes orphans of the same version number.
+    pub id: u64,
+    /// Model name.
+    pub model: String,
+    /// Version number.
+    pub version: u32,
+    /// The arena's bytes.
+    pub bytes: u64,
+    /// The device it is on.
+    pub device: String,
+    /// The worker processes that held leases on it when their sessions were revoked.
+    pub holders: Vec<crate::held::Holder>,
 }
 
 /// A session, as reported to the admin.

@@ -63,10 +63,14 @@ impl State {
         }
         let (owner, new_model) = self.resolve_owner(req.caller, req.load_for, model)?;
         if let Some(limit) = max_total_bytes {
-            let requested = self.arena_bytes.saturating_add(bytes);
+            // Memory revoked workers may still map is on the device as much as the server's.
+            let requested = self
+                .arena_bytes
+                .saturating_add(self.orphan_bytes())
+                .saturating_add(bytes);
             if requested > limit {
                 return Err(ServerError::LimitExceeded {
-                    what: "arena bytes held by the server".into(),
+                    what: "arena bytes held by the server and by revoked workers".into(),
                     limit,
                     requested,
                 });
@@ -267,6 +271,7 @@ impl State {
             .collect();
         holders.sort();
         holders.dedup();
+        self.note_orphan(model, version, &holders);
         for s in &holders {
             if let Some(rec) = self.sessions.remove(s) {
                 for lease in &rec.leases {
@@ -276,6 +281,50 @@ impl State {
             }
         }
         holders.len()
+    }
+
+    /// The memory of `model`@`version` is about to be let go of while the sessions `holders`,
+    /// being revoked, may still map it: counted as held by workers while their processes live
+    /// (kinds whose mappings outlive the server's handle only).
+    fn note_orphan(&mut self, model: &str, version: u32, holders: &[String]) {
+        let Some(v) = self
+            .models
+            .get(model)
+            .and_then(|m| m.versions.get(&version))
+        else {
+            return;
+        };
+        if !v.arena.as_ref().is_some_and(|a| a.outlives_server()) {
+            return;
+        }
+        let procs: Vec<crate::held::Holder> = holders
+            .iter()
+            .filter_map(|s| self.sessions.get(s))
+            .filter_map(|s| {
+                Some(crate::held::Holder {
+                    pid: s.hello.peer_pid?,
+                    start: s.hello.peer_start?,
+                })
+            })
+            .collect();
+        if procs.is_empty() {
+            return;
+        }
+        let (bytes, device) = (v.arena_bytes, v.device.clone());
+        self.orphan_ids += 1;
+        self.orphans.push(super::types::Orphan {
+            id: self.orphan_ids,
+            model: model.to_owned(),
+            version,
+            bytes,
+            device,
+            holders: procs,
+        });
+    }
+
+    /// Bytes of the orphans (see [`super::types::Orphan`]).
+    pub(super) fn orphan_bytes(&self) -> u64 {
+        self.orphans.iter().map(|o| o.bytes).sum()
     }
 
     /// Removes a lease (and its ticket); frees its version if it was draining, its load has

@@ -229,7 +229,8 @@ impl AdminService for AdminApi {
         };
         reply.requests_outstanding = u32::try_from(outstanding).unwrap_or(u32::MAX);
         if caller.is_admin() {
-            reply.held_by_workers_bytes = self.app.held.held_by_workers_bytes();
+            let orphaned: u64 = registry.orphans().iter().map(|o| o.bytes).sum();
+            reply.held_by_workers_bytes = self.app.held.held_by_workers_bytes() + orphaned;
         }
         let table = self.app.tenants.current();
         reply.tenants = table

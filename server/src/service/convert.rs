@@ -324,6 +324,7 @@ impl TryFrom<pb::Hello> for WorkerHello {
             pid: h.pid,
             labels: h.labels.into_iter().collect(),
             peer_pid: None,
+            peer_start: None,
         })
     }
 }

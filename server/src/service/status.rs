@@ -43,9 +43,10 @@ impl From<ServerError> for Status {
             ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
             ServerError::Device(_) => Code::Internal,
             ServerError::LoadCancelled { .. } => Code::Aborted,
-            ServerError::ShuttingDown | ServerError::Starting | ServerError::Allocating { .. } => {
-                Code::Unavailable
-            }
+            ServerError::ShuttingDown
+            | ServerError::Starting
+            | ServerError::Allocating { .. }
+            | ServerError::Restoring(_) => Code::Unavailable,
             ServerError::Unauthenticated(_) => Code::Unauthenticated,
             ServerError::PermissionDenied(_) => Code::PermissionDenied,
             ServerError::NameTaken(_) => Code::AlreadyExists,

@@ -32,6 +32,28 @@ pub struct WorkerApi {
 }
 
 impl WorkerApi {
+    /// A model not found (or without a ready version) that the server is bringing back from
+    /// memory workers kept is `Restoring` (UNAVAILABLE: retry), not NOT_FOUND.
+    fn restoring_or(&self, caller: &Caller, model: &str, e: ServerError) -> ServerError {
+        let absent = matches!(
+            e,
+            ServerError::ModelNotFound(_)
+                | ServerError::VersionNotFound { .. }
+                | ServerError::NoReadyVersion(_)
+        );
+        if absent
+            && self
+                .app
+                .held
+                .pending_of(model)
+                .iter()
+                .any(|r| crate::tenants::policy::may_see(r.owner.as_deref(), &r.access(), caller))
+        {
+            return ServerError::Restoring(model.to_owned());
+        }
+        e
+    }
+
     /// The service over `app`.
     pub fn new(app: App) -> Self {
         Self { app }
@@ -216,7 +238,7 @@ impl WorkerApi {
         let registry = &self.app.registry;
         let att = registry
             .attach(caller, &req.session_id, &req.model, req.version)
-            .map_err(|e| self.app.refuse(e))?;
+            .map_err(|e| self.app.refuse(self.restoring_or(caller, &req.model, e)))?;
         // Exported on the device thread; the lease is given back if that fails.
         let mut export = match att.arena.export().await {
             Ok(export) => export,

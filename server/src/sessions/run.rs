@@ -38,6 +38,10 @@ pub fn open(
 ) -> Result<Outbound, ServerError> {
     let mut hello = hello;
     hello.peer_pid = peer.pid();
+    hello.peer_start = peer
+        .pid()
+        .and_then(crate::held::Holder::of)
+        .map(|h| h.start);
     let opened = match app.registry.open_session(&caller, hello.clone()) {
         Ok(o) => o,
         Err(e) => {

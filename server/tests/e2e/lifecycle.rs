@@ -768,3 +768,100 @@ async fn a_restart_without_holders_does_not_wait() {
         server.log()
     );
 }
+
+/// Two workers hold a model an admin loaded (no start-up model); after a `kill -9` and a
+/// restart, one worker's offer brings the version back and both sessions re-attach it. Fails if
+/// a worker whose offer was not the one taken is told the model does not exist (NOT_FOUND
+/// while it is being brought back, instead of UNAVAILABLE: retry) and gives it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_reattaches_a_model_brought_back_from_memory() {
+    let mut server = Server::start_with(&[], |root| write_small(root, "m", 3)).await;
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load");
+    let mut a = common::Worker::start(&server, "m", "a");
+    let mut b = common::Worker::start(&server, "m", "b");
+    wait_until_recorded_holder(&server, a.pid()).await;
+    wait_until_recorded_holder(&server, b.pid()).await;
+    assert!(!server.stop_with("KILL").success());
+    server.spawn();
+    server.wait_ready().await;
+    for w in [&mut a, &mut b] {
+        let mut seen = Vec::new();
+        loop {
+            let ev = w.next_event();
+            seen.push(ev["event"].as_str().unwrap_or("").to_owned());
+            assert_ne!(ev["event"], "model_gone", "{seen:?} {ev}\n{}", server.log());
+            if ev["event"] == "reattached" {
+                break;
+            }
+            assert!(seen.len() < 6, "{seen:?}");
+        }
+    }
+    let mut admin = server.admin().await;
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.leases, s.held_by_workers_bytes), (1, 2, 0));
+}
+
+/// A force-unloaded version that a live worker may still map (host memory outlives the
+/// server's handle) is counted as held by workers and against `--max-total-bytes` until that
+/// worker exits. Fails if the memory vanishes from the accounting at the unload (and a second
+/// model is admitted past the limit), or stays counted after the worker is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_revoked_worker_keeps_is_counted_until_it_exits() {
+    // Each small model's arena is 16,640 bytes: room for one, not two.
+    let mut server = Server::start_with(
+        &[
+            "--max-total-bytes",
+            "20000",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        |root| {
+            write_small(root, "m", 1);
+            write_small(root, "n", 2);
+        },
+    )
+    .await;
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load m");
+    let keeper = common::Worker::start(&server, "m", "keeper");
+    admin
+        .unload_model(pb::UnloadModelRequest {
+            name: "m".into(),
+            version: 0,
+            force: true,
+            drain_timeout_ms: 0,
+        })
+        .await
+        .expect("force unload");
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.held_by_workers_bytes), (0, 16640));
+    let refused = common::load(&mut admin, "n", "n")
+        .await
+        .expect_err("past the limit");
+    assert!(
+        refused.message().contains("revoked workers"),
+        "{}",
+        refused.message()
+    );
+    let (_, metrics) = common::http_get(&server.metrics_address(), "/metrics");
+    assert!(
+        metrics.contains(r#"modelshare_held_by_workers_bytes{device="host",model="m"} 16640"#),
+        "{metrics}"
+    );
+
+    drop(keeper);
+    common::eventually(
+        Duration::from_secs(10),
+        "the exited worker's memory no longer counted",
+        || {
+            let mut admin = admin.clone();
+            async move { common::stats(&mut admin).await.held_by_workers_bytes == 0 }
+        },
+    )
+    .await;
+    common::load(&mut admin, "n", "n")
+        .await
+        .expect("admitted once the worker is gone");
+    server.stop_with("TERM");
+}
