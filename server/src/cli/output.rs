@@ -333,6 +333,9 @@ pub fn describe(r: &pb::DescribeModelResponse, out: OutputFormat) {
             print_json(&json!({
                 "model": r.model.as_ref().map(model_json),
                 "manifest": manifest,
+                "device": r.device.as_ref().map(|d| json!({
+                    "uuid": d.uuid, "name": d.name, "backend": backend_name(d.backend),
+                })),
             }));
         }
         OutputFormat::Table => {
@@ -341,11 +344,21 @@ pub fn describe(r: &pb::DescribeModelResponse, out: OutputFormat) {
             }
             if let Some(m) = &r.manifest {
                 say!(
-                    "version {}: {} tensors in a {} arena, aligned to {} bytes",
+                    "version {}: {} tensors in a {} arena, aligned to {} bytes{}",
                     m.version,
                     m.tensors.len(),
                     human_bytes(m.arena_bytes),
-                    m.alignment
+                    m.alignment,
+                    r.device.as_ref().map_or(String::new(), |d| format!(
+                        ", on {} ({}: workers map it {})",
+                        d.uuid,
+                        backend_name(d.backend),
+                        if d.backend == pb::BackendKind::CudaIpc as i32 {
+                            "WRITABLE"
+                        } else {
+                            "read-only"
+                        }
+                    ))
                 );
                 let mut t = table(&["TENSOR", "DTYPE", "SHAPE", "OFFSET", "BYTES", "XXH3"]);
                 for x in tensors {

@@ -60,6 +60,7 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
         let used = devices.used_bytes(&info.uuid).await;
         let held = held_by_device.get(&info.uuid).copied().unwrap_or(0);
         memory.push(DeviceMemory {
+            handles: crate::service::convert::handles_name(info.backend),
             total_bytes: info.total_bytes,
             // Where the device reports none (host memory), what the arenas hold on it.
             used_bytes: used.unwrap_or(held),

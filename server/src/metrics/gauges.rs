@@ -51,4 +51,6 @@ pub struct DeviceMemory {
     pub total_bytes: u64,
     /// In use as the device reports it (CUDA); arena bytes where it reports nothing (host).
     pub used_bytes: u64,
+    /// How its arenas are shared with workers: `cuda-vmm`, `cuda-ipc` or `host`.
+    pub handles: &'static str,
 }

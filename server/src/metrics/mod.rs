@@ -64,6 +64,7 @@ pub struct Metrics {
     sessions: IntGaugeVec,
     leases: IntGaugeVec,
     device_total: IntGaugeVec,
+    device_info: IntGaugeVec,
     device_used: IntGaugeVec,
 }
 
@@ -245,6 +246,12 @@ impl Metrics {
                 "Device memory in use as the device reports it (CUDA); arena bytes on the host backend. By device.",
                 &["device"],
             )?,
+            device_info: gauge_vec(
+                "modelshare_device_info",
+                "1 per device, labelled with how its arenas are shared with workers (handles: \
+                 cuda-vmm, cuda-ipc or host).",
+                &["device", "handles"],
+            )?,
             registry,
         })
     }
@@ -283,6 +290,12 @@ impl Metrics {
             self.leases
                 .with_label_values(&[t.tenant.as_str()])
                 .set(i64::from(t.leases));
+        }
+        self.device_info.reset();
+        for d in &values.devices {
+            self.device_info
+                .with_label_values(&[d.device.as_str(), d.handles])
+                .set(1);
         }
         self.device_total.reset();
         self.device_used.reset();
@@ -345,6 +358,7 @@ mod tests {
             devices: devices
                 .iter()
                 .map(|(device, total, used)| DeviceMemory {
+                    handles: "cuda-vmm",
                     device: (*device).to_owned(),
                     total_bytes: *total,
                     used_bytes: *used,
@@ -380,6 +394,7 @@ mod tests {
             r#"modelshare_device_memory_total_bytes{device="GPU-1"} 1000"#,
             r#"modelshare_device_memory_used_bytes{device="GPU-1"} 600"#,
             r#"modelshare_held_by_workers_bytes{device="GPU-0",model="old"} 2048"#,
+            r#"modelshare_device_info{device="GPU-1",handles="cuda-vmm"} 1"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

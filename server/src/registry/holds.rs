@@ -39,12 +39,14 @@ impl Registry {
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let revocation = Arc::new(Revocation::default());
+        let opened_seq = st.event_seq;
         st.sessions.insert(
             id.clone(),
             SessionRecord {
                 tenant: caller.tenant().map(str::to_owned),
                 hello,
                 opened_unix_ms: now_unix_ms(),
+                opened_seq,
                 leases: Vec::new(),
                 revocation: revocation.clone(),
             },

@@ -182,6 +182,20 @@ impl Registry {
         live
     }
 
+    /// Whether version `version` of `model` became ready after `session` opened: a session
+    /// hears only of versions that became ready while it was open (not of one whose event was
+    /// still on its way when it opened).
+    pub fn ready_since_open(&self, session: &str, model: &str, version: u32) -> bool {
+        let st = self.lock();
+        let Some(opened) = st.sessions.get(session).map(|s| s.opened_seq) else {
+            return false;
+        };
+        st.models
+            .get(model)
+            .and_then(|m| m.versions.get(&version))
+            .is_some_and(|v| v.ready_seq > opened)
+    }
+
     /// Memory let go of while revoked workers may still map it.
     pub fn orphans(&self) -> Vec<Orphan> {
         self.lock().orphans.clone()

@@ -31,6 +31,8 @@ pub(super) struct VersionRecord {
     pub(super) progress: Arc<LoadProgress>,
     pub(super) leases: u32,
     pub(super) keep_previous: bool,
+    /// When it became ready, in the registry's event order (0: not ready yet).
+    pub(super) ready_seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +93,8 @@ pub(super) struct SessionRecord {
     pub(super) tenant: Option<String>,
     pub(super) hello: WorkerHello,
     pub(super) opened_unix_ms: i64,
+    /// The registry's event order when the session opened: it hears of later events only.
+    pub(super) opened_seq: u64,
     pub(super) leases: Vec<String>,
     pub(super) revocation: Arc<Revocation>,
 }
@@ -109,6 +113,8 @@ pub(super) struct State {
     pub(super) orphans: Vec<super::types::Orphan>,
     /// Last orphan id handed out.
     pub(super) orphan_ids: u64,
+    /// Orders version readiness against session openings.
+    pub(super) event_seq: u64,
     /// Last model generation handed out.
     pub(super) generations: u64,
     /// What sections release, dropped right after the lock is.

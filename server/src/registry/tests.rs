@@ -306,3 +306,24 @@ fn attach_latest_takes_a_first_version_still_loading() {
         assert_ne!(second.version, first.version);
     }
 }
+
+/// A session opened after a version became ready no longer skips that version's (late)
+/// VersionReady event, or one opened before it no longer hears of it.
+#[test]
+fn sessions_hear_only_of_versions_ready_after_they_opened() {
+    let probe = Arc::new(Probe::default());
+    let device = probe_device(&probe);
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    let early = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("session");
+    loaded(&registry, &device, "m");
+    let late = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("session");
+    assert!(registry.ready_since_open(&early.id, "m", 1));
+    assert!(!registry.ready_since_open(&late.id, "m", 1));
+    loaded(&registry, &device, "m");
+    assert!(registry.ready_since_open(&late.id, "m", 2));
+}

@@ -129,6 +129,7 @@ impl State {
                 progress: progress.clone(),
                 leases: 0,
                 keep_previous: req.keep_previous,
+                ready_seq: 0,
             },
         );
         Ok(version)
@@ -150,6 +151,12 @@ impl State {
             (VersionState::Loading, Ok(manifest)) => {
                 v.manifest = Arc::new(manifest);
                 v.state = VersionState::Ready;
+                self.event_seq += 1;
+                let seq = self.event_seq;
+                let Some(v) = self.version_mut(model, version) else {
+                    return;
+                };
+                v.ready_seq = seq;
                 let keep_previous = v.keep_previous;
                 events.push(ModelEvent::VersionReady {
                     model: model.to_owned(),

@@ -197,9 +197,11 @@ impl AdminService for AdminApi {
             .app
             .registry
             .describe(&caller, &req.name, req.version)?;
+        let device = self.app.devices.primary();
         Ok(Response::new(pb::DescribeModelResponse {
             model: Some(convert::model_for(&caller, &model)),
             manifest: manifest.map(|m| convert::manifest(&m)),
+            device: Some(convert::device(device.info())),
         }))
     }
 

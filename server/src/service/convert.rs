@@ -159,6 +159,16 @@ pub struct Ticket {
     pub ttl: std::time::Duration,
 }
 
+/// The wire name of a backend kind ("host", "cuda-ipc", "cuda-vmm"), as the CLI and the
+/// metrics show it.
+pub fn handles_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Host => "host",
+        BackendKind::CudaIpc => "cuda-ipc",
+        BackendKind::CudaVmm => "cuda-vmm",
+    }
+}
+
 /// The attach reply's handle for `export` (whose descriptor, if any, was filed under
 /// `ticket`): the one place that knows which `oneof` arm each kind of handle takes.
 pub fn attach_handle(

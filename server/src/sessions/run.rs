@@ -164,7 +164,10 @@ fn session_event(ev: ModelEvent) -> pb::session_event::Kind {
 /// (others' names must not leak), and draining only of versions it holds.
 fn relevant(app: &App, live: &Live, ev: &ModelEvent) -> bool {
     match ev {
-        ModelEvent::VersionReady { model, .. } => app.registry.visible(live.caller(), model),
+        ModelEvent::VersionReady { model, version } => {
+            app.registry.visible(live.caller(), model)
+                && app.registry.ready_since_open(live.id(), model, *version)
+        }
         ModelEvent::VersionDraining { model, version } => {
             app.registry.session_holds(live.id(), model, *version)
         }
