@@ -284,15 +284,7 @@ async fn check(a: &Args) -> Res<serde_json::Value> {
     let mut worst = 0f64;
     for ((t, d, r, c), b) in mats.iter().zip(&bufs) {
         let y = stream.clone_dtoh(&b.y)?;
-        // bf16 weights come back through the SDK's typed device view (cudarc's DevicePtr);
-        // the others through to_host().
-        let w = if matches!(d, WeightDtype::BF16) {
-            let view = t.device_view::<half::bf16>(&stream)?;
-            let host: Vec<half::bf16> = stream.clone_dtoh(&view)?;
-            bytemuck::cast_slice(&host).to_vec()
-        } else {
-            t.to_host()?
-        };
+        let w = host_weights(t, *d, &stream)?;
         let reference = reference_gemv(&w, *d, &b.xs, *r, *c)?;
         let err = rel_err(&y, &reference);
         // The reference reads the same rounded weights and accumulates in f64: the only error
@@ -332,15 +324,38 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.get(i).copied().unwrap_or(f64::NAN)
 }
 
-async fn bench_gemv(a: &Args) -> Res<serde_json::Value> {
-    let session = Session::open(&a.server, "gpu-bench").await?;
+/// Opens a session as `name`, attaches (retrying), and makes a stream wait for the load: the
+/// model, its context's stream, and the arena's base address.
+async fn attached_on_device(
+    a: &Args,
+    name: &str,
+) -> Res<(Session, Model, Arc<CudaStream>, u64)> {
+    let session = Session::open(&a.server, name).await?;
     let model = attach_retrying(&session, a).await?;
     let view = model.view();
     let ctx = view.context().ok_or("not a CUDA model")?.clone();
-    let arena_base = view.device_ptr().ok_or("not a CUDA model")?;
+    let base = view.device_ptr().ok_or("not a CUDA model")?;
     let stream = ctx.new_stream()?;
     model.wait_ready(&stream)?;
     stream.synchronize()?;
+    Ok((session, model, stream, base))
+}
+
+/// A weight's bytes on the host, as the CPU reference reads them (bf16
+/// through the SDK's typed device view, the others through `to_host`).
+fn host_weights(t: &Tensor, d: WeightDtype, stream: &Arc<CudaStream>) -> Res<Vec<u8>> {
+    Ok(if matches!(d, WeightDtype::BF16) {
+        let view = t.device_view::<half::bf16>(stream)?;
+        let host: Vec<half::bf16> = stream.clone_dtoh(&view)?;
+        bytemuck::cast_slice(&host).to_vec()
+    } else {
+        t.to_host()?
+    })
+}
+
+async fn bench_gemv(a: &Args) -> Res<serde_json::Value> {
+    let (_session, model, stream, arena_base) = attached_on_device(a, "gpu-bench").await?;
+    let ctx = stream.context().clone();
     let mats = matrices(&model);
     let weight_bytes: u64 = mats.iter().map(|(t, ..)| t.byte_length()).sum();
     let cache = KernelCache::new();
@@ -441,13 +456,9 @@ fn outcome<T>(r: &Result<T, cudarc::driver::DriverError>) -> String {
 }
 
 async fn gemv_loop(a: &Args) -> Res<serde_json::Value> {
-    let session = Session::open(&a.server, "gemv-loop").await?;
-    let model = attach_retrying(&session, a).await?;
+    let (_session, model, stream, _) = attached_on_device(a, "gemv-loop").await?;
     let lease_at_start = model.lease_id();
     let view = model.view();
-    let ctx = view.context().ok_or("not a CUDA model")?.clone();
-    let stream = ctx.new_stream()?;
-    model.wait_ready(&stream)?;
     let mats = matrices(&model);
     let cache = KernelCache::new();
     let bufs = buffers(&stream, &mats)?;
@@ -459,13 +470,7 @@ async fn gemv_loop(a: &Args) -> Res<serde_json::Value> {
         .collect::<Result<_, _>>()?;
     let mut first_ok = !mats.is_empty();
     for (((t, d, r, c), b), y) in mats.iter().zip(&bufs).zip(&first).take(4) {
-        let w = if matches!(d, WeightDtype::BF16) {
-            let view = t.device_view::<half::bf16>(&stream)?;
-            let host: Vec<half::bf16> = stream.clone_dtoh(&view)?;
-            bytemuck::cast_slice(&host).to_vec()
-        } else {
-            t.to_host()?
-        };
+        let w = host_weights(t, *d, &stream)?;
         let err = rel_err(y, &reference_gemv(&w, *d, &b.xs, *r, *c)?);
         first_ok &= !err.is_nan() && err <= 1e-5;
     }
@@ -515,15 +520,9 @@ async fn gemv_loop(a: &Args) -> Res<serde_json::Value> {
 }
 
 async fn write_probe(a: &Args) -> Res<serde_json::Value> {
-    let session = Session::open(&a.server, "write-probe").await?;
-    let model = attach_retrying(&session, a).await?;
+    let (_session, model, stream, base) = attached_on_device(a, "write-probe").await?;
     let view = model.view();
-    let ctx = view.context().ok_or("not a CUDA model")?.clone();
-    let base = view.device_ptr().ok_or("not a CUDA model")?;
-    let stream = ctx.new_stream()?;
-    model.wait_ready(&stream)?;
-    stream.synchronize()?;
-    ctx.bind_to_thread()?;
+    stream.context().bind_to_thread()?;
     let result = match a.how.as_str() {
         "memcpy" => {
             let junk = [0x5au8; 64];

@@ -10,15 +10,13 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
 use crate::error::{DeviceError, Result};
 
+mod common;
 mod vmm;
+use common::{bind, check, driver};
 pub use vmm::{VmmImport, fd_handles_supported};
 
 /// Size of a legacy IPC handle (memory or event).
 pub const IPC_HANDLE_BYTES: usize = 64;
-
-fn driver(op: &'static str) -> impl Fn(DriverError) -> DeviceError {
-    move |e| DeviceError::Cuda { op, source: e }
-}
 
 /// Whether the CUDA driver library (`libcuda.so`) can be loaded. Must be checked before any
 /// other call here: cudarc panics when the library is missing.
@@ -71,14 +69,6 @@ pub fn device_uuid(ordinal: usize) -> Result<String> {
     ))
 }
 
-fn check(op: &'static str, offset: u64, len: usize, total: u64) -> Result<()> {
-    crate::backend::check_range(op, offset, len, total)
-}
-
-fn bind(ctx: &CudaContext) -> Result<()> {
-    ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
-}
-
 /// A device allocation (`cuMemAlloc`, or `cuMemCreate` for VMM), freed on drop. Every access
 /// is range-checked.
 #[derive(Debug)]
@@ -124,6 +114,55 @@ impl DeviceMemory {
             len,
             vmm: None,
         })
+    }
+
+    /// Allocates `len` bytes (rounded up to the granularity) with `cuMemCreate`, exportable as
+    /// a file descriptor ([`DeviceMemory::export_fd`]), mapped read-write for this process.
+    pub fn alloc_vmm(ctx: &Arc<CudaContext>, len: u64) -> Result<Self> {
+        let (vmm, ptr) = vmm::VmmAlloc::create(ctx, len)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            vmm: Some(vmm),
+        })
+    }
+
+    /// Another process's VMM allocation of `size` bytes, imported from `fd` and mapped
+    /// read-write for this process: a restarted server taking over an arena a worker kept
+    /// alive. `len` is the arena's length inside it.
+    pub fn import_vmm(
+        ctx: &Arc<CudaContext>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: u64,
+        len: u64,
+    ) -> Result<Self> {
+        if len > size {
+            return Err(DeviceError::BadHandle {
+                reason: format!("the allocation ({size} bytes) is smaller than the arena ({len})"),
+            });
+        }
+        let (vmm, ptr) = vmm::VmmAlloc::import(ctx, fd, size)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            vmm: Some(vmm),
+        })
+    }
+
+    /// The allocation's size (`len` rounded up to the granularity), for VMM memory.
+    pub fn vmm_size(&self) -> Option<u64> {
+        self.vmm.as_ref().map(vmm::VmmAlloc::size)
+    }
+
+    /// A new file descriptor for the allocation (VMM memory only), to pass to a worker.
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        let vmm = self.vmm.as_ref().ok_or(DeviceError::Unsupported {
+            what: "a descriptor for memory not allocated with cuMemCreate".into(),
+        })?;
+        bind(&self.ctx)?;
+        vmm.export_fd()
     }
 
     /// The device address.
@@ -207,7 +246,7 @@ impl Drop for DeviceMemory {
             return;
         }
         if let Some(vmm) = &self.vmm {
-            self.free_vmm(vmm);
+            vmm.free(self.ptr);
             return;
         }
         // SAFETY: the allocation is ours and nothing in this process uses it after drop.

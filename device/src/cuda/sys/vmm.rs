@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
 use cudarc::driver::{CudaContext, DriverError};
 
-use super::{DeviceMemory, bind, driver};
+use super::common::{bind, check, driver};
 use crate::error::{DeviceError, Result};
 
 /// The one handle type used: a POSIX file descriptor, passed by `SCM_RIGHTS`.
@@ -151,10 +151,10 @@ fn release(handle: CUmemGenericAllocationHandle) {
     }
 }
 
-impl DeviceMemory {
+impl VmmAlloc {
     /// Allocates `len` bytes (rounded up to the granularity) with `cuMemCreate`, exportable as
-    /// a file descriptor, mapped read-write for this process.
-    pub fn alloc_vmm(ctx: &Arc<CudaContext>, len: u64) -> Result<Self> {
+    /// a file descriptor, mapped read-write in `ctx`: the allocation and its address.
+    pub(super) fn create(ctx: &Arc<CudaContext>, len: u64) -> Result<(Self, CUdeviceptr)> {
         let ordinal = ctx.ordinal();
         let size = rounded(len, granularity(ordinal)?).ok_or(DeviceError::AllocationFailed {
             bytes: len,
@@ -171,84 +171,58 @@ impl DeviceMemory {
         unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) }
             .result()
             .map_err(oom_or("cuMemCreate", len))?;
-        let ptr = match reserve_and_map(
+        match reserve_and_map(
             handle,
             size,
             p.location.id,
             sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         ) {
-            Ok(ptr) => ptr,
+            Ok(ptr) => Ok((VmmAlloc { handle, size }, ptr)),
             Err(e) => {
                 release(handle);
-                return Err(e);
+                Err(e)
             }
-        };
-        Ok(Self {
-            ctx: ctx.clone(),
-            ptr,
-            len,
-            vmm: Some(VmmAlloc { handle, size }),
-        })
+        }
     }
 
-    /// Another process's VMM allocation of `size` bytes, imported from `fd` and mapped
-    /// read-write for this process: a restarted server taking over an arena a worker kept
-    /// alive. `len` is the arena's length inside it.
-    pub fn import_vmm(
+    /// Another process's allocation of `size` bytes, imported from `fd` and mapped read-write
+    /// in `ctx` (a restarted server taking over an arena a worker kept alive).
+    pub(super) fn import(
         ctx: &Arc<CudaContext>,
         fd: BorrowedFd<'_>,
         size: u64,
-        len: u64,
-    ) -> Result<Self> {
-        let size_us = checked_size(ctx.ordinal(), size)?;
-        if len > size {
-            return Err(DeviceError::BadHandle {
-                reason: format!("the allocation ({size} bytes) is smaller than the arena ({len})"),
-            });
-        }
+    ) -> Result<(Self, CUdeviceptr)> {
+        let size = checked_size(ctx.ordinal(), size)?;
         bind(ctx)?;
         let handle = import_handle(fd)?;
-        let ptr = match reserve_and_map(
+        match reserve_and_map(
             handle,
-            size_us,
+            size,
             i32::try_from(ctx.ordinal()).unwrap_or(0),
             sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         ) {
-            Ok(ptr) => ptr,
+            Ok(ptr) => Ok((VmmAlloc { handle, size }, ptr)),
             Err(e) => {
                 release(handle);
-                return Err(e);
+                Err(e)
             }
-        };
-        Ok(Self {
-            ctx: ctx.clone(),
-            ptr,
-            len,
-            vmm: Some(VmmAlloc {
-                handle,
-                size: size_us,
-            }),
-        })
+        }
     }
 
-    /// The allocation's size (`len` rounded up to the granularity), for VMM memory.
-    pub fn vmm_size(&self) -> Option<u64> {
-        self.vmm.as_ref().map(|v| v.size as u64)
+    /// The allocation's size.
+    pub(super) fn size(&self) -> u64 {
+        self.size as u64
     }
 
-    /// A new file descriptor for the allocation (VMM memory only), to pass to a worker.
-    pub fn export_fd(&self) -> Result<OwnedFd> {
-        let vmm = self.vmm.as_ref().ok_or(DeviceError::Unsupported {
-            what: "a descriptor for memory not allocated with cuMemCreate".into(),
-        })?;
-        bind(&self.ctx)?;
+    /// A new file descriptor for the allocation (the context must be bound).
+    pub(super) fn export_fd(&self) -> Result<OwnedFd> {
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: for the POSIX descriptor type the out-parameter is an `int`; the handle is
         // live (owned by `self`).
         unsafe {
             sys::cuMemExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast(),
-                vmm.handle,
+                self.handle,
                 FD_HANDLE,
                 0,
             )
@@ -264,10 +238,11 @@ impl DeviceMemory {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// Frees VMM memory: unmap, free the address range, release the handle.
-    pub(super) fn free_vmm(&self, vmm: &VmmAlloc) {
-        unmap(self.ptr, vmm.size);
-        release(vmm.handle);
+    /// Unmaps `ptr` (where this allocation is mapped), frees its address range and releases
+    /// the handle (the context must be bound).
+    pub(super) fn free(&self, ptr: CUdeviceptr) {
+        unmap(ptr, self.size);
+        release(self.handle);
     }
 }
 
@@ -362,7 +337,7 @@ impl VmmImport {
     /// Synchronous copy from `offset` into `dst`; `total` is the arena's length (at most the
     /// allocation's size).
     pub fn read(&self, offset: u64, dst: &mut [u8], total: u64) -> Result<()> {
-        super::check("read", offset, dst.len(), total.min(self.size as u64))?;
+        check("read", offset, dst.len(), total.min(self.size as u64))?;
         bind(&self.ctx)?;
         // SAFETY: the range lies inside the mapped allocation (checked above); reading is
         // allowed by the mapping's access flags.
