@@ -72,6 +72,10 @@ impl Backend for HostBackend {
         None
     }
 
+    fn free_bytes(&mut self) -> Option<u64> {
+        meminfo("MemAvailable:")
+    }
+
     fn adopt(&mut self, fd: OwnedFd, _alloc_len: u64, len: u64) -> Result<Box<dyn Arena>> {
         Ok(Box::new(HostArena::adopt(fd, len)?))
     }
@@ -79,9 +83,14 @@ impl Backend for HostBackend {
 
 /// `MemTotal` from `/proc/meminfo`, in bytes.
 fn mem_total() -> Option<u64> {
+    meminfo("MemTotal:")
+}
+
+/// A `/proc/meminfo` field (`key` with its colon), in bytes.
+fn meminfo(key: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let mut words = line["MemTotal:".len()..].split_whitespace();
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let mut words = line[key.len()..].split_whitespace();
     let n: u64 = words.next()?.parse().ok()?;
     let scale = match words.next() {
         Some("kB") => 1024,

@@ -47,6 +47,12 @@ pub trait Backend: std::fmt::Debug {
     /// Device memory in use as the device reports it; `None` where unknown (host).
     fn used_bytes(&mut self) -> Option<u64>;
 
+    /// Memory a new arena could take now (CUDA: the device's free memory; host: the kernel's
+    /// `MemAvailable`); `None` where unknown.
+    fn free_bytes(&mut self) -> Option<u64> {
+        None
+    }
+
     /// Takes over an arena that outlived the server that made it: `fd` is a descriptor of it
     /// that a worker kept (an allocation of `alloc_len` bytes holding an arena of `len`). The
     /// arena comes back sealed and ready to export; whether its bytes are the right ones is
@@ -409,6 +415,11 @@ impl DeviceThread {
             let outlives_server = ctx.backend().info().backend.outlives_server();
             Ok(ArenaHandle::new(arena, exec, len, outlives_server))
         })
+    }
+
+    /// Memory a new arena could take now (see [`Backend::free_bytes`]).
+    pub fn free_bytes(&self) -> Reply<Option<u64>> {
+        self.shared.exec.call(|ctx| Ok(ctx.backend().free_bytes()))
     }
 
     /// Device memory in use as the device reports it (`None` where unknown: host memory).

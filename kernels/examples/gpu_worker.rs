@@ -326,10 +326,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// Opens a session as `name`, attaches (retrying), and makes a stream wait for the load: the
 /// model, its context's stream, and the arena's base address.
-async fn attached_on_device(
-    a: &Args,
-    name: &str,
-) -> Res<(Session, Model, Arc<CudaStream>, u64)> {
+async fn attached_on_device(a: &Args, name: &str) -> Res<(Session, Model, Arc<CudaStream>, u64)> {
     let session = Session::open(&a.server, name).await?;
     let model = attach_retrying(&session, a).await?;
     let view = model.view();

@@ -136,7 +136,9 @@ impl App {
         keep_previous: bool,
     ) -> Result<RunningLoad, ServerError> {
         validate_name(name)?;
-        self.registry.authorize_load(caller, &load_for, name)?;
+        let quota_of = |t: &str| self.tenants.quota_of(t).unwrap_or_default();
+        self.registry
+            .authorize_load(caller, &load_for, &quota_of, name)?;
         let permit = self.load_permit()?;
         // A tenant with a model directory loads from under it only (symlinks out of it are
         // refused as they are out of the root); other tenants' model directories are out of
@@ -171,6 +173,7 @@ impl App {
         let held = self.held.clone();
         let only_adopted = load_for.only_adopted;
         let mut load_for = load_for;
+        let room = device.clone();
         // Validation reads files: it blocks.
         let (reservation, src, plan, files) = tokio::task::spawn_blocking(move || {
             // Other tenants' directories count as missing for every file the load reads (the
@@ -190,8 +193,14 @@ impl App {
             }
             let manifest = loader::manifest(&model, &src, &plan);
             let files = record::file_ids(&src);
+            let hint = held.version_hint(&model, &src.source);
             if load_for.resume_version.is_none() {
-                load_for.resume_version = held.version_hint(&model, &src.source);
+                load_for.resume_version = hint;
+            }
+            // Refused before anything is allocated when the memory is not there (a load that
+            // may adopt memory workers kept needs none).
+            if hint.is_none() {
+                admit(&room, &model, manifest.arena_bytes)?;
             }
             let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
             let reservation = registry.reserve(
@@ -470,6 +479,31 @@ impl LoadCopy {
             &self.reservation.device,
         ));
     }
+}
+
+/// Refuses a load of `needed` bytes that the device (or host) has no room for now, saying how
+/// much is free. Unknown free memory admits it (the allocation then says what went wrong).
+fn admit(
+    device: &modelshare_device::DeviceThread,
+    model: &str,
+    needed: u64,
+) -> Result<(), ServerError> {
+    let Ok(Some(available)) = device.free_bytes().wait() else {
+        return Ok(());
+    };
+    if needed <= available {
+        return Ok(());
+    }
+    let memory = match device.info().backend {
+        BackendKind::Host => "host memory (MemAvailable)".to_owned(),
+        _ => format!("device memory on {}", device.uuid()),
+    };
+    Err(ServerError::NoRoom {
+        model: model.to_owned(),
+        memory,
+        needed,
+        available,
+    })
 }
 
 /// Where the held-memory records go: beside the handle socket (`<socket>.held/`).

@@ -60,6 +60,23 @@ pub enum ServerError {
         /// Version number.
         version: u32,
     },
+    /// A load that cannot fit in the memory the device (or host) has free now.
+    #[error(
+        "model '{model}' needs {needed} bytes ({:.2} GiB) of {memory}; {available} bytes \
+         ({:.2} GiB) are free now",
+        gib(*needed),
+        gib(*available)
+    )]
+    NoRoom {
+        /// Model name.
+        model: String,
+        /// "device memory on GPU-…" or "host memory (MemAvailable)".
+        memory: String,
+        /// Bytes the arena needs.
+        needed: u64,
+        /// Bytes free.
+        available: u64,
+    },
     /// The model is coming back from memory a worker kept across a restart; retry shortly.
     #[error(
         "model '{0}' is being brought back from memory its workers kept across the restart; retry shortly"
@@ -201,4 +218,9 @@ mod tests {
         let odd = "é".repeat(MAX_MESSAGE_BYTES);
         assert!(bounded_message(odd).is_char_boundary(0));
     }
+}
+
+/// Bytes in GiB, for messages.
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
 }

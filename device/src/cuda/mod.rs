@@ -196,6 +196,12 @@ impl Backend for CudaBackend {
         let (free, total) = self.ctx.mem_get_info().ok()?;
         Some((total - free) as u64)
     }
+
+    fn free_bytes(&mut self) -> Option<u64> {
+        self.ctx.bind_to_thread().ok()?;
+        let (free, _) = self.ctx.mem_get_info().ok()?;
+        Some(free as u64)
+    }
 }
 
 /// Compiles the checksum kernel and runs it once, so that it is loaded before any gate exists

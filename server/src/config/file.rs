@@ -30,6 +30,7 @@ pub(super) struct FileLimits {
     pub(super) max_header_bytes: Option<u64>,
     pub(super) max_tensors: Option<usize>,
     pub(super) max_shards: Option<usize>,
+    pub(super) max_header_metadata_bytes: Option<u64>,
 }
 
 /// The TOML file, as written.

@@ -267,6 +267,9 @@ impl Config {
                     .unwrap_or(weight_defaults.max_header_bytes),
                 max_tensors: limits.max_tensors.unwrap_or(weight_defaults.max_tensors),
                 max_shards: limits.max_shards.unwrap_or(weight_defaults.max_shards),
+                max_header_metadata_bytes: limits
+                    .max_header_metadata_bytes
+                    .unwrap_or(weight_defaults.max_header_metadata_bytes),
                 ..weight_defaults
             },
         })

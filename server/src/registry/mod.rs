@@ -40,7 +40,7 @@ use self::versions::LoadRequest;
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
 use crate::tenants::policy::{owner_text, owns};
-use crate::tenants::{Access, Caller, Quota};
+use crate::tenants::{Access, Caller, Quota, Resource};
 
 /// The registry of models, versions, sessions and leases.
 #[derive(Debug)]
@@ -300,15 +300,28 @@ impl Registry {
     /// Whether `caller` may load a version of `model` for `load_for` now (checked again, under
     /// the same lock as the reservation, by [`Registry::reserve`]). Lets a load be refused
     /// before its files are read.
+    ///
+    /// The owner's `loads` and `models` quotas are checked here too, before the load takes one
+    /// of the server's load slots: a tenant at its limit must not hold slots that others'
+    /// loads need while its files are read, only to be refused afterwards.
     pub fn authorize_load(
         &self,
         caller: &Caller,
         load_for: &LoadFor,
+        quota_of: &dyn Fn(&str) -> Quota,
         model: &str,
     ) -> Result<(), ServerError> {
-        self.lock()
-            .resolve_owner(caller, load_for, model)
-            .map(|_| ())
+        let st = self.lock();
+        let (owner, new_model) = st.resolve_owner(caller, load_for, model)?;
+        if let Some(tenant) = &owner {
+            let quota = quota_of(tenant);
+            let used = st.usage(tenant);
+            quota.check(tenant, Resource::Loads, u64::from(used.loads), 1)?;
+            if new_model {
+                quota.check(tenant, Resource::Models, u64::from(used.models), 1)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether `caller` may see `model`.

@@ -220,7 +220,15 @@ fn the_loads_quota_counts_running_loads() {
         other => panic!("expected the loads quota, got {other:?}"),
     }
     assert_eq!(registry.usage("t").loads, 1);
+    // Refused before the load would take a server-wide load slot, too.
+    match registry.authorize_load(&tenant, &load_for, &|_| quota, "c") {
+        Err(ServerError::QuotaExceeded { quota: "loads", .. }) => {}
+        other => panic!("expected the loads quota before a slot is taken, got {other:?}"),
+    }
     registry.finish_load(&first.model, first.version, Ok(first.manifest.clone()));
+    registry
+        .authorize_load(&tenant, &load_for, &|_| quota, "c")
+        .expect("under the quota again");
     assert_eq!(registry.usage("t").loads, 0);
     begin(&registry, &device, &tenant, &load_for, quota, "b").expect("a slot is free again");
 }

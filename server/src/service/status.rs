@@ -39,7 +39,9 @@ impl From<ServerError> for Status {
             ServerError::NoReadyVersion(_)
             | ServerError::WrongState { .. }
             | ServerError::FilesChanged { .. } => Code::FailedPrecondition,
-            ServerError::LimitExceeded { .. } => Code::ResourceExhausted,
+            ServerError::LimitExceeded { .. } | ServerError::NoRoom { .. } => {
+                Code::ResourceExhausted
+            }
             ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
             ServerError::Device(_) => Code::Internal,
             ServerError::LoadCancelled { .. } => Code::Aborted,

@@ -64,6 +64,9 @@ pub struct WeightLimits {
     pub max_metadata_file_bytes: u64,
     /// Largest total of a model's metadata files, in bytes.
     pub max_metadata_total_bytes: u64,
+    /// Largest `__metadata__` of a model (keys and values of all its shards, merged), in
+    /// bytes: it travels in every attach reply and describe.
+    pub max_header_metadata_bytes: u64,
 }
 
 impl Default for WeightLimits {
@@ -76,6 +79,7 @@ impl Default for WeightLimits {
             max_rank: 16,
             max_metadata_file_bytes: 32 << 20,
             max_metadata_total_bytes: 64 << 20,
+            max_header_metadata_bytes: 1 << 20,
         }
     }
 }

@@ -106,6 +106,7 @@ pub fn resolve_denying(
             ));
         }
         let shard = open_shard(&path, source.clone(), limits)?;
+        check_header_metadata(&shard.header.metadata, &source, limits)?;
         return Ok(ModelSource {
             source,
             header_metadata: shard.header.metadata.clone(),
@@ -146,6 +147,7 @@ pub fn resolve_denying(
                 .or_insert_with(|| v.clone());
         }
     }
+    check_header_metadata(&header_metadata, &source, limits)?;
     let metadata_files = metadata_files(&root, &path, &source, limits)?;
     Ok(ModelSource {
         source,
@@ -153,6 +155,28 @@ pub fn resolve_denying(
         header_metadata,
         metadata_files,
     })
+}
+
+/// Refuses a `__metadata__` (merged over the shards) larger than the limit: it is sent with
+/// every attach reply, so a large one would make each attach carry it.
+fn check_header_metadata(
+    metadata: &BTreeMap<String, String>,
+    source: &str,
+    limits: &WeightLimits,
+) -> Result<(), WeightsError> {
+    let bytes: u64 = metadata
+        .iter()
+        .map(|(k, v)| (k.len() + v.len()) as u64)
+        .sum();
+    if bytes > limits.max_header_metadata_bytes {
+        return Err(WeightsError::Limit {
+            file: source.to_owned(),
+            what: "the size of __metadata__ (keys and values, in bytes)".into(),
+            limit: limits.max_header_metadata_bytes,
+            actual: bytes,
+        });
+    }
+    Ok(())
 }
 
 /// Canonicalizes `path`, which must stay under the canonical `root`; `None` if it does

@@ -385,3 +385,49 @@ async fn worker_mapping_is_shared_and_read_only() {
     drop(model);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// A model larger than the host's available memory (a sparse file: nothing is read) is refused
+/// before anything is allocated, with how much it needs and how much is free. Fails if the
+/// server accepts it (and would die writing it), or creates a version record for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_larger_than_free_memory_is_refused_before_allocating() {
+    let server = Server::start().await;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("MemTotal");
+    // Twice the machine's memory, in one F32 tensor.
+    let elems = total_kib * 1024 * 2 / 4;
+    let header = format!(
+        r#"{{"w":{{"dtype":"F32","shape":[{elems}],"data_offsets":[0,{}]}}}}"#,
+        elems * 4
+    );
+    let dir = server.root.join("huge");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join("model.safetensors");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(&path, &bytes).expect("write header");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    f.set_len(bytes.len() as u64 + elems * 4)
+        .expect("sparse length");
+    drop(f);
+
+    let mut admin = server.admin().await;
+    let err = common::load(&mut admin, "huge", "huge")
+        .await
+        .expect_err("no room");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("host memory (MemAvailable)") && err.message().contains("free now"),
+        "{}",
+        err.message()
+    );
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.models), (0, 0));
+}

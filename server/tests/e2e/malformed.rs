@@ -859,3 +859,27 @@ async fn load_over_max_total_bytes_is_resource_exhausted() {
     )
     .await;
 }
+
+/// A `__metadata__` over the limit (1 MiB by default; `[limits] max_header_metadata_bytes`) is
+/// refused at load, naming the limit: it would travel in every attach reply. Fails if a model
+/// with 2 MiB of metadata loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_metadata_over_the_limit_is_refused() {
+    let server = Server::start().await;
+    let big = "x".repeat(2 << 20);
+    let header = format!(
+        r#"{{"__metadata__":{{"notes":"{big}"}},"w":{{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}}}"#
+    );
+    put(&server, "meta.safetensors", &raw(&header, &[0u8; 16]));
+    assert_refused(
+        &server,
+        "meta",
+        "meta.safetensors",
+        Code::InvalidArgument,
+        &[
+            "meta.safetensors: the size of __metadata__",
+            "over the limit of 1048576",
+        ],
+    )
+    .await;
+}
