@@ -197,6 +197,11 @@ pub fn bounded_message(message: String) -> String {
     )
 }
 
+/// Bytes in GiB, for messages.
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,9 +223,4 @@ mod tests {
         let odd = "é".repeat(MAX_MESSAGE_BYTES);
         assert!(bounded_message(odd).is_char_boundary(0));
     }
-}
-
-/// Bytes in GiB, for messages.
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1u32 << 30)
 }
