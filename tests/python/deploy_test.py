@@ -103,6 +103,9 @@ def test_dockerfile():
     assert len(froms) == 2 and froms[1].startswith("nvidia/cuda:"), froms
     assert re.search(r"^USER (?!root|0\b)\S+", text, re.M), "must run as a non-root user"
     assert "HEALTHCHECK" in text and "EXPOSE 50051 9400" in text
+    # Healthy means serving (start-up models loaded), not merely answering.
+    healthcheck = r'HEALTHCHECK[^\n]*\\\n\s*CMD \["modelshare", "ready"\]'
+    assert re.search(healthcheck, text), "HEALTHCHECK must run `modelshare ready`"
     assert "docker build -f deploy/Dockerfile" in text
 
 

@@ -176,6 +176,9 @@ pub enum ClientCommand {
     },
     /// Show memory use and models by state.
     Stats,
+    /// Exit 0 when the server is serving (started, its start-up models loaded, not shutting
+    /// down), else 1 saying why: for container health checks and readiness probes.
+    Ready,
     /// List worker sessions, their leases, and the models they serve with what they hold.
     Ps,
     /// Embed texts with a model (KServe v2 ModelInfer, one BYTES input): prints each text's
@@ -329,6 +332,27 @@ pub async fn run(
                 .map_err(rpc("DescribeModel"))?
                 .into_inner();
             output::describe(&r, out);
+        }
+        ClientCommand::Ready => {
+            use tonic_health::pb::health_check_response::ServingStatus;
+            let channel =
+                modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+            let status = tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .map_err(rpc("Health.Check"))?
+                .into_inner()
+                .status();
+            if status != ServingStatus::Serving {
+                anyhow::bail!(
+                    "not ready: the server is {} (starting: its start-up models are still \
+                     loading; or shutting down)",
+                    status.as_str_name()
+                );
+            }
+            say!("ready");
         }
         ClientCommand::Stats => {
             let r = admin()

@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 use safetensors::Dtype;
 use serde_json::Value;
 
-use crate::common::{BIN, Server, T, t, write_safetensors};
+use crate::common::{self, BIN, Server, T, t, write_safetensors};
 
 /// The two tensors of the model the CLI tests load.
 fn tensors() -> Vec<T> {
@@ -456,4 +456,47 @@ async fn tenant_workflow_from_the_cli() {
         let token = std::fs::read_to_string(f).expect("read");
         assert!(!log.contains(token.trim()), "a token is in the log");
     }
+}
+
+/// `modelshare ready` exits 1 while the server's start-up model is still loading (the server
+/// up, its health NOT_SERVING) and 0 once it is loaded; 1 when nothing listens. Fails if it says
+/// ready before the start-up models are in, or never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_waits_for_the_start_up_models() {
+    let ready = |address: &str| {
+        std::process::Command::new(common::BIN)
+            .args(["--server", address, "ready"])
+            .output()
+            .expect("run ready")
+    };
+    let nobody = ready("unix:/nonexistent/grpc.sock");
+    assert!(!nobody.status.success());
+
+    // 384 MiB of weights: seconds of hashing in a debug build.
+    let mut server = common::Server::spawn_with(&["--model", "big=big"], |root| {
+        let tensors: Vec<common::T> = (0..6)
+            .map(|i| common::t(&format!("w{i}"), Dtype::F32, &[4096, 4096], i))
+            .collect();
+        common::write_safetensors(&root.join("big/model.safetensors"), &tensors);
+    });
+    let started = std::time::Instant::now();
+    let mut saw_loading = false;
+    loop {
+        let out = ready(&server.address);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ready");
+            break;
+        }
+        saw_loading |= err.contains("not ready: the server is NOT_SERVING");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "never ready: {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(saw_loading, "ready never saw the server up and loading");
+    let mut admin = server.admin().await;
+    assert_eq!(common::stats(&mut admin).await.arenas, 1);
+    server.stop_with("TERM");
 }

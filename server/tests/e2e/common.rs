@@ -38,6 +38,28 @@ impl Server {
         Self::start_with(&[], |_| {}).await
     }
 
+    /// A server with extra flags, started but not waited for (its start-up models may still be
+    /// loading); `setup` may write models under the root before it starts.
+    pub fn spawn_with(extra: &[&str], setup: impl FnOnce(&Path)) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("models");
+        std::fs::create_dir_all(&root).expect("mkdir models");
+        setup(&root);
+        let socket = dir.path().join("grpc.sock");
+        let handles = dir.path().join("handles.sock");
+        let mut s = Server {
+            child: None,
+            address: format!("unix:{}", socket.display()),
+            root,
+            socket,
+            handles,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
     /// A server with extra flags; `setup` may write models under the root before it starts.
     pub async fn start_with(extra: &[&str], setup: impl FnOnce(&Path)) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
