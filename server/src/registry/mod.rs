@@ -266,6 +266,9 @@ impl Registry {
             });
             if rec.versions.is_empty() && version.is_none() {
                 st.models.remove(model);
+            } else if version.is_none() {
+                // Draining versions remain: the record goes with the last of them.
+                rec.unloaded = true;
             }
         }
         drop(st);

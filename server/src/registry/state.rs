@@ -44,6 +44,9 @@ pub(super) struct ModelRecord {
     pub(super) versions: BTreeMap<u32, VersionRecord>,
     pub(super) owner: Option<String>,
     pub(super) access: Access,
+    /// Every version was unloaded while some still drained: the record goes when the last of
+    /// them is freed (the name is then free again). A new load of the name clears it.
+    pub(super) unloaded: bool,
 }
 
 impl ModelRecord {

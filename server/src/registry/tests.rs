@@ -169,9 +169,7 @@ fn a_drain_deadline_does_not_outlive_its_model() {
     registry.attach(&admin, &s1.id, "m", 0).expect("attach");
     let (_, old_generation) = registry.unload(&admin, "m", None, false).expect("drain");
     registry.end_session(&s1.id);
-    registry
-        .unload(&admin, "m", None, false)
-        .expect("drop the record");
+    // The drained model went with its last lease: the name is free.
     assert!(registry.list(&admin).is_empty());
 
     loaded(&registry, &device, "m");
@@ -334,4 +332,38 @@ fn sessions_hear_only_of_versions_ready_after_they_opened() {
     assert!(!registry.ready_since_open(&late.id, "m", 1));
     loaded(&registry, &device, "m");
     assert!(registry.ready_since_open(&late.id, "m", 2));
+}
+
+/// A model unloaded while a worker still held it no longer disappears once that worker lets
+/// go (its record stayed, the name taken and counted), or a new load during the drain no
+/// longer keeps the model.
+#[test]
+fn a_drained_unload_removes_the_model_with_its_last_lease() {
+    let probe = Arc::new(Probe::default());
+    let device = probe_device(&probe);
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    loaded(&registry, &device, "m");
+    let s = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("session");
+    let lease = registry.attach(&admin, &s.id, "m", 0).expect("attach");
+    let (versions, _) = registry.unload(&admin, "m", None, false).expect("unload");
+    assert_eq!(versions[0].state, VersionState::Draining);
+    assert_eq!(registry.stats(&admin).models, 1, "still draining");
+    registry
+        .release(&admin, &s.id, &lease.lease_id)
+        .expect("release");
+    assert_eq!(registry.stats(&admin).models, 0);
+    assert!(registry.list(&admin).is_empty());
+
+    // Loaded again while draining: the model stays when the old version goes.
+    loaded(&registry, &device, "n");
+    let lease = registry.attach(&admin, &s.id, "n", 0).expect("attach n");
+    registry.unload(&admin, "n", None, false).expect("unload n");
+    loaded(&registry, &device, "n");
+    registry
+        .release(&admin, &s.id, &lease.lease_id)
+        .expect("release n");
+    assert_eq!(registry.list(&admin).len(), 1);
 }

@@ -102,6 +102,7 @@ impl State {
             return Err(ServerError::Internal("model record vanished".into()));
         };
         rec.owner = owner;
+        rec.unloaded = false;
         if let Some(access) = &req.load_for.access {
             rec.access = access.clone();
         }
@@ -369,6 +370,10 @@ impl State {
         }
         if let Some(rec) = self.models.get_mut(model) {
             prune_ended(&mut rec.versions);
+            // An unloaded model whose last draining version just went: nothing of it is left.
+            if rec.unloaded && !rec.holds_memory() {
+                self.models.remove(model);
+            }
         }
     }
 
