@@ -78,15 +78,9 @@ fn refuse_client_flags(matches: &ArgMatches) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
-    if let Err(e) = refuse_client_flags(&matches) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(e) => e.exit(),
-    };
+    // First of all, the runtime and the SIGHUP handler: SIGHUP's default action ends the
+    // process, and a reload may be sent to a server still starting. Once installed, the
+    // handler stays for the process (`serve` listens to it later; other commands ignore it).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -96,6 +90,17 @@ fn main() -> ExitCode {
             eprintln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
+    };
+    let _hup = runtime
+        .block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) });
+    let matches = Cli::command().get_matches();
+    if let Err(e) = refuse_client_flags(&matches) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
     };
     let result: anyhow::Result<()> = runtime.block_on(async move {
         match cli.command {

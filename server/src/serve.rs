@@ -249,6 +249,9 @@ pub async fn run_notify(
     shutdown: impl Future<Output = ()>,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> Result<(), ServeError> {
+    // SIGHUP's default action ends the process: take it over before anything slow (opening a
+    // GPU takes seconds), so that a reload sent while starting is not fatal.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     let config = Arc::new(config);
     check_model_root(&config.model_root)?;
     if let Some((before, after)) = crate::accept::raise_fd_limit() {
@@ -287,7 +290,7 @@ pub async fn run_notify(
     }
     let app = App::new(devices, config.clone(), metrics.clone(), tenants);
     let registry = app.registry.clone();
-    spawn_reload_on_sighup(&app);
+    spawn_reload_on_sighup(&app, hup);
     // One timer for every expiry, one dispatcher of model events to the live sessions.
     {
         let app2 = app.clone();
@@ -492,9 +495,8 @@ async fn load_startup_models(app: &App) -> Result<(), ServeError> {
 }
 
 /// Reads the tenants file again on each SIGHUP, for as long as the server runs.
-fn spawn_reload_on_sighup(app: &App) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hup = match signal(SignalKind::hangup()) {
+fn spawn_reload_on_sighup(app: &App, hup: std::io::Result<tokio::signal::unix::Signal>) {
+    let mut hup = match hup {
         Ok(s) => s,
         Err(e) => {
             warn!(error = %e, "cannot install the SIGHUP handler; reload with the ReloadTenants call");

@@ -865,3 +865,51 @@ async fn memory_a_revoked_worker_keeps_is_counted_until_it_exits() {
         .expect("admitted once the worker is gone");
     server.stop_with("TERM");
 }
+
+/// Whether process `pid` catches SIGHUP (bit 0 of `SigCgt` in `/proc/<pid>/status`).
+fn catches_sighup(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))?
+                .trim()
+                .to_owned();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .is_some_and(|mask| mask & 1 != 0)
+}
+
+/// A SIGHUP (tenants reload) sent while the server is still starting must not kill it: the
+/// server catches SIGHUP before it does anything slow (opening its device can take seconds),
+/// and a SIGHUP then is harmless. Fails if the handler is installed only once the device is
+/// open (the signal's default action would end a server opening a GPU), or if a SIGHUP right
+/// after it kills the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_while_starting_is_not_fatal() {
+    for _ in 0..3 {
+        let mut server = Server::spawn_with(&["--model", "m=m"], |root| write_small(root, "m", 1));
+        let pid = server.pid();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !catches_sighup(pid) {
+            assert!(std::time::Instant::now() < deadline, "SIGHUP never caught");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let log = server.log();
+        assert!(
+            !log.contains("device ready"),
+            "SIGHUP was caught only after the device was opened:\n{log}"
+        );
+        for _ in 0..5 {
+            let _ = std::process::Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        server.wait_ready().await;
+        let mut admin = server.admin().await;
+        assert_eq!(common::stats(&mut admin).await.arenas, 1);
+        assert!(server.stop_with("TERM").success());
+    }
+}
