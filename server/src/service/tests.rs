@@ -73,6 +73,8 @@ fn model_root() -> tempfile::TempDir {
 fn app(root: &std::path::Path, latch: &Arc<Latch>) -> App {
     let config = Config::from_args(ServeArgs {
         model_root: Some(root.to_owned()),
+        // Beside the model, not the shared default: its held-memory records go there too.
+        handle_socket: Some(root.join("handles.sock")),
         ..ServeArgs::default()
     })
     .expect("config");
