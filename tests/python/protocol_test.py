@@ -61,6 +61,20 @@ def write_safetensors(path, tensors):
     return {name: data for name, _, _, data in tensors}
 
 
+def offer(handle_socket, ticket, fd):
+    """Offers a kept arena back: the ticket line with the fd attached (SCM_RIGHTS); the answer line."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(handle_socket)
+        socket.send_fds(s, [ticket.encode() + b"\n"], [fd])
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = s.recv(1024)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
 def redeem(handle_socket, ticket):
     """Sends the ticket on the handle socket and receives the arena's fd (SCM_RIGHTS)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -133,10 +147,9 @@ def main():
         sock = os.path.join(tmp, "grpc.sock")
         handles = os.path.join(tmp, "handles.sock")
         log = open(os.path.join(tmp, "server.log"), "wb")
-        server = subprocess.Popen(
-            [opts.bin, "serve", "--backend", "host", "--unix-socket", sock, "--handle-socket", handles, "--model-root", root],
-            stdout=log, stderr=log,
-        )
+        serve_args = [opts.bin, "serve", "--backend", "host", "--unix-socket", sock, "--handle-socket", handles,
+                      "--model-root", root]
+        server = subprocess.Popen(serve_args, stdout=log, stderr=log)
         try:
             # tonic (h2) rejects a socket path as :authority; send "localhost" as grpc-go does.
             channel = grpc.insecure_channel(f"unix:{sock}", options=[("grpc.default_authority", "localhost")])
@@ -231,12 +244,66 @@ def main():
                     assert time.time() < deadline, "session still open after close"
                     time.sleep(0.02)
 
+            def offers_and_adoption_after_kill9():
+                nonlocal server
+                # No restart yet: nothing is wanted; a nameless offer is refused.
+                no = worker.OfferHeld(worker_pb2.OfferHeldRequest(model="py", version=1, device_uuid="host",
+                                                                  allocation_bytes=1))
+                assert not no.wanted and "no record" in no.reason, no
+                try:
+                    worker.OfferHeld(worker_pb2.OfferHeldRequest())
+                    raise AssertionError("a nameless offer was taken")
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
+                # A Python worker keeps its fd of the arena while the server is killed.
+                keeper = Session(worker, worker_pb2, "python-keeper")
+                reply = worker.Attach(worker_pb2.AttachRequest(session_id=keeper.welcome.session_id, model="py"))
+                msg, fds = redeem(reply.host.handle_socket, reply.host.ticket)
+                assert msg == b"OK\n" and len(fds) == 1, (msg, fds)
+                kept, arena_bytes = fds[0], reply.manifest.arena_bytes
+                record = handles + ".held/py@1.json"
+                deadline = time.time() + 10
+                while True:
+                    try:
+                        holders = json.load(open(record))["holders"]
+                    except (OSError, ValueError, KeyError):
+                        holders = []
+                    if any(h["pid"] == os.getpid() for h in holders):
+                        break
+                    assert time.time() < deadline, "the record never named this process"
+                    time.sleep(0.05)
+                keeper.stop.set()
+                server.kill()
+                server.wait(timeout=10)
+                server = subprocess.Popen(serve_args, stdout=log, stderr=log)
+                channel2 = grpc.insecure_channel(f"unix:{sock}", options=[("grpc.default_authority", "localhost")])
+                admin2 = admin_pb2_grpc.AdminServiceStub(channel2)
+                worker2 = worker_pb2_grpc.WorkerServiceStub(channel2)
+                deadline = time.time() + 20
+                while True:
+                    try:
+                        stats = admin2.GetStats(admin_pb2.GetStatsRequest(), timeout=1)
+                        break
+                    except grpc.RpcError:
+                        assert time.time() < deadline, "the server did not come back"
+                        time.sleep(0.05)
+                assert stats.held_by_workers_bytes == arena_bytes, stats
+                yes = worker2.OfferHeld(worker_pb2.OfferHeldRequest(model="py", version=1, device_uuid="host",
+                                                                    allocation_bytes=arena_bytes))
+                assert yes.wanted and yes.ticket, yes
+                assert offer(yes.handle_socket, yes.ticket, kept) == b"OK\n"
+                os.close(kept)
+                models = admin2.ListModels(admin_pb2.ListModelsRequest()).models
+                assert [(m.name, m.latest_ready) for m in models] == [("py", 1)], models
+                assert admin2.GetStats(admin_pb2.GetStatsRequest()).held_by_workers_bytes == 0
+
             check("load_model_streams_to_done", load)
             check("session_hello_welcome", open_session)
             check("attach_redeem_map_and_verify", attach_and_read)
             check("ticket_is_single_use", ticket_is_single_use)
             check("release_and_error_codes", release_and_errors)
             check("closing_the_stream_ends_the_session", session_end_is_seen)
+            check("offered_memory_is_adopted_after_kill9", offers_and_adoption_after_kill9)
         finally:
             server.terminate()
             try:
