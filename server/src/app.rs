@@ -440,6 +440,7 @@ impl LoadCopy {
         self.remember(&manifest);
         self.registry
             .finish_load(&job.model, job.version, Ok(manifest));
+        self.held.restored(&(record.model.clone(), record.version));
         self.metrics.loads.with_label_values(&["adopted"]).inc();
         info!(
             model = %job.model,

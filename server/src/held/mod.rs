@@ -53,6 +53,9 @@ struct Pending {
     claimed: bool,
     /// The memory, once a worker's offer was adopted.
     arena: Option<ArenaHandle>,
+    /// A load took the adopted memory and is registering the version: the record stays until
+    /// it is done ([`HeldStore::restored`]), so that attaches meanwhile hear "retry".
+    taken: bool,
     /// Until when an offer of it is under way (a ticket out, or memory being checked): no other
     /// worker's offer is wanted meanwhile.
     offering: Option<Instant>,
@@ -147,6 +150,7 @@ impl HeldStore {
                     deadline,
                     claimed: false,
                     arena: None,
+                    taken: false,
                     offering: None,
                 },
             );
@@ -231,7 +235,7 @@ impl HeldStore {
             .iter()
             .filter(|(_, p)| {
                 (now >= p.deadline && !p.claimed)
-                    || (p.arena.is_none() && !p.record.held_by_a_live_process())
+                    || (p.arena.is_none() && !p.taken && !p.record.held_by_a_live_process())
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -272,7 +276,7 @@ impl HeldStore {
         self.lock()
             .pending
             .values()
-            .filter(|p| p.arena.is_none())
+            .filter(|p| p.arena.is_none() && !p.taken)
             .map(|p| p.record.arena_bytes)
             .sum()
     }
@@ -282,7 +286,7 @@ impl HeldStore {
         self.lock()
             .pending
             .values()
-            .filter(|p| p.arena.is_none())
+            .filter(|p| p.arena.is_none() && !p.taken)
             .map(|p| PendingVersion {
                 model: p.record.model.clone(),
                 version: p.record.version,
@@ -345,11 +349,12 @@ impl HeldStore {
                 let mut inner = self.lock();
                 let p = inner.pending.get_mut(&key)?;
                 if let Some(arena) = p.arena.take() {
-                    let p = inner.pending.remove(&key)?;
+                    p.taken = true;
+                    let record = p.record.clone();
                     // The load registers the version: from now on its record is this run's,
                     // rewritten when it is ready and removed with its memory.
-                    inner.own.insert(key, p.record.clone());
-                    return Some((arena, p.record));
+                    inner.own.insert(key, record.clone());
+                    return Some((arena, record));
                 }
                 if Instant::now() >= p.deadline {
                     inner.pending.remove(&key);
@@ -382,7 +387,7 @@ impl HeldStore {
                 "the server holds no record of version {version} of '{model}' from before a restart"
             )
         })?;
-        if p.arena.is_some() {
+        if p.arena.is_some() || p.taken {
             return Err("already adopted from another worker".into());
         }
         if now >= p.deadline {
@@ -475,6 +480,12 @@ impl HeldStore {
         drop(inner);
         self.changed.notify_waiters();
         Ok(claimed)
+    }
+
+    /// The load that took the adopted memory of `key` has registered the version: the pending
+    /// record is done with.
+    pub fn restored(&self, key: &Key) {
+        self.lock().pending.remove(key);
     }
 
     /// Whether a load waits for the memory of `key`.

@@ -186,6 +186,16 @@ async fn a_claiming_load_gets_the_offered_memory() {
     assert_eq!(got.len(), 512);
     assert_eq!(rec.version, 3);
     assert_eq!(store.held_by_workers_bytes(), 0);
+    // Until the load has registered the version, the record stays (attaches hear "retry"),
+    // and no other offer is wanted.
+    assert!(store.pending_record("m", 3).is_some());
+    assert!(
+        store
+            .offer("m", 3, "host", 512, None, Duration::from_secs(1))
+            .unwrap_err()
+            .contains("already adopted")
+    );
+    store.restored(&("m".into(), 3));
     assert!(store.pending_record("m", 3).is_none());
 }
 

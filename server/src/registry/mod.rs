@@ -327,6 +327,13 @@ impl Registry {
         Ok(())
     }
 
+    /// Whether `caller` may attach "latest" of `model` now.
+    pub fn attachable_now(&self, caller: &Caller, model: &str) -> bool {
+        self.lock()
+            .visible_model(caller, model)
+            .is_ok_and(|rec| rec.latest_attachable().is_some())
+    }
+
     /// Whether `caller` may see `model`.
     pub fn visible(&self, caller: &Caller, model: &str) -> bool {
         self.lock().visible_model(caller, model).is_ok()

@@ -33,7 +33,8 @@ pub struct WorkerApi {
 
 impl WorkerApi {
     /// A model not found (or without a ready version) that the server is bringing back from
-    /// memory workers kept is `Restoring` (UNAVAILABLE: retry), not NOT_FOUND.
+    /// memory workers kept is `Restoring` (UNAVAILABLE: retry), not NOT_FOUND; so is one that
+    /// became attachable since the refusal (the restore finished in between).
     fn restoring_or(&self, caller: &Caller, model: &str, e: ServerError) -> ServerError {
         let absent = matches!(
             e,
@@ -49,6 +50,10 @@ impl WorkerApi {
                 .iter()
                 .any(|r| crate::tenants::policy::may_see(r.owner.as_deref(), &r.access(), caller))
         {
+            return ServerError::Restoring(model.to_owned());
+        }
+        // Brought back between the refusal and this check: asking again will find it.
+        if absent && self.app.registry.attachable_now(caller, model) {
             return ServerError::Restoring(model.to_owned());
         }
         e
