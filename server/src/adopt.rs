@@ -89,9 +89,10 @@ async fn adopt(app: &App, record: &HeldRecord, fd: OwnedFd, alloc_len: u64) -> R
 }
 
 /// Whether the version `key` holds memory of its own already (a load from the files that is
-/// not waiting for this memory): the offered memory would be a second copy.
+/// neither waiting for this memory nor bringing it back): the offered memory would be a second
+/// copy.
 pub fn loaded_from_files(app: &App, key: &Key) -> bool {
-    !app.held.is_claimed(key)
+    !app.held.is_spoken_for(key)
         && app
             .registry
             .version_snapshot(&key.0, key.1)

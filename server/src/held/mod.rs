@@ -488,9 +488,13 @@ impl HeldStore {
         self.lock().pending.remove(key);
     }
 
-    /// Whether a load waits for the memory of `key`.
-    pub fn is_claimed(&self, key: &Key) -> bool {
-        self.lock().pending.get(key).is_some_and(|p| p.claimed)
+    /// Whether the memory of `key` is on its way back: a load waits for it, or it was adopted
+    /// (and a load is bringing the version back).
+    pub fn is_spoken_for(&self, key: &Key) -> bool {
+        self.lock()
+            .pending
+            .get(key)
+            .is_some_and(|p| p.claimed || p.arena.is_some() || p.taken)
     }
 
     /// Drops an adopted arena that could not be used (the version could not be brought back).

@@ -327,11 +327,25 @@ impl Registry {
         Ok(())
     }
 
-    /// Whether `caller` may attach "latest" of `model` now.
-    pub fn attachable_now(&self, caller: &Caller, model: &str) -> bool {
-        self.lock()
-            .visible_model(caller, model)
-            .is_ok_and(|rec| rec.latest_attachable().is_some())
+    /// Whether `caller` could attach `version` of `model` now (0: the latest).
+    pub fn attachable_now(&self, caller: &Caller, model: &str, version: u32) -> bool {
+        let st = self.lock();
+        let Ok(rec) = st.visible_model(caller, model) else {
+            return false;
+        };
+        let version = if version == 0 {
+            match rec.latest_attachable() {
+                Some(v) => v,
+                None => return false,
+            }
+        } else {
+            version
+        };
+        rec.versions.get(&version).is_some_and(|v| {
+            v.state == crate::model::VersionState::Ready
+                || (v.state == crate::model::VersionState::Loading
+                    && v.arena.as_ref().is_some_and(|a| a.attach_while_loading()))
+        })
     }
 
     /// Whether `caller` may see `model`.

@@ -35,7 +35,13 @@ impl WorkerApi {
     /// A model not found (or without a ready version) that the server is bringing back from
     /// memory workers kept is `Restoring` (UNAVAILABLE: retry), not NOT_FOUND; so is one that
     /// became attachable since the refusal (the restore finished in between).
-    fn restoring_or(&self, caller: &Caller, model: &str, e: ServerError) -> ServerError {
+    fn restoring_or(
+        &self,
+        caller: &Caller,
+        model: &str,
+        version: u32,
+        e: ServerError,
+    ) -> ServerError {
         let absent = matches!(
             e,
             ServerError::ModelNotFound(_)
@@ -43,17 +49,15 @@ impl WorkerApi {
                 | ServerError::NoReadyVersion(_)
         );
         if absent
-            && self
-                .app
-                .held
-                .pending_of(model)
-                .iter()
-                .any(|r| crate::tenants::policy::may_see(r.owner.as_deref(), &r.access(), caller))
+            && self.app.held.pending_of(model).iter().any(|r| {
+                (version == 0 || r.version == version)
+                    && crate::tenants::policy::may_see(r.owner.as_deref(), &r.access(), caller)
+            })
         {
             return ServerError::Restoring(model.to_owned());
         }
         // Brought back between the refusal and this check: asking again will find it.
-        if absent && self.app.registry.attachable_now(caller, model) {
+        if absent && self.app.registry.attachable_now(caller, model, version) {
             return ServerError::Restoring(model.to_owned());
         }
         e
@@ -243,7 +247,10 @@ impl WorkerApi {
         let registry = &self.app.registry;
         let att = registry
             .attach(caller, &req.session_id, &req.model, req.version)
-            .map_err(|e| self.app.refuse(self.restoring_or(caller, &req.model, e)))?;
+            .map_err(|e| {
+                self.app
+                    .refuse(self.restoring_or(caller, &req.model, req.version, e))
+            })?;
         // Exported on the device thread; the lease is given back if that fails.
         let mut export = match att.arena.export().await {
             Ok(export) => export,
