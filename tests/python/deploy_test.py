@@ -95,9 +95,14 @@ def test_compose():
         assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"]
     assert "sockets:/run/modelshare" in s["volumes"] and "sockets:/run/modelshare" in w["volumes"]
     assert w["depends_on"]["modelshare"]["condition"] == "service_healthy"
+    # The unauthenticated admin API stays on loopback; the worker comes back if it exits.
+    assert all(p.startswith("127.0.0.1:") for p in s["ports"]), s["ports"]
+    assert w["restart"] == "unless-stopped"
 
 
 def test_dockerfile():
+    ignored = open(os.path.join(ROOT, ".dockerignore")).read().split()
+    assert "target/" in ignored and ".git/" in ignored, "the build context must leave out target/ and .git/"
     text = open(os.path.join(DEPLOY, "Dockerfile")).read()
     froms = re.findall(r"^FROM (\S+)", text, re.M)
     assert len(froms) == 2 and froms[1].startswith("nvidia/cuda:"), froms
