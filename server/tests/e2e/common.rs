@@ -62,22 +62,7 @@ impl Server {
 
     /// A server with extra flags; `setup` may write models under the root before it starts.
     pub async fn start_with(extra: &[&str], setup: impl FnOnce(&Path)) -> Server {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("models");
-        std::fs::create_dir_all(&root).expect("mkdir models");
-        setup(&root);
-        let socket = dir.path().join("grpc.sock");
-        let handles = dir.path().join("handles.sock");
-        let mut s = Server {
-            child: None,
-            address: format!("unix:{}", socket.display()),
-            root,
-            socket,
-            handles,
-            dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        s.spawn();
+        let mut s = Self::spawn_with(extra, setup);
         s.wait_ready().await;
         s
     }
