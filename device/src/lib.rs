@@ -18,12 +18,15 @@
 //!   address, length, read-only or not; unmapped when the last clone goes).
 //! - [`host`]: the host backend: a sealable memfd written with `pwrite`; mapped read-only by
 //!   workers ([`HostMapping`]).
-//! - [`cuda`]: the CUDA backend (legacy IPC), one module per concern: contexts, arenas and
-//!   their writer, the gated ready event, the ms64 kernel, the worker-side import.
+//! - [`cuda`]: the CUDA backend (VMM descriptors or legacy IPC handles), one module per
+//!   concern: contexts, arenas and their writer, the gated ready event, the ms64 kernel, the
+//!   worker-side imports of each kind.
 //! - [`checksum`]: ms64, the device-friendly checksum: definition (CPU) and CUDA C source.
 //! - [`handoff`]: how a descriptor travels: the worker [`redeem`](handoff::redeem)s a one-time
 //!   ticket on the server's Unix handle socket; the server answers with
-//!   [`send_fd`](handoff::send_fd) (`SCM_RIGHTS`) or [`send_refusal`](handoff::send_refusal).
+//!   [`send_fd`](handoff::send_fd) (`SCM_RIGHTS`) or [`send_refusal`](handoff::send_refusal);
+//!   and the other way, a worker [`offer`](handoff::offer)s a kept descriptor back to a
+//!   restarted server, which [`adopt`](DeviceThread::adopt)s the arena.
 //! - [`peer`]: [`PeerWatch`], a pidfd on a worker process, to notice its exit at once.
 //! - [`error`]: [`DeviceError`], the crate's one error type.
 //! - `sys`, `cuda::sys` (private): the only `unsafe` code.
@@ -34,8 +37,9 @@
 //! descriptor by `handoff`) ⇢ worker: `Mapping::import` → `Mapping::host_bytes` /
 //! `Mapping::device_ptr`.
 //!
-//! Adding a handle kind (VMM, say) means one module here (its arena's `export` and its
-//! `import`), one arm in [`Mapping::import`], and one `oneof` arm in the protocol.
+//! Adding a handle kind means one module here (its arena's `export` and its `import`, as
+//! `cuda::vmm` did for VMM), one arm in [`Mapping::import`], and one `oneof` arm in the
+//! protocol.
 
 #![deny(unsafe_code)]
 

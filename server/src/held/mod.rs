@@ -219,6 +219,11 @@ impl HeldStore {
         if let Some(dir) = &self.dir {
             for (key, rec) in inner.own.iter_mut() {
                 let Some(pids) = live.get(key) else { continue };
+                // The same processes as last written: nothing to read or write (a pid in the
+                // registry is a live session's, so it names the same process).
+                if rec.holders.iter().map(|h| h.pid).eq(pids.iter().copied()) {
+                    continue;
+                }
                 let mut holders: Vec<Holder> = pids.iter().filter_map(|&p| Holder::of(p)).collect();
                 holders.sort();
                 if holders != rec.holders {
@@ -273,12 +278,7 @@ impl HeldStore {
 
     /// Bytes of pending versions not yet adopted: memory that only workers may hold now.
     pub fn held_by_workers_bytes(&self) -> u64 {
-        self.lock()
-            .pending
-            .values()
-            .filter(|p| p.arena.is_none() && !p.taken)
-            .map(|p| p.record.arena_bytes)
-            .sum()
+        self.pending().iter().map(|p| p.bytes).sum()
     }
 
     /// The pending versions not yet adopted, for the stats and metrics.
