@@ -79,3 +79,45 @@ pub fn raise_fd_limit() -> Option<(u64, u64)> {
     .ok()?;
     Some((soft, target))
 }
+
+/// The soft limit on open files; `None` when unlimited.
+pub fn fd_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// Lowers the most sessions (each holds a pidfd of its worker) and the most unredeemed tickets
+/// (each holds a descriptor of an arena) so that each takes at most a quarter of `nofile`;
+/// the rest stays for connections, arenas, model files and the log. Returns the limits
+/// before, when it changed them, for the start-up log.
+pub fn fit_to_fd_limit(
+    limits: &mut crate::registry::RegistryLimits,
+    nofile: u64,
+) -> Option<(usize, usize)> {
+    let share = usize::try_from(nofile / 4).unwrap_or(usize::MAX).max(1);
+    let before = (limits.max_sessions, limits.tickets.total);
+    limits.max_sessions = limits.max_sessions.min(share);
+    limits.tickets.total = limits.tickets.total.min(share);
+    (before != (limits.max_sessions, limits.tickets.total)).then_some(before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::RegistryLimits;
+
+    #[test]
+    fn sessions_and_tickets_fit_a_low_descriptor_limit() {
+        let mut limits = RegistryLimits::default();
+        assert_eq!(
+            fit_to_fd_limit(&mut limits, 1 << 20),
+            None,
+            "room for the defaults"
+        );
+        assert_eq!(
+            fit_to_fd_limit(&mut limits, 1024),
+            Some((4096, 65_536)),
+            "the defaults exceed a quarter of 1024 each"
+        );
+        assert_eq!((limits.max_sessions, limits.tickets.total), (256, 256));
+    }
+}

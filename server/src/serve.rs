@@ -252,7 +252,7 @@ pub async fn run_notify(
     // SIGHUP's default action ends the process: take it over before anything slow (opening a
     // GPU takes seconds), so that a reload sent while starting is not fatal.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-    let config = Arc::new(config);
+    let mut config = config;
     check_model_root(&config.model_root)?;
     if let Some((before, after)) = crate::accept::raise_fd_limit() {
         info!(
@@ -260,6 +260,20 @@ pub async fn run_notify(
             after, "raised the open-file limit (soft) to the hard limit"
         );
     }
+    if let Some(nofile) = crate::accept::fd_limit()
+        && let Some((sessions, tickets)) =
+            crate::accept::fit_to_fd_limit(&mut config.registry, nofile)
+    {
+        warn!(
+            open_file_limit = nofile,
+            max_sessions = config.registry.max_sessions,
+            max_tickets = config.registry.tickets.total,
+            configured_sessions = sessions,
+            configured_tickets = tickets,
+            "sessions and unredeemed tickets lowered to a quarter of the open-file limit each"
+        );
+    }
+    let config = Arc::new(config);
     let devices = Devices::open(
         config.backend,
         &config.device,

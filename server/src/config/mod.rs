@@ -256,6 +256,15 @@ impl Config {
                 max_leases_per_session: limits
                     .max_leases_per_session
                     .unwrap_or(defaults.max_leases_per_session),
+                tickets: crate::registry::TicketLimits {
+                    per_session: limits
+                        .max_tickets_per_session
+                        .unwrap_or(defaults.tickets.per_session),
+                    per_tenant: limits
+                        .max_tickets_per_tenant
+                        .unwrap_or(defaults.tickets.per_tenant),
+                    total: limits.max_tickets.unwrap_or(defaults.tickets.total),
+                },
             },
             tenants_file: args.tenants_file.or(file.tenants_file),
             unix_socket_mode,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Registry;
-use super::leases::{self, TicketError};
+use super::leases::{self, IssueError, TicketError};
 use super::state::SessionRecord;
 use super::types::{Attachment, OpenedSession, Revocation, SessionSnapshot, WorkerHello};
 use super::versions::now_unix_ms;
@@ -146,7 +146,8 @@ impl Registry {
         version: u32,
     ) -> Result<Attachment, ServerError> {
         let mut st = self.lock();
-        let held = st.own_session(caller, session)?.leases.len();
+        let own = st.own_session(caller, session)?;
+        let (held, tenant) = (own.leases.len(), own.tenant.clone());
         if held >= self.limits.max_leases_per_session {
             return Err(ServerError::LimitExceeded {
                 what: "leases held by one session".into(),
@@ -201,7 +202,7 @@ impl Registry {
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
         st.leases.insert(
             lease_id.clone(),
-            leases::LeaseRecord::new(session, model, version),
+            leases::LeaseRecord::new(session, tenant.as_deref(), model, version),
         );
         if let Some(s) = st.sessions.get_mut(session) {
             s.leases.push(lease_id.clone());
@@ -239,18 +240,27 @@ impl Registry {
     }
 
     /// Files `fd` on `lease` under a new one-time ticket valid until `expires`, redeemable
-    /// only by `uid` when given. `None` if the lease is gone meanwhile (the fd is closed).
+    /// only by `uid` when given. Refused when the lease is gone meanwhile or the session, its
+    /// tenant or the server has [`TicketLimits`] unredeemed tickets out (the fd is closed).
     pub fn issue_ticket(
         &self,
         lease: &str,
         fd: OwnedFd,
         uid: Option<u32>,
         expires: Instant,
-    ) -> Option<String> {
+    ) -> Result<String, ServerError> {
         let mut st = self.lock();
         let st = &mut *st;
         st.leases
-            .issue_ticket(lease, fd, uid, expires, &mut st.graveyard)
+            .issue_ticket(lease, fd, uid, expires, &self.limits.tickets, &mut st.graveyard)
+            .map_err(|e| match e {
+                IssueError::LeaseGone => ServerError::LeaseNotFound(lease.to_owned()),
+                IssueError::Limit { scope, limit } => ServerError::LimitExceeded {
+                    what: format!("unredeemed tickets {scope} (redeem them on the handle socket or let them expire)"),
+                    limit: limit as u64,
+                    requested: limit as u64 + 1,
+                },
+            })
     }
 
     /// Takes the descriptor filed under `ticket` (see [`TicketError`] for the refusals). A

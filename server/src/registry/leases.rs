@@ -13,8 +13,44 @@ use std::time::Instant;
 
 use super::graveyard::Graveyard;
 
-/// Most tickets outstanding at once; past this, the one closest to expiry is dropped.
-pub const MAX_TICKETS: usize = 65_536;
+/// How many unredeemed tickets (each holding an open descriptor) may be outstanding: per
+/// session, per tenant and in all. An attach past one of them is refused, not served by
+/// dropping someone else's ticket, so one client cannot exhaust the server's descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TicketLimits {
+    /// Per session.
+    pub per_session: usize,
+    /// Per tenant, over all its sessions (callers without a tenant are not counted here).
+    pub per_tenant: usize,
+    /// In all.
+    pub total: usize,
+}
+
+impl Default for TicketLimits {
+    fn default() -> Self {
+        Self {
+            per_session: 64,
+            per_tenant: 1024,
+            total: 65_536,
+        }
+    }
+}
+
+/// Why no ticket was issued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IssueError {
+    /// The lease ended meanwhile.
+    #[error("the lease ended")]
+    LeaseGone,
+    /// A limit of [`TicketLimits`] is reached.
+    #[error("{limit} unredeemed tickets {scope} outstanding")]
+    Limit {
+        /// Whose tickets: "of this session", "of tenant x", "in all".
+        scope: String,
+        /// The limit reached.
+        limit: usize,
+    },
+}
 
 /// Why a ticket was not redeemed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,25 +84,43 @@ pub(super) struct LeaseRecord {
     pub(super) session: String,
     pub(super) model: String,
     pub(super) version: u32,
+    /// The session's tenant, whose tickets are counted together.
+    tenant: Option<String>,
     ticket: Option<Ticket>,
 }
 
 impl LeaseRecord {
-    pub(super) fn new(session: &str, model: &str, version: u32) -> Self {
+    pub(super) fn new(session: &str, tenant: Option<&str>, model: &str, version: u32) -> Self {
         Self {
             session: session.to_owned(),
             model: model.to_owned(),
             version,
+            tenant: tenant.map(str::to_owned),
             ticket: None,
         }
     }
 }
 
-/// Every lease, by id, with an index of tickets to their leases.
+/// Every lease, by id, with an index of tickets to their leases and the count of outstanding
+/// tickets per session and per tenant.
 #[derive(Debug, Default)]
 pub(super) struct Leases {
     by_id: HashMap<String, LeaseRecord>,
     tickets: HashMap<String, String>,
+    per_session: HashMap<String, usize>,
+    per_tenant: HashMap<String, usize>,
+}
+
+/// Adds `delta` (±1) to `key`'s count, dropping counts that reach zero.
+fn count(map: &mut HashMap<String, usize>, key: &str, up: bool) {
+    if up {
+        *map.entry(key.to_owned()).or_default() += 1;
+    } else if let Some(n) = map.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
 }
 
 impl Leases {
@@ -88,58 +142,95 @@ impl Leases {
 
     /// Removes a lease; its ticket's descriptor goes to the graveyard.
     pub(super) fn remove(&mut self, id: &str, grave: &mut Graveyard) -> Option<LeaseRecord> {
-        let mut lease = self.by_id.remove(id)?;
-        if let Some(t) = lease.ticket.take() {
-            self.tickets.remove(&t.id);
+        if let Some(t) = self.take_ticket(id) {
             grave.fd(t.fd);
         }
-        Some(lease)
+        self.by_id.remove(id)
+    }
+
+    /// Takes `lease`'s outstanding ticket out of the indexes and counts.
+    fn take_ticket(&mut self, lease: &str) -> Option<Ticket> {
+        let record = self.by_id.get_mut(lease)?;
+        let t = record.ticket.take()?;
+        self.tickets.remove(&t.id);
+        count(&mut self.per_session, &record.session, false);
+        if let Some(tenant) = &record.tenant {
+            count(&mut self.per_tenant, tenant, false);
+        }
+        Some(t)
+    }
+
+    /// Refuses one more ticket for `record` past a limit (`replacing`: it gives one back).
+    fn check_limits(
+        &self,
+        record: &LeaseRecord,
+        replacing: bool,
+        limits: &TicketLimits,
+    ) -> Result<(), IssueError> {
+        let back = usize::from(replacing);
+        let over = |n: usize, limit: usize| n.saturating_sub(back) >= limit;
+        let session = self.per_session.get(&record.session).copied().unwrap_or(0);
+        if over(session, limits.per_session) {
+            return Err(IssueError::Limit {
+                scope: "of this session".into(),
+                limit: limits.per_session,
+            });
+        }
+        if let Some(tenant) = &record.tenant {
+            let n = self.per_tenant.get(tenant).copied().unwrap_or(0);
+            if over(n, limits.per_tenant) {
+                return Err(IssueError::Limit {
+                    scope: format!("of tenant {tenant}"),
+                    limit: limits.per_tenant,
+                });
+            }
+        }
+        if over(self.tickets.len(), limits.total) {
+            return Err(IssueError::Limit {
+                scope: "in all".into(),
+                limit: limits.total,
+            });
+        }
+        Ok(())
     }
 
     /// Files `fd` on `lease` under a new ticket valid until `expires` (for `uid` only, when
-    /// given). `None` if the lease is gone meanwhile (the descriptor is buried).
+    /// given), replacing the lease's earlier one. Refused when the lease is gone meanwhile or
+    /// a limit is reached; the descriptor is then buried.
     pub(super) fn issue_ticket(
         &mut self,
         lease: &str,
         fd: OwnedFd,
         uid: Option<u32>,
         expires: Instant,
+        limits: &TicketLimits,
         grave: &mut Graveyard,
-    ) -> Option<String> {
-        if !self.by_id.contains_key(lease) {
+    ) -> Result<String, IssueError> {
+        let Some(record) = self.by_id.get(lease) else {
             grave.fd(fd);
-            return None;
+            return Err(IssueError::LeaseGone);
+        };
+        if let Err(e) = self.check_limits(record, record.ticket.is_some(), limits) {
+            grave.fd(fd);
+            return Err(e);
         }
-        if self.tickets.len() >= MAX_TICKETS {
-            self.evict_soonest(grave);
+        if let Some(old) = self.take_ticket(lease) {
+            grave.fd(old.fd);
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let record = self.by_id.get_mut(lease)?;
-        if let Some(old) = record.ticket.replace(Ticket {
+        let record = self.by_id.get_mut(lease).ok_or(IssueError::LeaseGone)?;
+        record.ticket = Some(Ticket {
             id: id.clone(),
             fd,
             expires,
             uid,
-        }) {
-            self.tickets.remove(&old.id);
-            grave.fd(old.fd);
+        });
+        count(&mut self.per_session, &record.session, true);
+        if let Some(tenant) = &record.tenant {
+            count(&mut self.per_tenant, tenant, true);
         }
         self.tickets.insert(id.clone(), lease.to_owned());
-        Some(id)
-    }
-
-    fn evict_soonest(&mut self, grave: &mut Graveyard) {
-        let soonest = self
-            .by_id
-            .iter()
-            .filter_map(|(id, l)| l.ticket.as_ref().map(|t| (t.expires, id.clone())))
-            .min();
-        if let Some((_, lease)) = soonest
-            && let Some(t) = self.by_id.get_mut(&lease).and_then(|l| l.ticket.take())
-        {
-            self.tickets.remove(&t.id);
-            grave.fd(t.fd);
-        }
+        Ok(id)
     }
 
     /// Takes the descriptor filed under `ticket` if the ticket is live and the redeeming peer
@@ -151,12 +242,15 @@ impl Leases {
         now: Instant,
         grave: &mut Graveyard,
     ) -> Result<OwnedFd, TicketError> {
-        let lease = self.tickets.remove(ticket).ok_or(TicketError::Unknown)?;
-        let t = self
-            .by_id
-            .get_mut(&lease)
-            .and_then(|l| l.ticket.take())
-            .ok_or(TicketError::LeaseGone)?;
+        let lease = self
+            .tickets
+            .get(ticket)
+            .cloned()
+            .ok_or(TicketError::Unknown)?;
+        let Some(t) = self.take_ticket(&lease) else {
+            self.tickets.remove(ticket);
+            return Err(TicketError::LeaseGone);
+        };
         if t.expires <= now {
             grave.fd(t.fd);
             return Err(TicketError::Expired);
@@ -176,16 +270,12 @@ impl Leases {
         now: Instant,
         grave: &mut Graveyard,
     ) {
-        let Some(record) = self.by_id.get_mut(lease) else {
-            return;
-        };
-        if record
-            .ticket
-            .as_ref()
-            .is_some_and(|t| t.id == ticket && t.expires <= now)
-            && let Some(t) = record.ticket.take()
-        {
-            self.tickets.remove(&t.id);
+        let due = self
+            .by_id
+            .get(lease)
+            .and_then(|r| r.ticket.as_ref())
+            .is_some_and(|t| t.id == ticket && t.expires <= now);
+        if due && let Some(t) = self.take_ticket(lease) {
             grave.fd(t.fd);
         }
     }
@@ -210,9 +300,15 @@ mod tests {
 
     fn store() -> (Leases, Graveyard) {
         let mut l = Leases::default();
-        l.insert("lease".into(), LeaseRecord::new("s", "m", 1));
+        l.insert("lease".into(), LeaseRecord::new("s", Some("t"), "m", 1));
         (l, Graveyard::default())
     }
+
+    const LIMITS: TicketLimits = TicketLimits {
+        per_session: 2,
+        per_tenant: 3,
+        total: 4,
+    };
 
     fn soon() -> Instant {
         Instant::now() + Duration::from_secs(10)
@@ -223,7 +319,7 @@ mod tests {
     fn a_ticket_is_redeemed_once() {
         let (mut t, mut g) = store();
         let id = t
-            .issue_ticket("lease", some_fd(), None, soon(), &mut g)
+            .issue_ticket("lease", some_fd(), None, soon(), &LIMITS, &mut g)
             .unwrap();
         assert!(t.redeem(&id, None, Instant::now(), &mut g).is_ok());
         assert_eq!(
@@ -237,14 +333,14 @@ mod tests {
     fn expired_and_orphaned_tickets_are_refused() {
         let (mut t, mut g) = store();
         let id = t
-            .issue_ticket("lease", some_fd(), None, Instant::now(), &mut g)
+            .issue_ticket("lease", some_fd(), None, Instant::now(), &LIMITS, &mut g)
             .unwrap();
         assert_eq!(
             t.redeem(&id, None, Instant::now(), &mut g).unwrap_err(),
             TicketError::Expired
         );
         let id = t
-            .issue_ticket("lease", some_fd(), None, soon(), &mut g)
+            .issue_ticket("lease", some_fd(), None, soon(), &LIMITS, &mut g)
             .unwrap();
         t.remove("lease", &mut g);
         assert_eq!(
@@ -253,8 +349,8 @@ mod tests {
         );
         assert_eq!(t.tickets(), 0, "ending a lease ends its ticket");
         assert!(
-            t.issue_ticket("lease", some_fd(), None, soon(), &mut g)
-                .is_none(),
+            t.issue_ticket("lease", some_fd(), None, soon(), &LIMITS, &mut g)
+                == Err(IssueError::LeaseGone),
             "no ticket for a lease that is gone"
         );
     }
@@ -266,7 +362,7 @@ mod tests {
         let (mut t, mut g) = store();
         let now = Instant::now;
         let id = t
-            .issue_ticket("lease", some_fd(), Some(1000), soon(), &mut g)
+            .issue_ticket("lease", some_fd(), Some(1000), soon(), &LIMITS, &mut g)
             .unwrap();
         assert_eq!(
             t.redeem(&id, Some(1001), now(), &mut g).unwrap_err(),
@@ -278,14 +374,14 @@ mod tests {
             "a refused attempt consumes the ticket"
         );
         let id = t
-            .issue_ticket("lease", some_fd(), Some(1000), soon(), &mut g)
+            .issue_ticket("lease", some_fd(), Some(1000), soon(), &LIMITS, &mut g)
             .unwrap();
         assert_eq!(
             t.redeem(&id, None, now(), &mut g).unwrap_err(),
             TicketError::WrongUid
         );
         let id = t
-            .issue_ticket("lease", some_fd(), Some(1000), soon(), &mut g)
+            .issue_ticket("lease", some_fd(), Some(1000), soon(), &LIMITS, &mut g)
             .unwrap();
         assert!(t.redeem(&id, Some(1000), now(), &mut g).is_ok());
     }
@@ -295,12 +391,77 @@ mod tests {
     fn expiry_closes_only_the_expired_ticket() {
         let (mut t, mut g) = store();
         let id = t
-            .issue_ticket("lease", some_fd(), None, soon(), &mut g)
+            .issue_ticket("lease", some_fd(), None, soon(), &LIMITS, &mut g)
             .unwrap();
         t.expire("lease", &id, Instant::now(), &mut g);
         assert_eq!(t.tickets(), 1, "not yet expired");
         t.expire("lease", &id, soon() + Duration::from_secs(1), &mut g);
         assert_eq!(t.tickets(), 0);
         assert_eq!(g.fds.len(), 1, "its descriptor is closed after the lock");
+    }
+
+    /// Unredeemed tickets are limited per session, per tenant and in all; a refused ticket's
+    /// descriptor is closed, a replaced one does not count twice, and a redeemed or expired
+    /// one frees its place.
+    #[test]
+    fn unredeemed_tickets_are_limited() {
+        let mut t = Leases::default();
+        let mut g = Graveyard::default();
+        for (id, session, tenant) in [
+            ("a1", "sa", Some("t")),
+            ("a2", "sa", Some("t")),
+            ("a3", "sa", Some("t")),
+            ("b1", "sb", Some("t")),
+            ("b2", "sb", Some("t")),
+            ("c1", "sc", None),
+            ("d1", "sd", None),
+        ] {
+            t.insert(id.into(), LeaseRecord::new(session, tenant, "m", 1));
+        }
+        let issue = |t: &mut Leases, g: &mut Graveyard, lease: &str| {
+            t.issue_ticket(lease, some_fd(), None, soon(), &LIMITS, g)
+        };
+        let first = issue(&mut t, &mut g, "a1").expect("first");
+        issue(&mut t, &mut g, "a1").expect("a replacement does not count twice");
+        assert_eq!(t.tickets(), 1);
+        issue(&mut t, &mut g, "a2").expect("second of the session");
+        let err = issue(&mut t, &mut g, "a3").unwrap_err();
+        assert!(
+            matches!(&err, IssueError::Limit { scope, limit: 2 } if scope == "of this session"),
+            "{err:?}"
+        );
+        issue(&mut t, &mut g, "b1").expect("the tenant's third");
+        let err = issue(&mut t, &mut g, "b2").unwrap_err();
+        assert!(
+            matches!(&err, IssueError::Limit { limit: 3, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("of tenant t"), "{err}");
+        issue(&mut t, &mut g, "c1").expect("a caller without a tenant: the fourth in all");
+        let err = issue(&mut t, &mut g, "d1").unwrap_err();
+        assert!(err.to_string().contains("in all"), "{err}");
+        assert_eq!(t.tickets(), 4);
+        assert_eq!(
+            g.fds.len(),
+            4,
+            "replaced and refused descriptors are closed"
+        );
+        // The replaced ticket is gone; redeeming the live one frees a place.
+        assert_eq!(
+            t.redeem(&first, None, Instant::now(), &mut g).unwrap_err(),
+            TicketError::Unknown
+        );
+        let live = t.by_id["a1"]
+            .ticket
+            .as_ref()
+            .map(|k| k.id.clone())
+            .expect("a1's ticket");
+        t.redeem(&live, None, Instant::now(), &mut g)
+            .expect("redeemed");
+        issue(&mut t, &mut g, "a3").expect("the session has room again");
+        t.remove("a3", &mut g);
+        issue(&mut t, &mut g, "d1").expect("removing a lease frees its ticket's place");
+        assert_eq!(t.per_session.get("sa"), Some(&1));
+        assert_eq!(t.per_tenant.get("t"), Some(&2));
     }
 }

@@ -33,7 +33,7 @@ use modelshare_device::ArenaHandle;
 use tokio::sync::broadcast;
 
 use self::graveyard::Guard;
-pub use self::leases::TicketError;
+pub use self::leases::{TicketError, TicketLimits};
 use self::state::{State, snapshot_model, snapshot_version};
 pub use self::types::*;
 use self::versions::LoadRequest;

@@ -21,6 +21,8 @@ pub struct RegistryLimits {
     pub max_sessions: usize,
     /// Most leases one session may hold.
     pub max_leases_per_session: usize,
+    /// Most unredeemed tickets (open descriptors) per session, per tenant and in all.
+    pub tickets: super::TicketLimits,
 }
 
 impl Default for RegistryLimits {
@@ -30,6 +32,7 @@ impl Default for RegistryLimits {
             max_total_bytes: None,
             max_sessions: 4096,
             max_leases_per_session: 1024,
+            tickets: super::TicketLimits::default(),
         }
     }
 }

@@ -264,11 +264,14 @@ impl WorkerApi {
             Some(fd) => {
                 let ttl = self.app.config.ticket_ttl;
                 let expires = tokio::time::Instant::now() + ttl;
-                let Some(ticket) =
-                    registry.issue_ticket(&att.lease_id, fd, peer_uid, expires.into_std())
-                else {
-                    return Err(ServerError::LeaseNotFound(att.lease_id).into());
-                };
+                let ticket =
+                    match registry.issue_ticket(&att.lease_id, fd, peer_uid, expires.into_std()) {
+                        Ok(ticket) => ticket,
+                        Err(e) => {
+                            let _ = registry.release(caller, &req.session_id, &att.lease_id);
+                            return Err(self.app.refuse(e));
+                        }
+                    };
                 self.app.timer.schedule(
                     expires,
                     Expiry::Ticket {

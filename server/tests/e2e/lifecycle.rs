@@ -615,6 +615,99 @@ async fn exhausted_descriptors_do_not_spin_the_listeners() {
     );
 }
 
+/// Descriptors the process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Each unredeemed ticket holds a descriptor: one client attaching a thousand times without
+/// redeeming must hit its session's limit (RESOURCE_EXHAUSTED), not exhaust the server's
+/// descriptors, so that another session's attach and a load still work; and the timer must
+/// close the hoarded descriptors when the tickets expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hoarded_tickets_are_limited_and_expire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_small(dir.path(), "m", 1);
+    write_small(dir.path(), "n", 2);
+    let cfg = dir.path().join("modelshare.toml");
+    std::fs::write(&cfg, "ticket_ttl_ms = 1500\n").expect("config");
+    // 512 descriptors: a quarter (128) for tickets in all, 64 per session.
+    let mut server = serve_with_nofile(
+        "512:512",
+        dir.path(),
+        &["--config", cfg.to_str().expect("utf8")],
+    );
+    let address = format!("unix:{}", dir.path().join("g.sock").display());
+    let mut channel = None;
+    for _ in 0..200 {
+        if let Ok(ch) = modelshare_worker::connect::channel(&address).await {
+            channel = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(channel.expect("started"));
+    common::load(&mut admin, "m", "m").await.expect("load m");
+    let hoarder = common::raw_session(&address, pb::Hello::default()).await;
+    let baseline = open_fds(server.id());
+    let attach = |mut session: RawSessionClient, id: String| async move {
+        session
+            .attach(pb::AttachRequest {
+                session_id: id,
+                model: "m".into(),
+                version: 0,
+            })
+            .await
+    };
+    let (mut granted, mut refused) = (0, 0);
+    for _ in 0..1000 {
+        match attach(hoarder.worker.clone(), hoarder.welcome.session_id.clone()).await {
+            Ok(_) => granted += 1,
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                assert!(
+                    status
+                        .message()
+                        .contains("unredeemed tickets of this session"),
+                    "{}",
+                    status.message()
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((granted, refused), (64, 936));
+    let hoarding = open_fds(server.id());
+    assert!(
+        hoarding >= baseline + 64 && hoarding < 400,
+        "{baseline} → {hoarding} descriptors"
+    );
+    // Someone else still attaches and loads.
+    let other = common::raw_session(&address, pb::Hello::default()).await;
+    attach(other.worker.clone(), other.welcome.session_id.clone())
+        .await
+        .expect("another session attaches");
+    common::load(&mut admin, "n", "n")
+        .await
+        .expect("a load still opens its files");
+    // The timer closes what was never redeemed.
+    let pid = server.id();
+    common::eventually(
+        Duration::from_secs(10),
+        "expired tickets closed",
+        || async move { open_fds(pid) <= baseline + 4 },
+    )
+    .await;
+    attach(hoarder.worker.clone(), hoarder.welcome.session_id.clone())
+        .await
+        .expect("the session's tickets expired: it may attach again");
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+type RawSessionClient =
+    modelshare_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel>;
+
 /// Reads the held-memory record of `model`@`version` beside the server's handle socket.
 fn held_record(server: &Server, model: &str, version: u32) -> Option<serde_json::Value> {
     let path = server
