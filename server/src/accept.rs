@@ -85,19 +85,31 @@ pub fn fd_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
-/// Lowers the most sessions (each holds a pidfd of its worker) and the most unredeemed tickets
-/// (each holds a descriptor of an arena) so that each takes at most a quarter of `nofile`;
-/// the rest stays for connections, arenas, model files and the log. Returns the limits
-/// before, when it changed them, for the start-up log.
+/// Lowers the most sessions (each holds a pidfd of its worker), the most unredeemed tickets
+/// (each holds a descriptor of an arena) and the most connections of each listener so that
+/// each takes at most a quarter of `nofile`; the rest stays for arenas, model files and the
+/// log. Returns whether it changed any.
 pub fn fit_to_fd_limit(
     limits: &mut crate::registry::RegistryLimits,
+    connections: &mut crate::connections::ConnLimits,
     nofile: u64,
-) -> Option<(usize, usize)> {
+) -> bool {
     let share = usize::try_from(nofile / 4).unwrap_or(usize::MAX).max(1);
-    let before = (limits.max_sessions, limits.tickets.total);
+    let before = (
+        limits.max_sessions,
+        limits.tickets.total,
+        connections.max_per_listener,
+    );
     limits.max_sessions = limits.max_sessions.min(share);
     limits.tickets.total = limits.tickets.total.min(share);
-    (before != (limits.max_sessions, limits.tickets.total)).then_some(before)
+    connections.max_per_listener = connections.max_per_listener.min(share);
+    connections.max_per_peer = connections.max_per_peer.min(connections.max_per_listener);
+    before
+        != (
+            limits.max_sessions,
+            limits.tickets.total,
+            connections.max_per_listener,
+        )
 }
 
 #[cfg(test)]
@@ -106,18 +118,18 @@ mod tests {
     use crate::registry::RegistryLimits;
 
     #[test]
-    fn sessions_and_tickets_fit_a_low_descriptor_limit() {
+    fn sessions_tickets_and_connections_fit_a_low_descriptor_limit() {
         let mut limits = RegistryLimits::default();
-        assert_eq!(
-            fit_to_fd_limit(&mut limits, 1 << 20),
-            None,
+        let mut conns = crate::connections::ConnLimits::default();
+        assert!(
+            !fit_to_fd_limit(&mut limits, &mut conns, 1 << 20),
             "room for the defaults"
         );
-        assert_eq!(
-            fit_to_fd_limit(&mut limits, 1024),
-            Some((4096, 65_536)),
+        assert!(
+            fit_to_fd_limit(&mut limits, &mut conns, 1024),
             "the defaults exceed a quarter of 1024 each"
         );
         assert_eq!((limits.max_sessions, limits.tickets.total), (256, 256));
+        assert_eq!((conns.max_per_listener, conns.max_per_peer), (256, 256));
     }
 }

@@ -63,6 +63,7 @@ pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod demo;
 pub mod devices;
 pub mod error;

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::app::App;
 use crate::config::{ClientAuth, Config, TlsSettings};
+use crate::connections::{Gate, PeerKey, StreamsLayer};
 use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::handles;
@@ -39,11 +40,14 @@ use crate::service::worker::WorkerApi;
 use crate::tenants::auth::AuthLayer;
 use crate::tenants::{Access, Caller, TenantStore};
 
-/// The middleware stack of the gRPC server: metrics outermost (refusals are counted too),
-/// then authentication.
+/// The middleware stack of the gRPC server: the connection's stream count outermost, then
+/// metrics (refusals are counted too), then authentication.
 type GrpcStack = tower::layer::util::Stack<
     AuthLayer,
-    tower::layer::util::Stack<GrpcMetricsLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        GrpcMetricsLayer,
+        tower::layer::util::Stack<StreamsLayer, tower::layer::util::Identity>,
+    >,
 >;
 
 /// Largest gRPC message accepted or sent (manifests with metadata files can be large).
@@ -198,6 +202,8 @@ fn router(
         builder = builder.tls_config(tls)?;
     }
     Ok(builder
+        // Keep the connection open while a stream is (see `connections`: idle ones are closed).
+        .layer(StreamsLayer)
         // Count and time every request by service, method and status code.
         .layer(GrpcMetricsLayer::new(app.metrics.clone()))
         // Bearer token → caller; uid binding; in-flight quota.
@@ -260,18 +266,18 @@ pub async fn run_notify(
             after, "raised the open-file limit (soft) to the hard limit"
         );
     }
-    if let Some(nofile) = crate::accept::fd_limit()
-        && let Some((sessions, tickets)) =
-            crate::accept::fit_to_fd_limit(&mut config.registry, nofile)
-    {
-        warn!(
-            open_file_limit = nofile,
-            max_sessions = config.registry.max_sessions,
-            max_tickets = config.registry.tickets.total,
-            configured_sessions = sessions,
-            configured_tickets = tickets,
-            "sessions and unredeemed tickets lowered to a quarter of the open-file limit each"
-        );
+    if let Some(nofile) = crate::accept::fd_limit() {
+        let config = &mut config;
+        if crate::accept::fit_to_fd_limit(&mut config.registry, &mut config.connections, nofile) {
+            warn!(
+                open_file_limit = nofile,
+                max_sessions = config.registry.max_sessions,
+                max_tickets = config.registry.tickets.total,
+                max_connections = config.connections.max_per_listener,
+                "sessions, unredeemed tickets and connections per listener lowered to a quarter \
+                 of the open-file limit each"
+            );
+        }
     }
     let config = Arc::new(config);
     let devices = Devices::open(
@@ -343,8 +349,9 @@ pub async fn run_notify(
         info!(http = ?local, "http listening (metrics, probes, OIP and OpenAI routes)");
         let state = HttpState { app: app.clone() };
         let stop = app.shutdown.clone();
+        let gate = Gate::new("http", config.connections, metrics.clone());
         tasks.spawn(async move {
-            http::serve(listener, state, stop)
+            http::serve(listener, gate, state, stop)
                 .await
                 .map_err(|source| ServeError::Bind {
                     what: "http".into(),
@@ -372,11 +379,15 @@ pub async fn run_notify(
         bound.tcp = Some(local);
         // Requests and answers are small messages on long-lived connections: send each at once
         // (Nagle's algorithm with delayed ACKs costs up to 40 ms a message under load).
-        let incoming =
-            crate::accept::paced(TcpListenerStream::new(listener), "grpc tcp").map(|conn| {
-                conn.inspect(|stream| {
+        let gate = Gate::new("grpc_tcp", config.connections, metrics.clone());
+        let incoming = crate::accept::paced(TcpListenerStream::new(listener), "grpc tcp")
+            .filter_map(move |conn| match conn {
+                Ok(stream) => {
                     let _ = stream.set_nodelay(true);
-                })
+                    let peer = PeerKey::of_tcp(&stream);
+                    gate.admit(stream, peer).map(Ok)
+                }
+                Err(e) => Some(Err(e)),
             });
         let stop = app.shutdown.clone();
         let tls = config.tls.as_ref().map(tls_config).transpose()?;
@@ -391,7 +402,15 @@ pub async fn run_notify(
         let listener = bind_unix(path).await?;
         set_socket_mode(path, config.unix_socket_mode)?;
         bound.unix = Some(path.clone());
-        let incoming = crate::accept::paced(UnixListenerStream::new(listener), "grpc unix");
+        let gate = Gate::new("grpc_unix", config.connections, metrics.clone());
+        let incoming = crate::accept::paced(UnixListenerStream::new(listener), "grpc unix")
+            .filter_map(move |conn| match conn {
+                Ok(stream) => {
+                    let peer = PeerKey::of_unix(&stream);
+                    gate.admit(stream, peer).map(Ok)
+                }
+                Err(e) => Some(Err(e)),
+            });
         let stop = app.shutdown.clone();
         let r = router(&app, health.clone(), None)?;
         tasks.spawn(async move {

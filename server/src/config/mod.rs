@@ -95,6 +95,8 @@ pub struct Config {
     pub max_concurrent_loads: usize,
     /// Registry limits.
     pub registry: RegistryLimits,
+    /// Caps and timeouts of each listener's connections.
+    pub connections: crate::connections::ConnLimits,
     /// Limits on weight files.
     pub weights: WeightLimits,
     /// Tenants file (none: authentication off).
@@ -202,6 +204,27 @@ impl Config {
                 "TLS is for the TCP listener, and none is configured (--listen)".into(),
             ));
         }
+        for (key, value) in [
+            ("max_connections", limits.max_connections.map(|v| v as u64)),
+            (
+                "max_connections_per_peer",
+                limits.max_connections_per_peer.map(|v| v as u64),
+            ),
+            (
+                "connection_handshake_timeout_ms",
+                limits.connection_handshake_timeout_ms,
+            ),
+            (
+                "connection_idle_timeout_ms",
+                limits.connection_idle_timeout_ms,
+            ),
+        ] {
+            if value == Some(0) {
+                return Err(ConfigError::Invalid(format!(
+                    "[limits] {key} must be at least 1"
+                )));
+            }
+        }
         let serving = ServingSettings::merge(
             serving::ServingFlags {
                 max_queue_delay_us: args.max_queue_delay_us,
@@ -265,6 +288,17 @@ impl Config {
                         .unwrap_or(defaults.tickets.per_tenant),
                     total: limits.max_tickets.unwrap_or(defaults.tickets.total),
                 },
+            },
+            connections: {
+                let d = crate::connections::ConnLimits::default();
+                let ms =
+                    |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
+                crate::connections::ConnLimits {
+                    max_per_listener: limits.max_connections.unwrap_or(d.max_per_listener),
+                    max_per_peer: limits.max_connections_per_peer.unwrap_or(d.max_per_peer),
+                    handshake: ms(limits.connection_handshake_timeout_ms, d.handshake),
+                    idle: ms(limits.connection_idle_timeout_ms, d.idle),
+                }
             },
             tenants_file: args.tenants_file.or(file.tenants_file),
             unix_socket_mode,

@@ -66,15 +66,17 @@ pub fn router(state: HttpState) -> Router {
 /// Serves [`router`] on `listener` until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    gate: crate::connections::Gate,
     state: HttpState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Small answers on kept-alive connections: send each at once (no Nagle delay).
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(state))
+    use crate::connections::{ConnInfo, GatedListener, StreamsLayer};
+    // Connections within the gate's caps, closed when they take too long to send a request
+    // or stay idle (see `connections`); each request counted open until its answer ends.
+    let app = router(state)
+        .layer(StreamsLayer)
+        .into_make_service_with_connect_info::<ConnInfo<SocketAddr>>();
+    axum::serve(GatedListener::new(listener, gate), app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

@@ -53,6 +53,10 @@ pub struct Metrics {
     pub inference_outstanding: IntGaugeVec,
     /// Serve streams, by model.
     pub serving_workers: IntGaugeVec,
+    /// Open connections, by listener.
+    pub connections: IntGaugeVec,
+    /// Connections refused or closed by the server, by listener and reason.
+    pub connections_closed: IntCounterVec,
     /// Requests refused by the authentication layer, by reason.
     auth_refusals: IntCounterVec,
     /// Calls refused for a tenant quota, by tenant and quota.
@@ -185,6 +189,17 @@ impl Metrics {
                 &["service", "method", "code"],
             )?,
             grpc_seconds,
+            connections: gauge_vec(
+                "modelshare_connections",
+                "Open connections, by listener (grpc_tcp, grpc_unix, http).",
+                &["listener"],
+            )?,
+            connections_closed: counter_vec(
+                "modelshare_connections_closed_total",
+                "Connections the server refused or closed, by listener and reason \
+                 (listener_full, peer_full, handshake_timeout, idle_timeout).",
+                &["listener", "reason"],
+            )?,
             inference_requests: counter_vec(
                 "modelshare_inference_requests_total",
                 "Inference requests by model, tenant (admin: the admin) and gRPC status code.",

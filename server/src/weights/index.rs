@@ -40,6 +40,16 @@ pub fn parse_index(
             size,
         ));
     }
+    // JSON is UTF-8; the parts skipped below (other keys, `metadata`) are not checked by the
+    // parser, so check the whole text first (found by fuzzing).
+    if let Err(e) = std::str::from_utf8(bytes) {
+        let at = u64::try_from(e.valid_up_to()).unwrap_or(u64::MAX);
+        return Err(WeightsError::malformed(
+            display,
+            at,
+            "index file is not valid UTF-8",
+        ));
+    }
     let ctx = Ctx {
         display,
         limits,

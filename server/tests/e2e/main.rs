@@ -6,6 +6,7 @@ mod common;
 mod worker_util;
 
 mod cli;
+mod connections;
 mod front;
 mod lifecycle;
 mod load;
