@@ -73,6 +73,7 @@ pub mod handles;
 pub mod held;
 pub mod http;
 pub mod loader;
+pub mod message_limits;
 pub mod metrics;
 pub mod model;
 pub mod names;

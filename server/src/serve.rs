@@ -31,6 +31,7 @@ use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::handles;
 use crate::http::{self, HttpState};
+use crate::message_limits::MessageLimitLayer;
 use crate::metrics::Metrics;
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::registry::LoadFor;
@@ -41,12 +42,16 @@ use crate::tenants::auth::AuthLayer;
 use crate::tenants::{Access, Caller, TenantStore};
 
 /// The middleware stack of the gRPC server: the connection's stream count outermost, then
-/// metrics (refusals are counted too), then authentication.
+/// metrics (refusals are counted too), then authentication, then the bound on each method's
+/// request messages.
 type GrpcStack = tower::layer::util::Stack<
-    AuthLayer,
+    MessageLimitLayer,
     tower::layer::util::Stack<
-        GrpcMetricsLayer,
-        tower::layer::util::Stack<StreamsLayer, tower::layer::util::Identity>,
+        AuthLayer,
+        tower::layer::util::Stack<
+            GrpcMetricsLayer,
+            tower::layer::util::Stack<StreamsLayer, tower::layer::util::Identity>,
+        >,
     >,
 >;
 
@@ -208,6 +213,8 @@ fn router(
         .layer(GrpcMetricsLayer::new(app.metrics.clone()))
         // Bearer token → caller; uid binding; in-flight quota.
         .layer(AuthLayer::new(app.tenants.clone(), app.metrics.clone()))
+        // Kilobytes for the methods that carry no payload (see `message_limits`).
+        .layer(MessageLimitLayer)
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)
         // Detect dead peers on idle connections (a worker host that vanished).

@@ -883,3 +883,86 @@ async fn header_metadata_over_the_limit_is_refused() {
     )
     .await;
 }
+
+/// The peak resident memory of process `pid`, in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// An `Attach` needs kilobytes: requests of 32 MiB each (sent four at a time) are refused with
+/// RESOURCE_EXHAUSTED from their length prefix, before the server buffers them, so its memory
+/// does not grow by what hostile clients send. A normal attach still works afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_requests_are_refused_before_they_are_buffered() {
+    let server = Server::start().await;
+    let channel = modelshare_worker::connect::channel(&server.address)
+        .await
+        .expect("channel");
+    let worker = modelshare_proto::v1::worker_service_client::WorkerServiceClient::new(channel)
+        .max_encoding_message_size(64 << 20);
+    let before = peak_rss(server.pid());
+    let huge = "x".repeat(32 << 20);
+    let calls = (0..4).map(|_| {
+        let mut w = worker.clone();
+        let model = huge.clone();
+        async move {
+            w.attach(pb::AttachRequest {
+                session_id: "s".into(),
+                model,
+                version: 0,
+            })
+            .await
+        }
+    });
+    for result in futures_join(calls).await {
+        let status = result.expect_err("a 32 MiB attach");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("exceeds this method's limit of 65536 bytes"),
+            "{}",
+            status.message()
+        );
+    }
+    let grew = peak_rss(server.pid()).saturating_sub(before);
+    assert!(
+        grew < 48 << 20,
+        "the server's peak memory grew by {} MiB",
+        grew >> 20
+    );
+    let err = worker
+        .clone()
+        .attach(pb::AttachRequest {
+            session_id: "no-such-session".into(),
+            model: "m".into(),
+            version: 0,
+        })
+        .await
+        .expect_err("no session");
+    assert_eq!(
+        err.code(),
+        Code::NotFound,
+        "a small request is read as before: {err:?}"
+    );
+}
+
+/// Runs the futures at once and collects their outputs in order.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("task"));
+    }
+    out
+}

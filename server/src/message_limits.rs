@@ -1,0 +1,219 @@
+//! Per-method bounds on the size of gRPC request messages.
+//!
+//! tonic bounds the messages of a whole service; the worker service needs 128 MiB for a batch's
+//! results (`Serve`) but kilobytes for everything else, and a client sending 100 MiB
+//! `Attach` requests must not make the server buffer them. [`MessageLimitLayer`] reads the
+//! 5-byte prefix of each gRPC message as the request body streams in (`flag`, then a 32-bit
+//! big-endian length) and fails the call with RESOURCE_EXHAUSTED as soon as a message declares
+//! more than its method allows, before the message is buffered.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tonic::codegen::Bytes;
+use tonic::codegen::http;
+use tower::{Layer, Service};
+
+/// The bound on a request message of methods that carry no payload (names, ids, heartbeats).
+pub const SMALL_REQUEST_BYTES: u32 = 64 << 10;
+
+/// Methods whose requests carry payloads: bounded by their service's own limit only.
+const PAYLOAD_METHODS: &[&str] = &[
+    "/modelshare.v1.WorkerService/Serve",
+    "/inference.GRPCInferenceService/ModelInfer",
+];
+
+/// The bound for `path` (`/package.Service/Method`), `None` when the service's limit applies.
+pub fn limit_for(path: &str) -> Option<u32> {
+    if PAYLOAD_METHODS.contains(&path) || path.starts_with("/modelshare.v1.AdminService/") {
+        // The admin service has its own (1 MiB) bound, set on the service.
+        return None;
+    }
+    Some(SMALL_REQUEST_BYTES)
+}
+
+/// The layer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MessageLimitLayer;
+
+impl<S> Layer<S> for MessageLimitLayer {
+    type Service = MessageLimit<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        MessageLimit { inner }
+    }
+}
+
+/// The service of [`MessageLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct MessageLimit<S> {
+    inner: S,
+}
+
+impl<S> Service<http::Request<tonic::body::Body>> for MessageLimit<S>
+where
+    S: Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        match limit_for(req.uri().path()) {
+            None => self.inner.call(req),
+            Some(limit) => self.inner.call(req.map(|body| {
+                tonic::body::Body::new(Bounded {
+                    body,
+                    limit,
+                    scan: Scan::default(),
+                })
+            })),
+        }
+    }
+}
+
+/// Where the scan of the message stream is: in a prefix (bytes of it seen so far) or in a
+/// message's payload (bytes of it left).
+#[derive(Debug, Clone, Copy)]
+enum Scan {
+    Prefix { seen: usize, bytes: [u8; 5] },
+    Payload { left: u64 },
+}
+
+impl Default for Scan {
+    fn default() -> Self {
+        Scan::Prefix {
+            seen: 0,
+            bytes: [0; 5],
+        }
+    }
+}
+
+impl Scan {
+    /// Walks `chunk`; the first declared length over `limit`, if any.
+    fn feed(&mut self, mut chunk: &[u8], limit: u32) -> Result<(), u32> {
+        while !chunk.is_empty() {
+            match self {
+                Scan::Prefix { seen, bytes } => {
+                    let take = (5 - *seen).min(chunk.len());
+                    bytes[*seen..*seen + take].copy_from_slice(&chunk[..take]);
+                    *seen += take;
+                    chunk = &chunk[take..];
+                    if *seen == 5 {
+                        let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+                        if len > limit {
+                            return Err(len);
+                        }
+                        *self = Scan::Payload {
+                            left: u64::from(len),
+                        };
+                    }
+                }
+                Scan::Payload { left } => {
+                    let take = (*left).min(chunk.len() as u64);
+                    *left -= take;
+                    chunk = &chunk[usize::try_from(take).unwrap_or(chunk.len())..];
+                    if *left == 0 {
+                        *self = Scan::default();
+                    }
+                }
+            }
+        }
+        // A zero-length message ends right after its prefix.
+        if let Scan::Payload { left: 0 } = self {
+            *self = Scan::default();
+        }
+        Ok(())
+    }
+}
+
+/// A request body that fails once a message declares more than `limit` bytes.
+#[derive(Debug)]
+struct Bounded {
+    body: tonic::body::Body,
+    limit: u32,
+    scan: Scan,
+}
+
+impl http_body::Body for Bounded {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
+        let this = &mut *self;
+        let frame = match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(len) = this.scan.feed(data, this.limit)
+        {
+            return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(format!(
+                "a request message of {len} bytes exceeds this method's limit of {} bytes",
+                this.limit
+            )))));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(len: u32) -> Vec<u8> {
+        let mut m = vec![0u8];
+        m.extend_from_slice(&len.to_be_bytes());
+        m.extend(std::iter::repeat_n(7u8, len as usize));
+        m
+    }
+
+    #[test]
+    fn declared_lengths_are_read_across_any_split() {
+        let mut stream = message(10);
+        stream.extend(message(0));
+        stream.extend(message(100));
+        stream.extend(message(3));
+        for split in 1..stream.len() {
+            let mut scan = Scan::default();
+            for chunk in stream.chunks(split) {
+                assert_eq!(scan.feed(chunk, 100), Ok(()), "split {split}");
+            }
+            let mut over = Scan::default();
+            let found = stream.chunks(split).find_map(|c| over.feed(c, 99).err());
+            assert_eq!(found, Some(100), "split {split}");
+        }
+    }
+
+    #[test]
+    fn payload_methods_keep_their_service_bound() {
+        assert_eq!(limit_for("/modelshare.v1.WorkerService/Serve"), None);
+        assert_eq!(
+            limit_for("/inference.GRPCInferenceService/ModelInfer"),
+            None
+        );
+        assert_eq!(limit_for("/modelshare.v1.AdminService/LoadModel"), None);
+        assert_eq!(
+            limit_for("/modelshare.v1.WorkerService/Attach"),
+            Some(SMALL_REQUEST_BYTES)
+        );
+        assert_eq!(
+            limit_for("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            Some(SMALL_REQUEST_BYTES)
+        );
+    }
+}
