@@ -29,6 +29,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".modelshare.v1.TensorOutput.data")
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
+        // Decode errors are the sender's: INVALID_ARGUMENT (see src/codec.rs).
+        .codec_path("crate::codec::StrictCodec")
         .build_client(cfg!(feature = "client"))
         .build_server(cfg!(feature = "server"))
         .compile_fds(fds)?;

@@ -6,18 +6,20 @@
 //!   the operator API (load, unload, list, describe, stats, sessions).
 //! - `modelshare/v1/worker.proto`: [`v1::worker_service_client`] / [`v1::worker_service_server`],
 //!   sessions, attach and release, and `Serve`: the stream over which a worker pulls batches of
-//!   requests by credit and answers them (not implemented by the server yet).
+//!   requests by credit and answers them.
 //! - `modelshare/v1/serving.proto`: the messages of `Serve` (offer, batch, item, result, cancel,
 //!   drain).
 //! - `inference/grpc_predict_v2.proto`: [`inference::grpc_inference_service_client`] /
 //!   [`inference::grpc_inference_service_server`], the KServe v2 Open Inference Protocol
 //!   (package `inference`), wire-compatible with the specification so that its clients work
-//!   unchanged (not served yet).
+//!   unchanged.
 //!
 //! The code is generated at build time into `OUT_DIR`; [`FILE_DESCRIPTOR_SET`] is the compiled
 //! descriptor set, for gRPC server reflection. Client and server stubs sit behind the `client`
 //! and `server` features so that the worker SDK does not build server code.
 #![forbid(unsafe_code)]
+
+pub mod codec;
 
 /// Package `modelshare.v1`.
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]

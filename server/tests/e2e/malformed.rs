@@ -966,3 +966,39 @@ where
     }
     out
 }
+
+/// `AttachRequest` as the wire sees it, with `session_id` (a string, field 1) sent as raw
+/// bytes, so that a test can send a string that is not UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawAttachRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    session_id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    model: String,
+}
+
+/// A request whose string field is not UTF-8 does not decode: that is the client's error,
+/// INVALID_ARGUMENT, not INTERNAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_that_is_not_utf8_is_an_invalid_argument() {
+    let server = Server::start().await;
+    let channel = modelshare_worker::connect::channel(&server.address)
+        .await
+        .expect("channel");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let codec =
+        modelshare_proto::codec::StrictCodec::<RawAttachRequest, pb::AttachResponse>::default();
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/modelshare.v1.WorkerService/Attach");
+    let request = RawAttachRequest {
+        session_id: vec![b's', 0xff, 0xfe],
+        model: "m".into(),
+    };
+    let status = grpc
+        .unary(tonic::Request::new(request), path, codec)
+        .await
+        .expect_err("not UTF-8");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("UTF-8"), "{}", status.message());
+}
