@@ -56,6 +56,35 @@ const CLIENT_ONLY: [(&str, &str); 7] = [
     ),
 ];
 
+/// The subcommand named on `args` (the first word that is neither a flag nor a flag's value).
+fn subcommand_of(args: &[std::ffi::OsString]) -> Option<&str> {
+    let mut words = args.iter().skip(1).filter_map(|a| a.to_str());
+    while let Some(word) = words.next() {
+        if let Some(flag) = word.strip_prefix('-') {
+            // Every client flag takes a value; `--flag=value` and `-sVALUE` carry it along.
+            if !flag.contains('=') && (flag.starts_with('-') || flag.len() == 1) {
+                words.next();
+            }
+            continue;
+        }
+        return Some(word);
+    }
+    None
+}
+
+/// The command line. For `serve` and `demo`, the client flags every subcommand inherits are
+/// hidden from the help (those commands refuse them; see [`refuse_client_flags`]).
+fn command(args: &[std::ffi::OsString]) -> clap::Command {
+    let cmd = Cli::command();
+    if !matches!(subcommand_of(args), Some("serve" | "demo")) {
+        return cmd;
+    }
+    cmd.mut_args(|a| {
+        let client = a.get_id() == "output" || CLIENT_ONLY.iter().any(|(id, _)| a.get_id() == *id);
+        a.hide(client)
+    })
+}
+
 /// Refuses a client flag given on the command line of `serve` or `demo` (so that no one
 /// believes TLS is on when it is not); the same variables in the environment are ignored.
 fn refuse_client_flags(matches: &ArgMatches) -> Result<(), String> {
@@ -93,7 +122,8 @@ fn main() -> ExitCode {
     };
     let _hup = runtime
         .block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) });
-    let matches = Cli::command().get_matches();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = command(&args).get_matches_from(&args);
     if let Err(e) = refuse_client_flags(&matches) {
         eprintln!("error: {e}");
         return ExitCode::from(2);

@@ -47,8 +47,10 @@ impl std::str::FromStr for TokenArg {
     }
 }
 
-/// Options common to every client command.
+/// Options common to every client command (listed under their own heading, and hidden from
+/// `serve --help` and `demo --help`, which refuse them).
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Client options")]
 pub struct ClientArgs {
     /// Server address: `unix:/path/to/socket`, `http://host:port` or `https://host:port` (TLS).
     #[arg(

@@ -417,6 +417,48 @@ async fn client_flags_are_refused_by_serve() {
     }
 }
 
+/// `serve --help` and `demo --help` list their own options only; client commands list the client
+/// options under their own heading.
+#[test]
+fn client_flags_are_listed_only_where_they_apply() {
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .args(args)
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for args in [
+        &["serve", "--help"][..],
+        &["demo", "--help"],
+        &["-s", "unix:/x", "serve", "-h"],
+    ] {
+        let text = help(args);
+        for flag in [
+            "--server ",
+            "--token",
+            "--tls-cert",
+            "--tls-ca",
+            "--output",
+            "Client options",
+        ] {
+            assert!(!text.contains(flag), "{args:?} lists {flag}:\n{text}");
+        }
+        assert!(
+            text.contains("--model-root") || text.contains("--listen"),
+            "{text}"
+        );
+    }
+    for args in [&["ps", "--help"][..], &["--help"]] {
+        let text = help(args);
+        let client = text
+            .find("Client options:")
+            .unwrap_or_else(|| panic!("{args:?}: {text}"));
+        assert!(text[client..].contains("--tls-cert"), "{text}");
+    }
+}
+
 /// A server over a missing model root (or a file) would start and fail every load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_model_root_is_refused_naming_it() {
