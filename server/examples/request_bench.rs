@@ -243,6 +243,7 @@ async fn start_modelshare(
         .args(["serve", "--backend", "host", "--model", "echo=echo"])
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
+        .arg("--unauthenticated-tcp")
         .arg("--unix-socket")
         .arg(&socket)
         .arg("--handle-socket")

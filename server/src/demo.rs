@@ -22,9 +22,10 @@ pub struct DemoArgs {
     /// Directory for the generated model and the sockets (default: a fresh temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// TCP address for gRPC.
-    #[arg(long, default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
+    /// Also serve gRPC on this TCP address, without authentication (the demo has no tenants;
+    /// by default it serves on a Unix socket in its directory only).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// Worker processes to start against the model.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
@@ -171,7 +172,8 @@ pub async fn run(
     write_demo_model(&dir)?;
     let socket = dir.join("grpc.sock");
     let config = Config::from_args(ServeArgs {
-        listen: Some(args.listen),
+        listen: args.listen,
+        unauthenticated_tcp: args.listen.is_some(),
         unix_socket: Some(socket.clone()),
         model_root: Some(dir.clone()),
         backend: Some(BackendChoice::Host),

@@ -312,8 +312,17 @@ pub async fn run_notify(
                 "tenants are configured but the TCP listener has no TLS: tokens travel in clear text"
             );
         }
+    } else if let Some(addr) = config.listen {
+        warn!(
+            tcp = %addr,
+            "no tenants file and --unauthenticated-tcp: every caller who reaches the TCP port is the admin"
+        );
     } else {
-        warn!("no tenants file: authentication is off and every caller is an admin");
+        info!(
+            unix = ?config.unix_socket,
+            mode = ?config.unix_socket_mode.map(|m| format!("{m:o}")),
+            "no tenants file: serving on the Unix socket only; whoever may connect to it is the admin"
+        );
     }
     let app = App::new(devices, config.clone(), metrics.clone(), tenants);
     let registry = app.registry.clone();

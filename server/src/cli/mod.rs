@@ -53,14 +53,10 @@ impl std::str::FromStr for TokenArg {
 #[command(next_help_heading = "Client options")]
 pub struct ClientArgs {
     /// Server address: `unix:/path/to/socket`, `http://host:port` or `https://host:port` (TLS).
-    #[arg(
-        long,
-        short = 's',
-        env = "MODELSHARE_SERVER",
-        default_value = "http://127.0.0.1:50051",
-        global = true
-    )]
-    pub server: String,
+    /// Default: the Unix socket a local server without tenants serves on
+    /// (/tmp/modelshare-<uid>.sock) when it exists, else http://127.0.0.1:50051.
+    #[arg(long, short = 's', env = "MODELSHARE_SERVER", global = true)]
+    pub server: Option<String>,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "table", global = true)]
     pub output: OutputFormat,
@@ -96,6 +92,20 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
+    /// The address to call: `--server`, else the local default socket when it exists, else
+    /// `http://127.0.0.1:50051`.
+    pub fn server(&self) -> String {
+        if let Some(s) = &self.server {
+            return s.clone();
+        }
+        let socket = crate::config::default_unix_socket();
+        if socket.exists() {
+            format!("unix:{}", socket.display())
+        } else {
+            "http://127.0.0.1:50051".to_owned()
+        }
+    }
+
     /// The token and TLS settings of these flags. TLS settings are present when any `--tls-*`
     /// flag is given (the address must then be `https://`).
     pub fn connect_options(&self) -> Result<ConnectOptions, WorkerError> {
@@ -233,7 +243,7 @@ pub enum TokenCommand {
 
 async fn admin_client(args: &ClientArgs) -> Result<AdminServiceClient<AuthChannel>, CliError> {
     let channel =
-        modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+        modelshare_worker::connect::authed(&args.server(), &args.connect_options()?).await?;
     Ok(AdminServiceClient::new(channel).max_decoding_message_size(128 << 20))
 }
 
@@ -338,7 +348,8 @@ pub async fn run(
         ClientCommand::Ready => {
             use tonic_health::pb::health_check_response::ServingStatus;
             let channel =
-                modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
+                    .await?;
             let status = tonic_health::pb::health_client::HealthClient::new(channel)
                 .check(tonic_health::pb::HealthCheckRequest {
                     service: String::new(),
@@ -376,17 +387,19 @@ pub async fn run(
         }
         ClientCommand::Embed { model, texts } => {
             let channel =
-                modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
+                    .await?;
             infer::embed(channel, model, texts, out).await?
         }
         ClientCommand::Infer { model, inputs } => {
             let channel =
-                modelshare_worker::connect::authed(&args.server, &args.connect_options()?).await?;
+                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
+                    .await?;
             infer::infer(channel, model, inputs, out).await?
         }
         ClientCommand::Probe(probe) => {
             let options = args.connect_options()?;
-            probe::run(&args.server, options, probe, out, shutdown).await?
+            probe::run(&args.server(), options, probe, out, shutdown).await?
         }
         ClientCommand::Access {
             name,

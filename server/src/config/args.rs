@@ -13,12 +13,19 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, short = 'c', env = "MODELSHARE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// TCP address for gRPC (default 127.0.0.1:50051 when no Unix socket is given).
+    /// TCP address for gRPC. Without a tenants file it needs --unauthenticated-tcp (anyone who
+    /// reaches the port is the admin). Default: 127.0.0.1:50051 with a tenants file and no Unix
+    /// socket; none without a tenants file (the Unix socket below serves).
     #[arg(long, env = "MODELSHARE_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Unix socket path for gRPC.
+    /// Unix socket path for gRPC. Default, when no tenants file and no --listen is given:
+    /// /tmp/modelshare-<uid>.sock, mode 0600 (only this user and root can call).
     #[arg(long, env = "MODELSHARE_UNIX_SOCKET")]
     pub unix_socket: Option<PathBuf>,
+    /// Serve gRPC over TCP without a tenants file, where every caller who reaches the port is
+    /// the admin (a container publishing the port on its host's loopback, a test).
+    #[arg(long, env = "MODELSHARE_UNAUTHENTICATED_TCP")]
+    pub unauthenticated_tcp: bool,
     /// Unix socket that passes arena file descriptors to workers.
     #[arg(long, env = "MODELSHARE_HANDLE_SOCKET")]
     pub handle_socket: Option<PathBuf>,

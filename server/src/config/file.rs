@@ -62,6 +62,7 @@ pub(super) struct FileConfig {
     pub(super) ticket_ttl_ms: Option<u64>,
     pub(super) adopt_wait_ms: Option<u64>,
     pub(super) tenants_file: Option<PathBuf>,
+    pub(super) unauthenticated_tcp: Option<bool>,
     pub(super) unix_socket_mode: Option<String>,
     #[serde(default)]
     pub(super) tls: FileTls,

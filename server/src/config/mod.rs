@@ -120,16 +120,44 @@ impl Config {
     }
 
     fn merge(args: ServeArgs, file: FileConfig) -> Result<Self, ConfigError> {
-        let unix_socket = args.unix_socket.or(file.unix_socket);
-        let listen = args.listen.or(file.listen).or_else(|| {
+        let tenants_file = args.tenants_file.clone().or(file.tenants_file.clone());
+        let unauthenticated_tcp =
+            args.unauthenticated_tcp || file.unauthenticated_tcp.unwrap_or(false);
+        let listen_given = args.listen.or(file.listen);
+        let unix_given = args.unix_socket.or(file.unix_socket);
+        // Without tenants, gRPC defaults to a Unix socket only this user can reach; with
+        // tenants (tokens), to TCP on loopback.
+        let default_unix = listen_given.is_none() && unix_given.is_none() && tenants_file.is_none();
+        let unix_socket = if default_unix {
+            Some(default_unix_socket())
+        } else {
+            unix_given
+        };
+        let listen = listen_given.or_else(|| {
             unix_socket
                 .is_none()
                 .then(|| SocketAddr::from(([127, 0, 0, 1], 50051)))
         });
+        if let Some(addr) = listen
+            && tenants_file.is_none()
+            && !unauthenticated_tcp
+        {
+            return Err(ConfigError::Invalid(format!(
+                "gRPC over TCP ({addr}) without a tenants file would make anyone who reaches the \
+                 port the admin: give --tenants-file, serve on --unix-socket only, or pass \
+                 --unauthenticated-tcp (unauthenticated_tcp = true) to accept that"
+            )));
+        }
         let handle_socket = args
             .handle_socket
             .or(file.handle_socket)
-            .unwrap_or_else(|| default_handle_socket(unix_socket.as_deref()));
+            .unwrap_or_else(|| {
+                if default_unix {
+                    std::env::temp_dir().join(format!("modelshare-{}-handles.sock", current_uid()))
+                } else {
+                    default_handle_socket(unix_socket.as_deref())
+                }
+            });
         let model_root = args
             .model_root
             .or(file.model_root)
@@ -173,6 +201,8 @@ impl Config {
                 .transpose()
                 .map_err(|e| ConfigError::Invalid(format!("unix_socket_mode: {e}")))?,
         };
+        // The default socket of a server without tenants: this user (and root) only.
+        let unix_socket_mode = unix_socket_mode.or(default_unix.then_some(0o600));
         let tls = match (
             args.server_tls_cert.or(file.tls.cert),
             args.server_tls_key.or(file.tls.key),
@@ -300,7 +330,7 @@ impl Config {
                     idle: ms(limits.connection_idle_timeout_ms, d.idle),
                 }
             },
-            tenants_file: args.tenants_file.or(file.tenants_file),
+            tenants_file,
             unix_socket_mode,
             tls,
             serving,
@@ -331,9 +361,20 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
 }
 
 /// Beside the gRPC Unix socket when there is one, else in the temporary directory.
+/// The uid this process runs as.
+fn current_uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+/// The gRPC Unix socket a server without tenants and without listeners serves on, and where
+/// the command-line client looks first: `/tmp/modelshare-<uid>.sock`.
+pub fn default_unix_socket() -> PathBuf {
+    std::env::temp_dir().join(format!("modelshare-{}.sock", current_uid()))
+}
+
 fn default_handle_socket(unix_socket: Option<&Path>) -> PathBuf {
     match unix_socket.and_then(Path::parent) {
         Some(dir) if !dir.as_os_str().is_empty() => dir.join("modelshare-handles.sock"),
-        _ => std::env::temp_dir().join("modelshare-handles.sock"),
+        _ => std::env::temp_dir().join(format!("modelshare-{}-handles.sock", current_uid())),
     }
 }

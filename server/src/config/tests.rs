@@ -23,6 +23,7 @@ fn flags_override_file_override_defaults() {
     );
     let args = ServeArgs {
         listen: Some("127.0.0.1:8000".parse().expect("addr")),
+        unauthenticated_tcp: true,
         max_model_bytes: Some(7),
         ..ServeArgs::default()
     };
@@ -72,6 +73,42 @@ fn unix_only_has_no_tcp_listener() {
     );
 }
 
+/// Without a tenants file, TCP only when asked for by name, and a default Unix socket of mode
+/// 0600; with one, TCP on loopback by default.
+#[test]
+fn without_tenants_tcp_needs_to_be_asked_for() {
+    let tcp = ServeArgs {
+        listen: Some("127.0.0.1:1".parse().expect("addr")),
+        ..ServeArgs::default()
+    };
+    let err = Config::merge(tcp.clone(), FileConfig::default()).expect_err("TCP, no tenants");
+    assert!(err.to_string().contains("--unauthenticated-tcp"), "{err}");
+    let asked = ServeArgs {
+        unauthenticated_tcp: true,
+        ..tcp.clone()
+    };
+    assert!(Config::merge(asked, FileConfig::default()).is_ok());
+    let in_file = parse("unauthenticated_tcp = true");
+    assert!(Config::merge(tcp, in_file).is_ok());
+
+    let c = Config::merge(ServeArgs::default(), FileConfig::default()).expect("defaults");
+    assert_eq!(c.listen, None);
+    assert_eq!(c.unix_socket, Some(default_unix_socket()));
+    assert_eq!(c.unix_socket_mode, Some(0o600));
+    let uid = current_uid();
+    assert!(
+        c.handle_socket
+            .ends_with(format!("modelshare-{uid}-handles.sock")),
+        "{:?}",
+        c.handle_socket
+    );
+
+    let with_tenants = parse(r#"tenants_file = "/etc/ms/tenants.toml""#);
+    let c = Config::merge(ServeArgs::default(), with_tenants).expect("tenants");
+    assert_eq!(c.listen, Some(SocketAddr::from(([127, 0, 0, 1], 50051))));
+    assert_eq!(c.unix_socket, None);
+}
+
 /// NAME=PATH parsing for --model.
 #[test]
 fn startup_model_syntax() {
@@ -105,6 +142,7 @@ fn tls_settings_are_checked() {
 
     let only_cert = ServeArgs {
         listen: Some("127.0.0.1:1".parse().expect("addr")),
+        unauthenticated_tcp: true,
         server_tls_cert: Some("/c.pem".into()),
         ..ServeArgs::default()
     };
@@ -118,6 +156,7 @@ fn tls_settings_are_checked() {
     assert!(Config::merge(no_tcp, FileConfig::default()).is_err());
     let auth_without_ca = ServeArgs {
         listen: Some("127.0.0.1:1".parse().expect("addr")),
+        unauthenticated_tcp: true,
         server_tls_cert: Some("/c.pem".into()),
         server_tls_key: Some("/k.pem".into()),
         server_tls_client_auth: Some(ClientAuth::Required),

@@ -66,6 +66,7 @@ async fn silent_half_open_and_idle_connections_are_closed() {
         &[
             "--listen",
             &format!("127.0.0.1:{grpc}"),
+            "--unauthenticated-tcp",
             "--http-listen",
             &format!("127.0.0.1:{http}"),
             "--config",

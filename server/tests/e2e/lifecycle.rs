@@ -459,6 +459,79 @@ fn client_flags_are_listed_only_where_they_apply() {
     }
 }
 
+/// Without a tenants file every caller is the admin: TCP is refused unless asked for by name,
+/// and the default listener is a Unix socket of mode 0600 that the client finds by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tenants_the_server_serves_its_own_user_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "serve",
+            "--backend",
+            "host",
+            "--listen",
+            "127.0.0.1:0",
+            "--model-root",
+        ])
+        .arg(dir.path())
+        .env("TMPDIR", dir.path())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "TCP without tenants started");
+    assert!(
+        err.contains("--unauthenticated-tcp") && err.contains("tenants file"),
+        "{err}"
+    );
+
+    let mut server = std::process::Command::new(common::BIN)
+        .args(["serve", "--backend", "host", "--model-root"])
+        .arg(dir.path())
+        .env("TMPDIR", dir.path())
+        .env_remove("MODELSHARE_LISTEN")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve");
+    let uid = rustix_uid();
+    let socket = dir.path().join(format!("modelshare-{uid}.sock"));
+    let mut listed = None;
+    for _ in 0..200 {
+        let out = std::process::Command::new(common::BIN)
+            .args(["-o", "json", "ls"])
+            .env("TMPDIR", dir.path())
+            .env_remove("MODELSHARE_SERVER")
+            .output()
+            .expect("ls");
+        if out.status.success() {
+            listed = Some(out);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&socket).map(|m| m.permissions().mode() & 0o777)
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        listed.is_some(),
+        "the client did not reach the default socket"
+    );
+    assert_eq!(mode.expect("the default socket"), 0o600);
+}
+
+/// The uid of this process.
+fn rustix_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("uid")
+}
+
 /// A server over a missing model root (or a file) would start and fail every load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_model_root_is_refused_naming_it() {
@@ -607,7 +680,11 @@ async fn exhausted_descriptors_do_not_spin_the_listeners() {
     let mut server = serve_with_nofile(
         "160:160",
         dir.path(),
-        &["--listen", &format!("127.0.0.1:{port}")],
+        &[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--unauthenticated-tcp",
+        ],
     );
     let address = format!("http://127.0.0.1:{port}");
     let mut ready = false;

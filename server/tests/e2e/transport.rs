@@ -23,7 +23,11 @@ fn tcp_address(server: &Server) -> String {
 /// Over TCP the admin API and reflection must work, so `grpcurl` needs no `.proto` files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_serves_admin_and_reflection() {
-    let server = Server::start_with(&["--listen", "127.0.0.1:0"], |_| {}).await;
+    let server = Server::start_with(
+        &["--listen", "127.0.0.1:0", "--unauthenticated-tcp"],
+        |_| {},
+    )
+    .await;
     let address = tcp_address(&server);
     let channel = modelshare_worker::connect::channel(&address)
         .await
