@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Structural checks of deploy/: every YAML and JSON file parses, and the settings that
-matter are there (GPU requests, IPC namespace, the socket volume, probes on /healthz and
-/readyz, scrape annotations, a non-root user and a health check in the image). Every metric
-the dashboard and the alert rules use must be one the server exports.
+"""Structural checks of deploy/: every YAML and JSON file parses, the Kubernetes manifests
+validate against the Kubernetes API schemas (offline, `kubernetes-validate`, strict: unknown
+fields are errors), and the settings that matter are there (GPU requests, IPC namespace, the
+socket volume and its owner, probes on /healthz and /readyz, scrape annotations, a non-root
+user, a health check in the image, no server settings in the image's environment, the example
+tenant's uid and model). Every metric the dashboard and the alert rules use must be one the
+server exports. (tests/python/deploy_run_test.py runs the deploy's commands.)
 
 Prints "N passed, M failed" last; exits non-zero on any failure.
 """
@@ -66,6 +69,56 @@ def test_server_daemonset():
     assert conf["tls"]["key"].startswith(mounts["tls"] + "/")
     assert vols["tenants"]["secret"]["secretName"] and vols["tls"]["secret"]["secretName"]
     assert by_kind(docs, "Service")["spec"]["ports"]
+    # The socket hostPath is handed to the image's uid before the server starts.
+    uid = image_uid()
+    (init,) = pod["initContainers"]
+    assert f"chown {uid}:" in " ".join(init["command"]), init["command"]
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {"/run/modelshare"}
+    assert pod["securityContext"]["runAsUser"] == uid
+    # The example tenant's workers see the example model.
+    tenants = example_tenants()
+    worker_uid = worker_pod()["securityContext"]["runAsUser"]
+    bound = [t["name"] for t in tenants["tenants"] if worker_uid in t.get("uids", [])]
+    assert bound, f"no example tenant is bound to the worker pods' uid {worker_uid}"
+    model = next(m for m in conf["models"] if m["name"] == worker_model())
+    assert model.get("public") or set(bound) & set(model.get("share_with", []) + [model.get("tenant")]), model
+
+
+def image_uid():
+    text = open(os.path.join(DEPLOY, "Dockerfile")).read()
+    return int(re.search(r"^USER (\d+)", text, re.M).group(1))
+
+
+def example_tenants():
+    import tomllib
+    with open(os.path.join(DEPLOY, "tenants.example.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def worker_pod():
+    return by_kind(load_yaml("k8s/worker-deployment.yaml"), "Deployment")["spec"]["template"]["spec"]
+
+
+def worker_model():
+    return worker_pod()["containers"][0]["args"][1]
+
+
+def test_manifests_validate_against_the_kubernetes_schemas():
+    import copy
+    import kubernetes_validate
+    version = "1.30.0"
+    docs = load_yaml("k8s/server-daemonset.yaml") + load_yaml("k8s/worker-deployment.yaml")
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+    # The validation can fail: a misspelt field is caught.
+    bad = copy.deepcopy(by_kind(docs, "DaemonSet"))
+    bad["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    try:
+        kubernetes_validate.validate(bad, version, strict=True)
+    except kubernetes_validate.ValidationError:
+        pass
+    else:
+        raise AssertionError("a misspelt field passed the schema validation")
 
 
 def test_worker_deployment():
@@ -90,6 +143,8 @@ def test_compose():
     s, w = doc["services"]["modelshare"], doc["services"]["worker"]
     assert "ipc" not in s and "ipc" not in w and w["pid"] == "service:modelshare"
     assert s["command"][s["command"].index("--cuda-handles") + 1] == "vmm"
+    # TCP without a tenants file is asked for by name.
+    assert "--listen" in s["command"] and "--unauthenticated-tcp" in s["command"]
     for svc in (s, w):
         dev = svc["deploy"]["resources"]["reservations"]["devices"][0]
         assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"]
@@ -98,6 +153,15 @@ def test_compose():
     # The unauthenticated admin API stays on loopback; the worker comes back if it exits.
     assert all(p.startswith("127.0.0.1:") for p in s["ports"]), s["ports"]
     assert w["restart"] == "unless-stopped"
+
+
+def test_cpu_compose():
+    (doc,) = load_yaml("compose.cpu.yaml")
+    s = doc["services"]["modelshare"]
+    assert s["command"][s["command"].index("--backend") + 1] == "host"
+    for svc in doc["services"].values():
+        assert "deploy" not in svc, "the CPU stack reserves no GPU"
+    assert all(p.startswith("127.0.0.1:") for p in s["ports"]), s["ports"]
 
 
 def test_dockerfile():
@@ -112,6 +176,10 @@ def test_dockerfile():
     healthcheck = r'HEALTHCHECK[^\n]*\\\n\s*CMD \["modelshare", "ready"\]'
     assert re.search(healthcheck, text), "HEALTHCHECK must run `modelshare ready`"
     assert "docker build -f deploy/Dockerfile" in text
+    # No server setting in the image's environment: it would win over a mounted config file.
+    env = re.findall(r"\b(MODELSHARE_[A-Z_]+)=", text)
+    assert set(env) <= {"MODELSHARE_CONFIG", "MODELSHARE_SERVER"}, env
+    assert "COPY deploy/modelshare.toml /etc/modelshare/modelshare.toml" in text
 
 
 def test_dashboard():

@@ -187,6 +187,25 @@ fn the_kubernetes_config_parses() {
     assert_eq!(c.unix_socket_mode, Some(0o660));
 }
 
+/// The container image's configuration file must be one the server accepts as it stands: no
+/// TCP listener (it has no tenants file), the sockets in the shared volume.
+#[test]
+fn the_image_config_parses() {
+    let file: FileConfig =
+        toml::from_str(include_str!("../../../deploy/modelshare.toml")).expect("valid config");
+    let c = Config::merge(ServeArgs::default(), file).expect("config");
+    assert_eq!(c.listen, None);
+    assert_eq!(
+        c.unix_socket,
+        Some(PathBuf::from("/run/modelshare/grpc.sock"))
+    );
+    assert_eq!(
+        c.handle_socket,
+        PathBuf::from("/run/modelshare/handles.sock")
+    );
+    assert_eq!(c.model_root, PathBuf::from("/models"));
+}
+
 /// Every TOML snippet of the docs must parse as what it shows (a sample that does not parse
 /// was once in the README): a block with `[admin]` or `[[tenants]]` as a tenants file, any
 /// other as a server configuration; and the shipped tenants example.
