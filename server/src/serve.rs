@@ -346,7 +346,10 @@ pub async fn run_notify(
         .await;
 
     let mut tasks = JoinSet::new();
+    // Every socket file this server binds goes when it stops, failed start included.
+    let mut socket_files = SocketFiles::default();
     let handle_listener = bind_unix(&config.handle_socket).await?;
+    socket_files.0.push(config.handle_socket.clone());
     set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     {
         let (app, stop) = (app.clone(), app.shutdown.clone());
@@ -416,6 +419,7 @@ pub async fn run_notify(
     }
     if let Some(path) = &config.unix_socket {
         let listener = bind_unix(path).await?;
+        socket_files.0.push(path.clone());
         set_socket_mode(path, config.unix_socket_mode)?;
         bound.unix = Some(path.clone());
         let gate = Gate::new("grpc_unix", config.connections, metrics.clone());
@@ -492,17 +496,21 @@ pub async fn run_notify(
         tasks.abort_all();
     }
     registry.shutdown();
-    for path in [
-        config.unix_socket.as_deref(),
-        Some(config.handle_socket.as_path()),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let _ = std::fs::remove_file(path);
-    }
+    drop(socket_files);
     info!("stopped");
     result
+}
+
+/// The socket files a server bound, removed when it stops (by any path, errors included).
+#[derive(Debug, Default)]
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 async fn load_startup_models(app: &App) -> Result<(), ServeError> {

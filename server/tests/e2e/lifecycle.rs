@@ -532,6 +532,36 @@ fn rustix_uid() -> u32 {
         .expect("uid")
 }
 
+/// A start that fails after binding its sockets (the TCP port is taken) removes them.
+#[test]
+fn a_failed_start_leaves_no_socket_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let port = taken.local_addr().expect("addr").port();
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "serve",
+            "--backend",
+            "host",
+            "--unauthenticated-tcp",
+            "--model-root",
+        ])
+        .arg(dir.path())
+        .arg("--unix-socket")
+        .arg(dir.path().join("g.sock"))
+        .arg("--handle-socket")
+        .arg(dir.path().join("h.sock"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Address already in use"), "{err}");
+    for sock in ["g.sock", "h.sock"] {
+        assert!(!dir.path().join(sock).exists(), "{sock} left behind");
+    }
+}
+
 /// A server over a missing model root (or a file) would start and fail every load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_model_root_is_refused_naming_it() {
