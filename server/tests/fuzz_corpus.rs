@@ -1,5 +1,5 @@
-//! Replays the fuzz corpus of the weight-file parsers (`fuzz/corpus/`, grown by the fuzzers)
-//! and every input a fuzzer ever failed on (`fuzz/regressions/`) through the same checks the
+//! Replays the seeds of the weight-file parsers' fuzzers (`fuzz/seeds/`), the corpus they grew
+//! (`fuzz/corpus/`) and every input a fuzzer ever failed on (`fuzz/regressions/`) through the same checks the
 //! fuzz targets run (`fuzz/checks.rs`). The fuzzers themselves need nightly and hours; this
 //! keeps what they found from coming back. See `fuzz/README.md`.
 
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 fn inputs(kind: &str) -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut files = Vec::new();
-    for dir in ["corpus", "regressions"] {
+    for dir in ["seeds", "corpus", "regressions"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir).join(kind)) else {
             continue;
         };
