@@ -107,10 +107,11 @@ impl DeviceError {
     pub fn is_resource_exhausted(&self) -> bool {
         match self {
             DeviceError::AllocationFailed { .. } => true,
+            // Out of descriptors (`EMFILE`, `ENFILE`), e.g. duplicating one for a worker.
+            DeviceError::Io { source, .. } => matches!(source.raw_os_error(), Some(23 | 24)),
             DeviceError::OutOfRange { .. }
             | DeviceError::Sealed
             | DeviceError::NotSealed
-            | DeviceError::Io { .. }
             | DeviceError::BadHandle { .. }
             | DeviceError::HandoffRefused { .. }
             | DeviceError::Protocol { .. }
@@ -135,3 +136,25 @@ impl DeviceError {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, DeviceError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Running out of descriptors is a resource running out (RESOURCE_EXHAUSTED), said as
+    /// what it is, not as a failed allocation.
+    #[test]
+    fn out_of_descriptors_is_exhaustion_named_for_what_it_is() {
+        let e = DeviceError::Io {
+            op: "duplicating the arena's memfd descriptor",
+            source: std::io::Error::from_raw_os_error(24),
+        };
+        assert!(e.is_resource_exhausted());
+        assert!(!e.to_string().contains("allocating"), "{e}");
+        let other = DeviceError::Io {
+            op: "pwrite to the arena",
+            source: std::io::Error::from_raw_os_error(5),
+        };
+        assert!(!other.is_resource_exhausted());
+    }
+}

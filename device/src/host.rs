@@ -156,22 +156,15 @@ impl HostArena {
 }
 
 impl HostArena {
-    /// A new descriptor of the memfd.
+    /// A new descriptor of the memfd. Out of descriptors is an [`DeviceError::Io`] that
+    /// [`DeviceError::is_resource_exhausted`] recognizes (nothing is allocated here).
     fn dup(&self) -> Result<OwnedFd> {
         self.fd
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|source| match source.raw_os_error() {
-                Some(code) if code == Errno::MFILE.raw_os_error() => {
-                    DeviceError::AllocationFailed {
-                        bytes: self.len,
-                        reason: format!("dup of the arena's memfd: {source}"),
-                    }
-                }
-                _ => DeviceError::Io {
-                    op: "dup of the arena's memfd",
-                    source,
-                },
+            .map_err(|source| DeviceError::Io {
+                op: "duplicating the arena's memfd descriptor",
+                source,
             })
     }
 }
