@@ -36,6 +36,9 @@ const REFERENCE_DTYPES: [&str; 15] = [
     "F64", "I64", "U64",
 ];
 
+/// Tensors by name: dtype, shape and data offsets, as each parser read them.
+type Tensors = BTreeMap<String, (String, Vec<u64>, (u64, u64))>;
+
 /// Checks one whole safetensors file.
 pub fn header(data: &[u8]) {
     let limits = limits();
@@ -81,7 +84,7 @@ pub fn header(data: &[u8]) {
     }
     let (_, reference) = safetensors::SafeTensors::read_metadata(data)
         .unwrap_or_else(|e| panic!("accepted a file the reference refuses: {e:?}"));
-    let theirs: BTreeMap<String, (String, Vec<u64>, (u64, u64))> = reference
+    let theirs: Tensors = reference
         .tensors()
         .into_iter()
         .map(|(name, info)| {
@@ -93,7 +96,7 @@ pub fn header(data: &[u8]) {
             )
         })
         .collect();
-    let ours: BTreeMap<String, (String, Vec<u64>, (u64, u64))> = header
+    let ours: Tensors = header
         .tensors
         .iter()
         .map(|t| {

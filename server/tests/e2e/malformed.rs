@@ -954,9 +954,9 @@ async fn oversized_requests_are_refused_before_they_are_buffered() {
 }
 
 /// Runs the futures at once and collects their outputs in order.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.map(tokio::spawn).collect();
