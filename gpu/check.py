@@ -383,9 +383,13 @@ class Check:
                 cli("load", "m", "m")
                 bench = last_json(self.run([f"{self.bin}/gpu_worker", "attach-bench", "--model", "m", "--n", "1000",
                                             "--server", address], timeout=900).stdout) or {}
+                # The SDK's verify() (`modelshare probe`): the manifest's checksums are ms64 only
+                # (no CPU hash on CUDA loads); clean before the write, a mismatch after it.
+                sdk_before = last_json(cli("probe", "m").stdout) or {}
                 memcpy = self.probe("memcpy", address)
                 after = last_json(self.run([f"{self.bin}/gpu_worker", "check", "--model", "m", "--server", address],
                                            timeout=900).stdout) or {}
+                sdk_after = last_json(cli("probe", "m").stdout) or {}
             finally:
                 srv.terminate()
                 try:
@@ -394,11 +398,17 @@ class Check:
                     srv.kill()
         vmm = self.results.get("attach") or {}
         ipc = (self.results.get("anchors", {}).get("ipc", {}).get("ipc_baseline_ms") or {})
-        self.results["legacy"] = {"backend": kind, "attach": bench, "memcpy": memcpy, "check_after": after}
+        self.results["legacy"] = {"backend": kind, "attach": bench, "memcpy": memcpy, "check_after": after,
+                                  "sdk_verify_before": sdk_before, "sdk_verify_after": sdk_after}
         seen = not after.get("ok") and any("ms64" in f for f in after.get("failures", []))
-        self.row("legacy", kind == "cuda-ipc" and memcpy.get("result") == "ok" and memcpy.get("read_only") is False and seen,
+        sdk_seen = sdk_before.get("verified") is True and sdk_after.get("verified") is False \
+            and bool(sdk_after.get("mismatched"))
+        self.row("legacy", kind == "cuda-ipc" and memcpy.get("result") == "ok" and memcpy.get("read_only") is False
+                 and seen and sdk_seen,
                  f"--cuda-handles legacy: a worker's copy into its mapping: {memcpy.get('result')}; another worker's "
-                 f"check then {'SEES the change' if seen else 'does not see it'} ({(after.get('failures') or ['-'])[0]}). "
+                 f"check then {'SEES the change' if seen else 'does not see it'} ({(after.get('failures') or ['-'])[0]}); "
+                 f"the SDK's verify() (ms64 manifest, no CPU hash): {'clean' if sdk_before.get('verified') else 'NOT clean'} "
+                 f"before, {sdk_after.get('mismatched') or 'NO mismatch'} after. "
                  f"Attach p50/p99 over 1000 attaches of {bench.get('tensors')} tensors: legacy "
                  f"{bench.get('p50_ms') or 0:.3f}/{bench.get('p99_ms') or 0:.3f} ms, VMM {vmm.get('p50_ms') or 0:.3f}/"
                  f"{vmm.get('p99_ms') or 0:.3f} ms, torch IPC p50 {ipc.get('p50') or 0:.1f} ms")

@@ -234,6 +234,7 @@ impl App {
             metrics: self.metrics.clone(),
             held: self.held.clone(),
             threads: self.config.load_threads,
+            cpu_hash: self.config.load_cpu_hash,
             reservation,
             src,
             plan,
@@ -376,6 +377,8 @@ struct LoadCopy {
     metrics: Arc<crate::metrics::Metrics>,
     held: Arc<HeldStore>,
     threads: usize,
+    /// Hash on the CPU too where the device checksums (`load_cpu_hash`).
+    cpu_hash: bool,
     reservation: crate::registry::Reservation,
     src: source::ModelSource,
     plan: layout::Layout,
@@ -395,6 +398,7 @@ impl LoadCopy {
             &self.src,
             &self.plan,
             self.threads,
+            self.cpu_hash,
         ) {
             Ok(manifest) => {
                 let (registry, metrics, job, plan) =

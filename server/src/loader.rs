@@ -5,7 +5,10 @@
 //! `threads` workers; each has its own [`modelshare_device::ArenaWriter`] (on CUDA: pinned
 //! staging buffers whose copies the device thread submits, so file reads overlap device copies)
 //! and reads its tensors' byte ranges from the (already open, already validated) shard files in
-//! chunks, hashing them (XXH3-64) on the way.
+//! chunks. Where the backend checksums on the device (CUDA: ms64, after the copy), that is the
+//! manifest's checksum and the bytes are not hashed on the CPU (XXH3 costs a core per ~1.9 GB/s,
+//! the load's bottleneck; `load_cpu_hash` turns it back on); elsewhere (host memory, or CUDA
+//! without NVRTC) each chunk is hashed with XXH3-64 on the way.
 //! Progress goes to the shared [`LoadProgress`]; an unload sets its `cancel` flag, checked
 //! between chunks; the first error stops the other threads. The arena is sealed at the end.
 
@@ -62,14 +65,19 @@ pub fn manifest(model: &str, source: &ModelSource, layout: &Layout) -> Manifest 
 }
 
 /// Fills `arena` (the arena of `job`) from `source` as `layout` plans it, with up to `threads`
-/// threads, seals it, and returns the manifest with every tensor's checksum.
+/// threads, seals it, and returns the manifest with every tensor's checksum: ms64 where the
+/// device computes it, XXH3 where it does not or `cpu_hash` asks for it too.
 pub fn copy_into(
     job: &Reservation,
     arena: &ArenaHandle,
     source: &ModelSource,
     layout: &Layout,
     threads: usize,
+    cpu_hash: bool,
 ) -> Result<Manifest, ServerError> {
+    // An empty list answers whether the backend checksums on the device at all.
+    let device_sums = arena.checksums(Vec::new()).wait()?.is_some();
+    let cpu_hash = cpu_hash || !device_sums;
     let mut order: Vec<usize> = (0..layout.tensors.len()).collect();
     order.sort_by_key(|i| std::cmp::Reverse(layout.tensors[*i].byte_length));
     let next = AtomicUsize::new(0);
@@ -81,7 +89,13 @@ pub fn copy_into(
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
-                    let r = copy_some(job, arena, source, layout, &order, &next, &failed);
+                    let shared = Shared {
+                        order: &order,
+                        next: &next,
+                        failed: &failed,
+                        cpu_hash,
+                    };
+                    let r = copy_some(job, arena, source, layout, &shared);
                     if r.is_err() {
                         failed.store(true, Ordering::SeqCst);
                     }
@@ -139,6 +153,7 @@ pub fn copy_into(
         model = %job.model,
         version = job.version,
         threads,
+        cpu_hash,
         copy_seconds = copied.as_secs_f64(),
         checksum_seconds = (started.elapsed() - copied).as_secs_f64(),
         "load phases"
@@ -146,29 +161,37 @@ pub fn copy_into(
     Ok(manifest)
 }
 
-/// One thread's share: takes tensors until none are left.
+/// What the load threads share: the order of the tensors, the next one to take, whether one
+/// failed, and whether to hash on the CPU.
+struct Shared<'a> {
+    order: &'a [usize],
+    next: &'a AtomicUsize,
+    failed: &'a AtomicBool,
+    cpu_hash: bool,
+}
+
+/// One thread's share: takes tensors until none are left; their XXH3 when hashing (else 0).
 fn copy_some(
     job: &Reservation,
     arena: &ArenaHandle,
     source: &ModelSource,
     layout: &Layout,
-    order: &[usize],
-    next: &AtomicUsize,
-    failed: &AtomicBool,
+    shared: &Shared<'_>,
 ) -> Result<Vec<(usize, u64)>, ServerError> {
     let mut writer = arena.writer().wait()?;
     let mut sums = Vec::new();
     loop {
-        if failed.load(Ordering::SeqCst) {
+        if shared.failed.load(Ordering::SeqCst) {
             return Err(ServerError::Internal("another load thread failed".into()));
         }
-        let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
+        let Some(&i) = shared.order.get(shared.next.fetch_add(1, Ordering::SeqCst)) else {
             break;
         };
         let planned = &layout.tensors[i];
+        let hasher = shared.cpu_hash.then(Xxh3::new);
         sums.push((
             i,
-            copy_tensor(job, source, planned, writer.as_mut(), failed)?,
+            copy_tensor(job, source, planned, writer.as_mut(), shared.failed, hasher)?,
         ));
     }
     writer.finish()?;
@@ -181,6 +204,7 @@ fn copy_tensor(
     planned: &PlannedTensor,
     writer: &mut dyn ArenaWriter,
     failed: &AtomicBool,
+    mut hasher: Option<Xxh3>,
 ) -> Result<u64, ServerError> {
     let shard = source.shards.get(planned.shard).ok_or_else(|| {
         ServerError::Internal(format!(
@@ -190,7 +214,6 @@ fn copy_tensor(
             source.shards.len()
         ))
     })?;
-    let mut hasher = Xxh3::new();
     let mut done = 0u64;
     while done < planned.byte_length {
         check_cancel(job)?;
@@ -212,12 +235,14 @@ fn copy_tensor(
                 ),
             })
         })?;
-        hasher.update(chunk);
+        if let Some(h) = hasher.as_mut() {
+            h.update(chunk);
+        }
         writer.submit(planned.arena_offset + done, step)?;
         done += step as u64;
         job.progress.done.fetch_add(step as u64, Ordering::Relaxed);
     }
-    Ok(hasher.digest())
+    Ok(hasher.map_or(0, |h| h.digest()))
 }
 
 fn check_cancel(job: &Reservation) -> Result<(), ServerError> {

@@ -72,7 +72,8 @@ pub struct TensorMeta {
     pub offset: u64,
     /// Length in bytes.
     pub byte_length: u64,
-    /// XXH3-64 of the bytes (filled in by the loader).
+    /// XXH3-64 of the bytes, hashed on the CPU by the loader where the device does not checksum
+    /// (host memory) or `load_cpu_hash` asks for it; 0 when not computed.
     pub xxh3: u64,
     /// ms64 computed on the device after a CUDA load (0 otherwise).
     pub ms64: u64,

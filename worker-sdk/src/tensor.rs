@@ -187,20 +187,32 @@ impl Tensor {
         Ok(buf)
     }
 
-    /// Whether the bytes hash to the checksum in the manifest. Bytes mapped into this process
-    /// are hashed in place; others (device memory) are copied to the host first.
+    /// Whether the bytes hash to the checksum in the manifest: its XXH3 when the server
+    /// hashed on the CPU (host memory), else its ms64 (a CUDA load checksums on the device).
+    /// Bytes mapped into this process are hashed in place; others (device memory) are copied
+    /// to the host first. False when the manifest has neither (a version still loading).
     pub fn verify(&self) -> bool {
-        let hash = match self
+        let (xxh3, ms64) = (self.info.xxh3, self.info.ms64);
+        if self.info.byte_length == 0 {
+            return true;
+        }
+        if xxh3 == 0 && ms64 == 0 {
+            return false;
+        }
+        let digest = |bytes: &[u8]| {
+            if xxh3 != 0 {
+                xxhash_rust::xxh3::xxh3_64(bytes) == xxh3
+            } else {
+                modelshare_device::checksum::ms64(bytes) == ms64
+            }
+        };
+        match self
             .view
             .host_range(self.info.offset, self.info.byte_length)
         {
-            Some(bytes) => xxhash_rust::xxh3::xxh3_64(bytes),
-            None => match self.to_host() {
-                Ok(bytes) => xxhash_rust::xxh3::xxh3_64(&bytes),
-                Err(_) => return false,
-            },
-        };
-        hash == self.info.xxh3
+            Some(bytes) => digest(bytes),
+            None => self.to_host().is_ok_and(|bytes| digest(&bytes)),
+        }
     }
 
     fn too_large(&self) -> WorkerError {
@@ -255,5 +267,60 @@ impl<T> DevicePtr<T> for DeviceView<T> {
             tracing::warn!(error = %e, "cannot order a read after the ready event");
         }
         (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use modelshare_device::{Arena, BackendKind, HostArena, Import};
+
+    use super::*;
+
+    /// A host mapping of `bytes`, as a worker gets one (sealed memfd, imported read-only).
+    fn mapping_of(bytes: &[u8]) -> Mapping {
+        let arena = HostArena::new(bytes.len() as u64, "test").expect("arena");
+        arena.write_at(0, bytes).expect("write");
+        arena.seal().expect("seal");
+        let export = arena.export().expect("export");
+        Mapping::import(Import {
+            kind: BackendKind::Host,
+            device_uuid: "host".into(),
+            handles: export.handles,
+            fd: export.fd,
+            len: bytes.len() as u64,
+            alloc_len: 0,
+        })
+        .expect("import")
+    }
+
+    fn info(len: usize, xxh3: u64, ms64: u64) -> pb::TensorInfo {
+        pb::TensorInfo {
+            name: "t".into(),
+            byte_length: len as u64,
+            xxh3,
+            ms64,
+            ..Default::default()
+        }
+    }
+
+    /// A CUDA load checksums on the device only (no XXH3): verify() checks the ms64 then, and
+    /// still catches a changed byte; with neither checksum it does not claim the bytes are good.
+    #[test]
+    fn verify_uses_ms64_when_the_manifest_has_no_xxh3() {
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        let ms64 = modelshare_device::checksum::ms64(&bytes);
+        let good = mapping_of(&bytes);
+        assert!(Tensor::new(info(bytes.len(), 0, ms64), good.clone()).verify());
+        let mut changed = bytes.clone();
+        changed[1234] ^= 1;
+        let bad = mapping_of(&changed);
+        assert!(!Tensor::new(info(bytes.len(), 0, ms64), bad.clone()).verify());
+        let xxh3 = xxhash_rust::xxh3::xxh3_64(&bytes);
+        assert!(Tensor::new(info(bytes.len(), xxh3, 0), good.clone()).verify());
+        assert!(!Tensor::new(info(bytes.len(), xxh3, 0), bad).verify());
+        assert!(
+            !Tensor::new(info(bytes.len(), 0, 0), good).verify(),
+            "no checksum"
+        );
     }
 }

@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// Threads one load reads and copies with (default: the cores, at most 32).
     #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
     pub load_threads: Option<usize>,
+    /// Also hash every byte on the CPU (XXH3) while loading to a GPU, which checksums on the
+    /// device anyway (ms64): about 1.9 GB/s per load thread of CPU. Always on for host memory.
+    #[arg(long, env = "MODELSHARE_LOAD_CPU_HASH")]
+    pub load_cpu_hash: bool,
     /// Largest arena one model version may have, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_MODEL_BYTES")]
     pub max_model_bytes: Option<u64>,

@@ -76,6 +76,8 @@ pub struct Config {
     pub device: String,
     /// Threads per load.
     pub load_threads: usize,
+    /// Hash every loaded byte on the CPU (XXH3) even where the device checksums (ms64).
+    pub load_cpu_hash: bool,
     /// Start-up models.
     pub models: Vec<StartupModel>,
     /// Log format.
@@ -279,6 +281,7 @@ impl Config {
             backend: args.backend.or(file.backend).unwrap_or_default(),
             cuda_handles: args.cuda_handles.or(file.cuda_handles).unwrap_or_default(),
             device: args.device.or(file.device).unwrap_or_else(|| "0".into()),
+            load_cpu_hash: args.load_cpu_hash || file.load_cpu_hash.unwrap_or(false),
             load_threads: match args.load_threads.or(file.load_threads) {
                 Some(0) => {
                     return Err(ConfigError::Invalid(
