@@ -512,16 +512,19 @@ class Check:
                     srv.kill()
 
     def sweep(self):
-        """Warm loads of the same file by servers with 4, 8, 12 and 16 load threads."""
+        """Warm loads of the same file by servers with 4, 8, 12 and 16 load threads, and with 16
+        threads hashing every byte on the CPU as well (--load-cpu-hash: what the CPU hash costs)."""
         figures = []
-        for threads in (4, 8, 12, 16):
-            sock = os.path.join(self.work, f"sweep{threads}.sock")
-            logf = os.path.join(self.out, f"sweep{threads}.log")
+        for threads, cpu_hash in ((4, False), (8, False), (12, False), (16, False), (16, True)):
+            tag = f"{threads}{'-cpuhash' if cpu_hash else ''}"
+            sock = os.path.join(self.work, f"sweep{tag}.sock")
+            logf = os.path.join(self.out, f"sweep{tag}.log")
             with open(logf, "w") as lf:
                 srv = subprocess.Popen(
                     [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--unix-socket", sock, "--handle-socket",
-                     os.path.join(self.work, f"sweep{threads}-h.sock"), "--model-root", os.path.join(self.work, "models"),
-                     "--log-format", "json", "--load-threads", str(threads)], stdout=lf, stderr=lf, env=self.env)
+                     os.path.join(self.work, f"sweep{tag}-h.sock"), "--model-root", os.path.join(self.work, "models"),
+                     "--log-format", "json", "--load-threads", str(threads)] + (["--load-cpu-hash"] if cpu_hash else []),
+                    stdout=lf, stderr=lf, env=self.env)
                 try:
                     addr = f"unix:{sock}"
                     for _ in range(300):
@@ -540,10 +543,11 @@ class Check:
             phases = [l["fields"] for l in lines if l["fields"].get("message") == "load phases"]
             gb = loaded[-1]["gb_per_s"] if loaded else 0
             copy_s = phases[-1]["copy_seconds"] if phases else 0
-            figures.append((threads, gb, copy_s))
+            figures.append((tag, gb, copy_s))
         self.results["sweep"] = figures
         self.row("load threads", all(g > 0 for _, g, _ in figures),
-                 "warm load GB/s by threads: " + ", ".join(f"{t}: {g:.1f}" for t, g, _ in figures))
+                 "warm load GB/s by threads (device checksums only): " + ", ".join(
+                     f"{t.replace('-cpuhash', ' with --load-cpu-hash')}: {g:.1f}" for t, g, _ in figures))
 
     def stop_server(self):
         self.server.send_signal(signal.SIGTERM)

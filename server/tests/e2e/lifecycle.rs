@@ -779,7 +779,9 @@ async fn hoarded_tickets_are_limited_and_expire() {
     write_small(dir.path(), "m", 1);
     write_small(dir.path(), "n", 2);
     let cfg = dir.path().join("modelshare.toml");
-    std::fs::write(&cfg, "ticket_ttl_ms = 1500\n").expect("config");
+    // Long enough for the thousand attaches below on a slow machine; checked after them.
+    let ttl = Duration::from_secs(10);
+    std::fs::write(&cfg, format!("ticket_ttl_ms = {}\n", ttl.as_millis())).expect("config");
     // 512 descriptors: a quarter (128) for tickets in all, 64 per session.
     let mut server = serve_with_nofile(
         "512:512",
@@ -798,6 +800,22 @@ async fn hoarded_tickets_are_limited_and_expire() {
     let mut admin = pb::admin_service_client::AdminServiceClient::new(channel.expect("started"));
     common::load(&mut admin, "m", "m").await.expect("load m");
     let hoarder = common::raw_session(&address, pb::Hello::default()).await;
+    // The session lives through the tickets' time (its heartbeats), so that what closes the
+    // descriptors below is the tickets' expiry, not the session's end.
+    let beats = hoarder.tx.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            let beat = pb::SessionRequest {
+                kind: Some(pb::session_request::Kind::Heartbeat(
+                    pb::Heartbeat::default(),
+                )),
+            };
+            if beats.send(beat).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
     let baseline = open_fds(server.id());
     let attach = |mut session: RawSessionClient, id: String| async move {
         session
@@ -809,6 +827,7 @@ async fn hoarded_tickets_are_limited_and_expire() {
             .await
     };
     let (mut granted, mut refused) = (0, 0);
+    let hoarding_since = std::time::Instant::now();
     for _ in 0..1000 {
         match attach(hoarder.worker.clone(), hoarder.welcome.session_id.clone()).await {
             Ok(_) => granted += 1,
@@ -825,6 +844,10 @@ async fn hoarded_tickets_are_limited_and_expire() {
             }
         }
     }
+    assert!(
+        hoarding_since.elapsed() < ttl,
+        "the attaches outlasted the tickets: the count below would not be the limit's"
+    );
     assert_eq!((granted, refused), (64, 936));
     let hoarding = open_fds(server.id());
     assert!(
@@ -842,7 +865,7 @@ async fn hoarded_tickets_are_limited_and_expire() {
     // The timer closes what was never redeemed.
     let pid = server.id();
     common::eventually(
-        Duration::from_secs(10),
+        ttl + Duration::from_secs(10),
         "expired tickets closed",
         || async move { open_fds(pid) <= baseline + 4 },
     )
@@ -850,6 +873,7 @@ async fn hoarded_tickets_are_limited_and_expire() {
     attach(hoarder.worker.clone(), hoarder.welcome.session_id.clone())
         .await
         .expect("the session's tickets expired: it may attach again");
+    heartbeat.abort();
     let _ = server.kill();
     let _ = server.wait();
 }
