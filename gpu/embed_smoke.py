@@ -74,7 +74,7 @@ def main():
     sock = os.path.join(tmp, "grpc.sock")
     server = subprocess.Popen([f"{a.bin}/modelshare", "serve", "--backend", "cuda", "--model-root", root,
                                "--unix-socket", sock, "--handle-socket", os.path.join(tmp, "h.sock"),
-                               "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:18080", "--model", "rand=rand"],
+                               "--listen", "127.0.0.1:0", "--unauthenticated-tcp", "--http-listen", "127.0.0.1:18080", "--model", "rand=rand"],
                               env=env, stdout=open(os.path.join(a.out, "smoke-server.log"), "w"), stderr=subprocess.STDOUT)
     worker = subprocess.Popen([f"{a.bin}/modelshare-embed", "--server", f"unix:{sock}", "--model", "rand"],
                               env=env, stdout=open(os.path.join(a.out, "smoke-worker.log"), "w"), stderr=subprocess.STDOUT)

@@ -64,8 +64,8 @@ class EmbedStack(Stack):
         self.server = subprocess.Popen(
             [args.bin, "serve", "--backend", args.backend, "--model-root", model_root,
              "--unix-socket", self.socket, "--handle-socket", os.path.join(tmp, "handles.sock"),
-             "--listen", f"127.0.0.1:{self.grpc_port}", "--http-listen", f"127.0.0.1:{self.http_port}",
-             "--model", f"{MODEL}={model_path}"],
+             "--listen", f"127.0.0.1:{self.grpc_port}", "--unauthenticated-tcp",
+             "--http-listen", f"127.0.0.1:{self.http_port}", "--model", f"{MODEL}={model_path}"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.pb = generate_stubs(os.path.join(tmp, "stubs"))
         self.admin_pb2 = self.pb[0]

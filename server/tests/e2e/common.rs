@@ -556,3 +556,27 @@ pub fn read_json_line(lines: &mut BufReader<ChildStdout>) -> Value {
     assert!(n > 0, "the worker closed its output");
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
 }
+
+/// A child process killed (and reaped) when dropped, so that a failing test does not leave its
+/// server running.
+pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

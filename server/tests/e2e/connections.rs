@@ -175,6 +175,7 @@ async fn idle_clients_cannot_starve_the_admin_socket() {
         .arg(&cfg)
         .stderr(std::process::Stdio::null())
         .spawn()
+        .map(common::KillOnDrop)
         .expect("prlimit and the server");
     let address = format!("unix:{}", socket.display());
     let mut up = false;

@@ -647,7 +647,7 @@ async fn errors_echo_at_most_a_bounded_part_of_the_input() {
 
 /// A host-backend server over `dir` (its model root and sockets) started under `prlimit
 /// --nofile=<nofile>` (soft:hard), its log discarded.
-fn serve_with_nofile(nofile: &str, dir: &std::path::Path, extra: &[&str]) -> std::process::Child {
+fn serve_with_nofile(nofile: &str, dir: &std::path::Path, extra: &[&str]) -> common::KillOnDrop {
     std::process::Command::new("prlimit")
         .arg(format!("--nofile={nofile}"))
         .arg(common::BIN)
@@ -660,6 +660,7 @@ fn serve_with_nofile(nofile: &str, dir: &std::path::Path, extra: &[&str]) -> std
         .args(extra)
         .stderr(std::process::Stdio::null())
         .spawn()
+        .map(common::KillOnDrop)
         .expect("prlimit and the server")
 }
 
