@@ -380,6 +380,27 @@ pub struct RawSession {
     pub welcome: pb::Welcome,
 }
 
+impl RawSession {
+    /// Sends a heartbeat every 300 ms on the session stream (as the SDK does), until the
+    /// stream closes or the task is aborted.
+    pub fn heartbeats(&self) -> tokio::task::JoinHandle<()> {
+        let beats = self.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let beat = pb::SessionRequest {
+                    kind: Some(pb::session_request::Kind::Heartbeat(
+                        pb::Heartbeat::default(),
+                    )),
+                };
+                if beats.send(beat).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    }
+}
+
 /// Opens a session with `hello` and waits for the welcome.
 pub async fn raw_session(address: &str, hello: pb::Hello) -> RawSession {
     open_raw_session(address, hello, None).await

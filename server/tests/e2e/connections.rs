@@ -79,20 +79,7 @@ async fn silent_half_open_and_idle_connections_are_closed() {
     let tcp = format!("http://127.0.0.1:{grpc}");
     let session = common::raw_session(&tcp, pb::Hello::default()).await;
     // The worker's heartbeats travel on its session stream, as the SDK sends them.
-    let beats = session.tx.clone();
-    let heartbeat = tokio::spawn(async move {
-        loop {
-            let beat = pb::SessionRequest {
-                kind: Some(pb::session_request::Kind::Heartbeat(
-                    pb::Heartbeat::default(),
-                )),
-            };
-            if beats.send(beat).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    });
+    let heartbeat = session.heartbeats();
 
     let within = Duration::from_secs(5);
     for (what, port, bytes) in [

@@ -803,20 +803,7 @@ async fn hoarded_tickets_are_limited_and_expire() {
     let hoarder = common::raw_session(&address, pb::Hello::default()).await;
     // The session lives through the tickets' time (its heartbeats), so that what closes the
     // descriptors below is the tickets' expiry, not the session's end.
-    let beats = hoarder.tx.clone();
-    let heartbeat = tokio::spawn(async move {
-        loop {
-            let beat = pb::SessionRequest {
-                kind: Some(pb::session_request::Kind::Heartbeat(
-                    pb::Heartbeat::default(),
-                )),
-            };
-            if beats.send(beat).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    });
+    let heartbeat = hoarder.heartbeats();
     let baseline = open_fds(server.id());
     let attach = |mut session: RawSessionClient, id: String| async move {
         session
