@@ -105,6 +105,21 @@ pub(crate) fn quoted(name: &str) -> String {
     out
 }
 
+/// Longest parser message kept in an error (serde quotes unexpected values whole).
+const MESSAGE_MAX_BYTES: usize = 240;
+
+/// `text` cut to at most `max` bytes on a character boundary, with "..." when cut.
+fn cut_short(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &text[..cut])
+}
+
 /// Converts a `serde_json` error on `text` (which starts at byte `base` of `file`) into
 /// [`WeightsError::Malformed`] at the byte where parsing failed.
 ///
@@ -125,12 +140,16 @@ pub(crate) fn json_error(
     let offset = base.saturating_add(at);
     let full = err.to_string();
     let suffix = format!(" at line {} column {}", err.line(), err.column());
-    let message = full.strip_suffix(&suffix).unwrap_or(&full);
+    // serde echoes an unexpected value whole ("invalid type: string \"...\""): cut it short.
+    let message = cut_short(
+        full.strip_suffix(&suffix).unwrap_or(&full),
+        MESSAGE_MAX_BYTES,
+    );
     let reason = match err.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
             format!("not valid JSON: {message}")
         }
-        serde_json::error::Category::Data | serde_json::error::Category::Io => message.to_owned(),
+        serde_json::error::Category::Data | serde_json::error::Category::Io => message,
     };
     WeightsError::malformed(file, offset, reason)
 }
