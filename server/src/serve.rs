@@ -275,7 +275,7 @@ pub async fn run_notify(
     }
     if let Some(nofile) = crate::accept::fd_limit() {
         let config = &mut config;
-        if crate::accept::fit_to_fd_limit(&mut config.registry, &mut config.connections, nofile) {
+        if fit_to_fd_limit(&mut config.registry, &mut config.connections, nofile) {
             warn!(
                 open_file_limit = nofile,
                 max_sessions = config.registry.max_sessions,
@@ -621,5 +621,54 @@ async fn sweep_held_records(app: App) {
             }
         })
         .await;
+    }
+}
+
+/// Lowers the most sessions (each holds a pidfd of its worker), the most unredeemed tickets
+/// (each holds a descriptor of an arena) and the most connections of each listener so that
+/// each takes at most a quarter of `nofile`; the rest stays for arenas, model files and the
+/// log. Returns whether it changed any.
+pub fn fit_to_fd_limit(
+    limits: &mut crate::registry::RegistryLimits,
+    connections: &mut crate::connections::ConnLimits,
+    nofile: u64,
+) -> bool {
+    let share = usize::try_from(nofile / 4).unwrap_or(usize::MAX).max(1);
+    let before = (
+        limits.max_sessions,
+        limits.tickets.total,
+        connections.max_per_listener,
+    );
+    limits.max_sessions = limits.max_sessions.min(share);
+    limits.tickets.total = limits.tickets.total.min(share);
+    connections.max_per_listener = connections.max_per_listener.min(share);
+    connections.max_per_peer = connections.max_per_peer.min(connections.max_per_listener);
+    before
+        != (
+            limits.max_sessions,
+            limits.tickets.total,
+            connections.max_per_listener,
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::RegistryLimits;
+
+    #[test]
+    fn sessions_tickets_and_connections_fit_a_low_descriptor_limit() {
+        let mut limits = RegistryLimits::default();
+        let mut conns = crate::connections::ConnLimits::default();
+        assert!(
+            !fit_to_fd_limit(&mut limits, &mut conns, 1 << 20),
+            "room for the defaults"
+        );
+        assert!(
+            fit_to_fd_limit(&mut limits, &mut conns, 1024),
+            "the defaults exceed a quarter of 1024 each"
+        );
+        assert_eq!((limits.max_sessions, limits.tickets.total), (256, 256));
+        assert_eq!((conns.max_per_listener, conns.max_per_peer), (256, 256));
     }
 }
