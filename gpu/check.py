@@ -19,6 +19,9 @@ What it checks (each row of the table says PASS/FAIL and the figures):
   namespaces   a worker in its own PID, IPC and mount namespaces attaches through VMM, correct
   legacy       a server with --cuda-handles legacy: the same write goes through (a worker's
                check sees the changed bytes); attach latency beside VMM's
+  loader rows  (gpu/loader_steps.py) the anchors fastsafetensors and instanttensor beside
+               safetensors; `modelshare load` median of 3; a cold load against the raw direct-I/O
+               read of the same file; two 8 GiB models at once
   server kill -9  4 workers run GEMV in a loop while the server is killed and restarted: every
                pass stays bit-identical, the restarted server adopts the memory they kept (one
                copy on the device, not two) and their sessions re-attach
@@ -36,6 +39,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import loader_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
@@ -574,7 +579,8 @@ def main():
     ap.add_argument("--work", default="/tmp/gpu-check")
     ap.add_argument("--gib", type=float, default=8)
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--only", default="", help="comma-separated steps to run (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated steps to run (default: all): kernels, "
+                    "anchors, core, vmm, loader, tenants, load-threads")
     args = ap.parse_args()
     c = Check(args)
     steps = args.only.split(",") if args.only else []
@@ -591,20 +597,28 @@ def main():
         elif not os.path.exists(model_file):
             c.run([sys.executable, os.path.join(ROOT, "bench", "anchors.py"), "make-model", "--out", model_file, "--gib",
                    str(args.gib), "--tensors", "256", "--dtype", "bf16"], timeout=900, check=True)
-        c.start_server()
-        s1 = c.load_during_attach()
-        c.load_again()
-        procs = c.eight_workers(s1)
-        c.kill_nine(procs)
-        c.gemv_bench()
-        c.attach_bench()
-        c.remap()
+        if want("core") or want("loader"):
+            c.start_server()
+        if want("core"):
+            s1 = c.load_during_attach()
+            c.load_again()
+            procs = c.eight_workers(s1)
+            c.kill_nine(procs)
+            c.gemv_bench()
+            c.attach_bench()
+            c.remap()
         if want("vmm"):
             c.vmm_writes()
             c.namespaces()
             c.legacy()
             c.server_kill9()
-        c.stop_server()
+        if want("loader"):
+            loader_steps.anchors(c, model_file)
+            loader_steps.cli_median(c)
+            loader_steps.cold(c)
+            loader_steps.two_at_once(c)
+        if c.server and c.server.poll() is None:
+            c.stop_server()
         if want("tenants"):
             c.tenants()
         if want("load-threads"):

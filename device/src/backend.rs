@@ -39,51 +39,78 @@ pub struct DeviceInfo {
     pub name: String,
     /// The device's total memory in bytes (0 where unknown).
     pub total_bytes: u64,
+    /// The NUMA node the device sits on, where the machine has several and says which
+    /// (see [`crate::numa`]); `None` otherwise.
+    pub numa_node: Option<u32>,
 }
 
 /// Streams bytes into an arena during a load, from a loading thread.
+///
+/// Ask for a [`buffer`](ArenaWriter::buffer) for an arena offset, fill it, then
+/// [`submit`](ArenaWriter::submit) the bytes it holds for that offset. Writers that stage
+/// (CUDA) hand out page-aligned buffers whose length is a multiple of [`PAGE`], so that a
+/// caller may fill one with direct I/O (`O_DIRECT`, which reads whole aligned blocks) and
+/// submit only the wanted bytes, from `skip` on.
 pub trait ArenaWriter {
-    /// A buffer of at most `max` bytes (possibly fewer; never empty when `max > 0`). Fill a
-    /// prefix of it, then [`ArenaWriter::submit`] that prefix.
-    fn buffer(&mut self, max: usize) -> Result<&mut [u8]>;
+    /// Whether buffers are page-aligned staging buffers, fit for direct I/O (see above).
+    fn staged(&self) -> bool {
+        false
+    }
 
-    /// Queues the first `len` bytes of the last buffer for the arena at `offset`.
-    fn submit(&mut self, offset: u64, len: usize) -> Result<()>;
+    /// A buffer for bytes bound for the arena at `offset` (never empty).
+    fn buffer(&mut self, offset: u64) -> Result<&mut [u8]>;
+
+    /// Queues `len` bytes of the last buffer, from byte `skip` on (`skip` is 0 unless the
+    /// writer is [`staged`](ArenaWriter::staged)), for the offset that buffer was asked for.
+    fn submit(&mut self, skip: usize, len: usize) -> Result<()>;
 
     /// Waits until everything submitted is in the arena.
     fn finish(self: Box<Self>) -> Result<()>;
 }
 
+/// The alignment (and length granularity) of a staged writer's buffers: what direct I/O asks
+/// of file offsets, lengths and memory.
+pub const PAGE: usize = 4096;
+
+/// The bytes of one [`BufferedWriter`] buffer.
+pub(crate) const BUFFERED_BYTES: usize = 4 << 20;
+
 /// The simplest writer: a plain buffer, each submitted chunk handed to `write` (offset, bytes).
 pub(crate) struct BufferedWriter<W> {
     buf: Vec<u8>,
+    offset: Option<u64>,
     write: W,
 }
 
 impl<W: FnMut(u64, &[u8]) -> Result<()>> BufferedWriter<W> {
     pub(crate) fn new(write: W) -> Self {
         Self {
-            buf: Vec::new(),
+            buf: vec![0; BUFFERED_BYTES],
+            offset: None,
             write,
         }
     }
 }
 
 impl<W: FnMut(u64, &[u8]) -> Result<()>> ArenaWriter for BufferedWriter<W> {
-    fn buffer(&mut self, max: usize) -> Result<&mut [u8]> {
-        if self.buf.len() < max {
-            self.buf.resize(max, 0);
-        }
-        Ok(&mut self.buf[..max])
+    fn buffer(&mut self, offset: u64) -> Result<&mut [u8]> {
+        self.offset = Some(offset);
+        Ok(&mut self.buf)
     }
 
-    fn submit(&mut self, offset: u64, len: usize) -> Result<()> {
-        let bytes = self.buf.get(..len).ok_or(crate::DeviceError::OutOfRange {
-            op: "submit",
-            offset,
-            len: len as u64,
-            arena_len: self.buf.len() as u64,
+    fn submit(&mut self, skip: usize, len: usize) -> Result<()> {
+        let offset = self.offset.take().ok_or(crate::DeviceError::Protocol {
+            reason: "submit without a buffer".into(),
         })?;
+        let bytes = skip
+            .checked_add(len)
+            .and_then(|end| self.buf.get(skip..end))
+            .ok_or(crate::DeviceError::OutOfRange {
+                op: "submit",
+                offset,
+                len: len as u64,
+                arena_len: self.buf.len() as u64,
+            })?;
         (self.write)(offset, bytes)
     }
 

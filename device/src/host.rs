@@ -38,6 +38,7 @@ impl HostBackend {
                 uuid: "host".into(),
                 name: "host memory".into(),
                 total_bytes: mem_total().unwrap_or(0),
+                numa_node: None,
             },
         }
     }

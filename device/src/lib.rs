@@ -51,12 +51,14 @@ pub mod export;
 pub mod handoff;
 pub mod host;
 pub mod mapping;
+pub mod numa;
+pub mod pagecache;
 pub mod peer;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
 mod sys;
 pub mod thread;
 
-pub use backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped};
+pub use backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, PAGE};
 pub use error::{DeviceError, Result};
 pub use export::{Export, Import};
 pub use host::{HostArena, HostBackend, HostMapping};

@@ -1,7 +1,8 @@
-//! The crate's only `unsafe` code: a read-only shared mapping of a sealed file
-//! ([`SealedMapping`]). The checks that make the mapping sound (the file is sealed against
-//! writes, shrinking and growing, and has the expected size) live here, next to the `mmap`
-//! they justify, so that nothing outside this module can build a mapping without them.
+//! The crate's only `unsafe` code outside the CUDA backend: a read-only shared mapping of a
+//! sealed file ([`SealedMapping`]), and the page-cache residency of a file range
+//! ([`resident`]). The checks that make the mapping sound (the file is sealed against writes,
+//! shrinking and growing, and has the expected size) live here, next to the `mmap` they
+//! justify, so that nothing outside this module can build a mapping without them.
 
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
@@ -146,4 +147,51 @@ pub(crate) fn register_readable(
         tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
             .map_err(|e| e.into_parts().1)
     }
+}
+
+/// Whether every page of `len` bytes of the file `fd` at `offset` is in the page cache
+/// (`mincore` on a mapping of the range that is never read: asking touches no byte and starts
+/// no I/O).
+pub(crate) fn resident(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<bool> {
+    if len == 0 {
+        return Ok(true);
+    }
+    let page = rustix::param::page_size() as u64;
+    let start = offset - offset % page;
+    let span = usize::try_from(offset - start)
+        .ok()
+        .and_then(|lead| lead.checked_add(len))
+        .ok_or(DeviceError::Protocol {
+            reason: format!("a residency query of {len} bytes at {offset} overflows"),
+        })?;
+    // SAFETY: a new read-only shared mapping, at an address the kernel picks, of `span` bytes of
+    // the file from a page-aligned offset. Nothing ever reads through it (a read past the end of
+    // a shrunk file would be a SIGBUS); it is only asked about, then unmapped below.
+    let ptr = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            span,
+            ProtFlags::READ,
+            MapFlags::SHARED,
+            fd,
+            start,
+        )
+    }
+    .map_err(|e| DeviceError::io("mmap for a page-cache residency query", e))?;
+    let mut pages = vec![0u8; span.div_ceil(page as usize)];
+    // SAFETY: `ptr` starts the mapping of `span` bytes made above (page-aligned, as mmap returns
+    // it); `pages` has one byte for each of its pages, as mincore writes.
+    let rc = unsafe { libc::mincore(ptr, span, pages.as_mut_ptr()) };
+    let asked = if rc == 0 {
+        Ok(pages.iter().all(|p| p & 1 == 1))
+    } else {
+        Err(DeviceError::io(
+            "mincore",
+            Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO),
+        ))
+    };
+    // SAFETY: unmaps exactly the mapping made above, which nothing refers to any more.
+    unsafe { rustix::mm::munmap(ptr, span) }
+        .map_err(|e| DeviceError::io("munmap after a residency query", e))?;
+    asked
 }

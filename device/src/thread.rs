@@ -598,9 +598,9 @@ mod tests {
                 let arena = arena.clone();
                 s.spawn(move || {
                     let mut w = arena.writer().wait().unwrap();
-                    let buf = w.buffer(part.len()).unwrap();
-                    buf.copy_from_slice(part);
-                    w.submit((i * chunk) as u64, part.len()).unwrap();
+                    let buf = w.buffer((i * chunk) as u64).unwrap();
+                    buf[..part.len()].copy_from_slice(part);
+                    w.submit(0, part.len()).unwrap();
                     w.finish().unwrap();
                 });
             }

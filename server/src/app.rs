@@ -47,6 +47,8 @@ pub struct App {
     /// Records of memory that can outlive the server, and their adoption after a restart.
     pub held: Arc<HeldStore>,
     load_slots: Arc<Semaphore>,
+    /// Chunks being loaded at once, over all loads.
+    chunk_gate: Arc<loader::ChunkGate>,
 }
 
 /// The request path's settings, from the configuration and the tenants' weights.
@@ -114,6 +116,7 @@ impl App {
             hub: Arc::new(Hub::new()),
             timer: Arc::new(Timer::new()),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
+            chunk_gate: Arc::new(loader::ChunkGate::new(config.load_threads)),
             shutdown,
             ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             metrics,
@@ -235,6 +238,11 @@ impl App {
             held: self.held.clone(),
             threads: self.config.load_threads,
             cpu_hash: self.config.load_cpu_hash,
+            gate: self.chunk_gate.clone(),
+            cpus: device
+                .info()
+                .numa_node
+                .and_then(modelshare_device::numa::cpus_of),
             reservation,
             src,
             plan,
@@ -379,6 +387,10 @@ struct LoadCopy {
     threads: usize,
     /// Hash on the CPU too where the device checksums (`load_cpu_hash`).
     cpu_hash: bool,
+    /// The server's chunk gate, shared with every other load.
+    gate: Arc<loader::ChunkGate>,
+    /// The CPUs of the device's NUMA node, where the machine has several.
+    cpus: Option<Vec<usize>>,
     reservation: crate::registry::Reservation,
     src: source::ModelSource,
     plan: layout::Layout,
@@ -397,10 +409,14 @@ impl LoadCopy {
             arena,
             &self.src,
             &self.plan,
-            self.threads,
-            self.cpu_hash,
+            &loader::CopyOptions {
+                threads: self.threads,
+                cpu_hash: self.cpu_hash,
+                gate: &self.gate,
+                cpus: self.cpus.as_deref(),
+            },
         ) {
-            Ok(manifest) => {
+            Ok(loader::Copied { manifest, .. }) => {
                 let (registry, metrics, job, plan) =
                     (&self.registry, &self.metrics, &self.reservation, &self.plan);
                 self.remember(&manifest);

@@ -60,27 +60,31 @@ impl Ms64Kernel {
         })
     }
 
-    /// The ms64 of `len` bytes at `offset` of `mem`, computed on `stream` (waits for it).
-    pub(crate) fn run(
+    /// The ms64 of each `(offset, len)` range of `mem`, computed on `stream` (waits for it once).
+    pub(crate) fn run_many(
         &self,
         stream: &Arc<CudaStream>,
         mem: &sys::DeviceMemory,
-        offset: u64,
-        len: u64,
-    ) -> Result<u64> {
-        if len == 0 {
-            return Ok(0);
-        }
-        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfRange {
-            op: "checksum",
-            offset,
-            len,
-            arena_len: mem.len(),
-        })?;
-        crate::backend::check_range("checksum", offset, n, mem.len())?;
-        let ptr = mem.ptr() + offset;
-        let blocks = ms64_blocks(ptr, len, self.multiprocessors);
-        let words = sys::launch_ms64(stream, &self.func, blocks, mem, offset, len)?;
-        Ok(len.wrapping_mul(MS64_LEN_MUL).wrapping_add(words))
+        ranges: &[(u64, u64)],
+    ) -> Result<Vec<u64>> {
+        let launches: Vec<(u64, u64, u32)> = ranges
+            .iter()
+            .map(|&(offset, len)| {
+                let blocks = ms64_blocks(mem.ptr() + offset, len, self.multiprocessors);
+                (offset, len, blocks)
+            })
+            .collect();
+        let words = sys::launch_ms64_many(stream, &self.func, mem, &launches)?;
+        Ok(ranges
+            .iter()
+            .zip(words)
+            .map(|(&(_, len), w)| {
+                if len == 0 {
+                    0
+                } else {
+                    len.wrapping_mul(MS64_LEN_MUL).wrapping_add(w)
+                }
+            })
+            .collect())
     }
 }

@@ -88,9 +88,10 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Starts a device thread for the device named by `selector` (an ordinal, `"0"`, or a UUID,
-    /// `"GPU-…"`) and opens the backend on it, with staging buffers pinned for `load_threads`
-    /// loading threads (64 MiB a thread), so that no load pays for pinning host memory
-    /// (`cuMemHostAlloc` runs at a few GB/s).
+    /// `"GPU-…"`) and opens the backend on it, with staging buffers pinned for two loads of
+    /// `load_threads` loading threads (8 MiB a thread), so that no load pays for pinning host
+    /// memory (`cuMemHostAlloc` runs at a few GB/s). On a machine with several NUMA nodes the
+    /// device thread is bound to the GPU's node first, so the buffers are there too.
     /// `handles` says how arenas are shared with workers.
     pub fn thread(
         selector: &str,
@@ -124,8 +125,11 @@ impl CudaBackend {
             }
         );
         let ms64 = warm_checksum_kernel(&ctx);
+        let numa_node = place_on_numa_node(&ctx);
         let started = std::time::Instant::now();
-        let staging: Vec<Staging> = (0..load_threads * STAGING_SLOTS)
+        // For two loads at once (they take turns through the server's chunk gate, each with
+        // its own threads and buffers).
+        let staging: Vec<Staging> = (0..load_threads * STAGING_SLOTS * 2)
             .map(|_| Staging::new(&ctx))
             .collect::<Result<_>>()?;
         tracing::info!(
@@ -141,6 +145,7 @@ impl CudaBackend {
             uuid: context::uuid(ordinal)?,
             name: ctx.name().map_err(cuda("cuDeviceGetName"))?,
             total_bytes: ctx.total_mem().map_err(cuda("cuDeviceTotalMem"))? as u64,
+            numa_node,
         };
         Ok(Self {
             ctx,
@@ -204,6 +209,31 @@ impl Backend for CudaBackend {
     }
 }
 
+/// The GPU's NUMA node where the machine has several: the calling (device) thread is bound to
+/// its CPUs, so that memory it pins from now on (the staging buffers) is allocated there.
+fn place_on_numa_node(ctx: &Arc<CudaContext>) -> Option<u32> {
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let attr = |a| ctx.attribute(a).ok();
+    let (domain, bus, dev) = (
+        attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+        attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+        attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+    );
+    let bus_id = format!("{domain:04x}:{bus:02x}:{dev:02x}.0");
+    let Some(node) = crate::numa::node_of_pci(&bus_id) else {
+        tracing::info!(pci = %bus_id, "NUMA: one node, or the GPU's is not known: no placement");
+        return None;
+    };
+    let cpus = crate::numa::cpus_of(node)?;
+    match crate::numa::pin_current_thread(&cpus) {
+        Ok(()) => tracing::info!(pci = %bus_id, node, cpus = cpus.len(),
+            "NUMA: the device thread and its staging buffers are on the GPU's node"),
+        Err(e) => tracing::warn!(pci = %bus_id, node, error = %e,
+            "NUMA: could not bind the device thread to the GPU's node"),
+    }
+    Some(node)
+}
+
 /// Compiles the checksum kernel and runs it once, so that it is loaded before any gate exists
 /// (see [`event`]). Without NVRTC the backend works and reports no device checksums.
 fn warm_checksum_kernel(ctx: &Arc<CudaContext>) -> Option<Arc<Ms64Kernel>> {
@@ -214,7 +244,7 @@ fn warm_checksum_kernel(ctx: &Arc<CudaContext>) -> Option<Arc<Ms64Kernel>> {
             op: "cuStreamCreate",
             source: e,
         })?;
-        kernel.run(&stream, &mem, 0, 256)?;
+        kernel.run_many(&stream, &mem, &[(0, 256)])?;
         Ok(Arc::new(kernel))
     };
     match warm() {

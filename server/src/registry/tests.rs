@@ -64,6 +64,7 @@ impl Backend for ProbeBackend {
             uuid: "probe".into(),
             name: "probe".into(),
             total_bytes: 0,
+            numa_node: None,
         }
     }
     fn allocate(&mut self, _: u64, _: &str) -> modelshare_device::Result<Box<dyn Arena>> {

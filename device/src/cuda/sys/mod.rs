@@ -190,25 +190,27 @@ impl DeviceMemory {
         &self,
         offset: u64,
         src: &Pinned,
+        skip: usize,
         len: usize,
         stream: &CudaStream,
     ) -> Result<()> {
         check("write", offset, len, self.len)?;
-        if len > src.len {
+        if skip.checked_add(len).is_none_or(|end| end > src.len) {
             return Err(DeviceError::OutOfRange {
                 op: "stage",
-                offset: 0,
+                offset: skip as u64,
                 len: len as u64,
                 arena_len: src.len as u64,
             });
         }
         bind(&self.ctx)?;
-        // SAFETY: both ranges are checked; `src` is pinned memory that outlives the copy (its
-        // owner waits for the copy's event before reusing or freeing it).
+        // SAFETY: both ranges are checked (`skip + len` within `src`); `src` is pinned memory
+        // that outlives the copy (its owner waits for the copy's event before reusing or
+        // freeing it).
         unsafe {
             sys::cuMemcpyHtoDAsync_v2(
                 self.ptr + offset,
-                src.ptr.cast::<c_void>(),
+                src.ptr.add(skip).cast::<c_void>(),
                 len,
                 stream.cu_stream(),
             )
@@ -530,41 +532,52 @@ impl Drop for Pinned {
     }
 }
 
-/// Runs the `ms64_sum` kernel `func` over `len` bytes at `offset` of `mem` on `stream` in
-/// `blocks` blocks, waits for it, and returns the word sum (ms64 without its length term).
-pub fn launch_ms64(
+/// Launches `ms64_sum` once per range of `mem` (`(offset, len, blocks)`), each summing into its
+/// own word of one device buffer, all on `stream`, then waits once and returns the words (one
+/// synchronization for a whole manifest, not one per tensor).
+pub fn launch_ms64_many(
     stream: &Arc<CudaStream>,
     func: &cudarc::driver::CudaFunction,
-    blocks: u32,
     mem: &DeviceMemory,
-    offset: u64,
-    len: u64,
-) -> Result<u64> {
+    ranges: &[(u64, u64, u32)],
+) -> Result<Vec<u64>> {
     use cudarc::driver::{LaunchConfig, PushKernelArg};
-    let n = usize::try_from(len).map_err(|_| DeviceError::OutOfRange {
-        op: "checksum",
-        offset,
-        len,
-        arena_len: mem.len,
-    })?;
-    check("checksum", offset, n, mem.len)?;
     let kernel = |e: DriverError| DeviceError::Kernel(format!("ms64: {e}"));
-    let mut sum = stream.alloc_zeros::<u64>(1).map_err(kernel)?;
-    let ptr = mem.ptr + offset;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks.max(1), 1, 1),
-        block_dim: (crate::checksum::BLOCK_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut launch = stream.launch_builder(func);
-    launch.arg(&ptr).arg(&len).arg(&mut sum);
-    // SAFETY: the arguments match `ms64_sum(const unsigned char*, unsigned long long,
-    // unsigned long long*)`; `sum` is a live one-element allocation on this stream, and the
-    // range `[ptr, ptr + len)` lies inside the live allocation `mem` (checked above).
-    unsafe { launch.launch(cfg) }.map_err(kernel)?;
-    let host = stream.clone_dtoh(&sum).map_err(kernel)?;
+    if ranges.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sums = stream.alloc_zeros::<u64>(ranges.len()).map_err(kernel)?;
+    for (i, &(offset, len, blocks)) in ranges.iter().enumerate() {
+        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfRange {
+            op: "checksum",
+            offset,
+            len,
+            arena_len: mem.len,
+        })?;
+        check("checksum", offset, n, mem.len)?;
+        if len == 0 {
+            continue;
+        }
+        let ptr = mem.ptr + offset;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: (crate::checksum::BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut sum = sums.slice_mut(i..i + 1);
+        let mut launch = stream.launch_builder(func);
+        launch.arg(&ptr).arg(&len).arg(&mut sum);
+        // SAFETY: the arguments match `ms64_sum(const unsigned char*, unsigned long long,
+        // unsigned long long*)`; `sum` is one live element of an allocation on this stream, and
+        // the range `[ptr, ptr + len)` lies inside the live allocation `mem` (checked above).
+        unsafe { launch.launch(cfg) }.map_err(kernel)?;
+    }
+    let host = stream.clone_dtoh(&sums).map_err(kernel)?;
     stream.synchronize().map_err(kernel)?;
-    host.first()
-        .copied()
-        .ok_or_else(|| DeviceError::Kernel("ms64: the device returned an empty sum buffer".into()))
+    if host.len() != ranges.len() {
+        return Err(DeviceError::Kernel(
+            "ms64: the device returned a short sum buffer".into(),
+        ));
+    }
+    Ok(host)
 }

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Host-backend load benchmark (no GPU): modelshare's load of a safetensors file into shared host
+memory against `safetensors.numpy.load_file` of the same file, in the same run, page cache warm.
+
+    python3 bench/host_load.py --bin target/release/modelshare [--gib 2] [--repeat 3] [--out F]
+
+Both read the whole file and end with every tensor's bytes in memory: `load_file` as numpy
+arrays in this process, modelshare in a sealed memfd arena with a checksum per tensor, timed
+through the CLI (`modelshare load`, which returns once the version is ready). Prints a table
+and, last, one JSON line; writes that JSON to --out when given. It measures, it does not judge:
+the exit status is non-zero only when a load fails, never because of a timing.
+"""
+
+import argparse
+import gc
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import anchors  # noqa: E402  (the streaming safetensors writer)
+
+GIB = 1 << 30
+
+
+def warm(path):
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
+def time_numpy(path, repeat):
+    from safetensors.numpy import load_file
+
+    secs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        tensors = load_file(path)
+        secs.append(time.perf_counter() - t)
+        nbytes = sum(a.nbytes for a in tensors.values())
+        del tensors
+        gc.collect()
+    return secs, nbytes
+
+
+def time_modelshare(binary, root, repeat, threads):
+    sock = os.path.join(root, "bench.sock")
+    log_path = os.path.join(root, "server.log")
+    cmd = [binary, "serve", "--backend", "host", "--unix-socket", sock, "--handle-socket",
+           os.path.join(root, "handles.sock"), "--model-root", root, "--log-format", "json"]
+    if threads:
+        cmd += ["--load-threads", str(threads)]
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(cmd, stdout=log, stderr=log)
+    cli = [binary, "--server", f"unix:{sock}", "--output", "json"]
+    try:
+        for _ in range(300):
+            if server.poll() is not None:
+                raise RuntimeError(f"server exited at start: {open(log_path).read()[-2000:]}")
+            if os.path.exists(sock) and subprocess.run(cli + ["stats"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        secs, loaded = [], []
+        for i in range(repeat):
+            t = time.perf_counter()
+            p = subprocess.run(cli + ["load", f"b{i}", "m"], capture_output=True, text=True, timeout=600)
+            secs.append(time.perf_counter() - t)
+            if p.returncode != 0:
+                raise RuntimeError(f"modelshare load failed: {p.stderr.strip()[-2000:]}")
+            done = json.loads(p.stdout.strip().splitlines()[-1])
+            loaded.append(done)
+            subprocess.run(cli + ["unload", f"b{i}"], capture_output=True, check=True)
+        phases = [json.loads(line)["fields"] for line in open(log_path)
+                  if '"load phases"' in line]
+        return secs, loaded, phases
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", required=True, help="the modelshare binary (a release build)")
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--tensors", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="--load-threads (default: the server's)")
+    ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
+    ap.add_argument("--out", help="write the JSON result here too")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+        path = os.path.join(root, "m", "model.safetensors")
+        anchors.make_model(path, args.gib, args.tensors, "f16", gen="numpy")
+        with open(os.path.join(root, "m", "config.json"), "w") as f:
+            json.dump({"model_type": "bench"}, f)
+        size = os.path.getsize(path)
+        warm(path)
+        np_secs, np_bytes = time_numpy(path, args.repeat)
+        warm(path)
+        ms_secs, loaded, phases = time_modelshare(os.path.abspath(args.bin), root, args.repeat, args.threads)
+
+    np_med, ms_med = statistics.median(np_secs), statistics.median(ms_secs)
+    threads = phases[-1].get("threads") if phases else None
+    rows = [
+        ("safetensors.numpy.load_file", np_secs, np_med, np_bytes),
+        (f"modelshare load (host backend, {threads} threads, CLI until ready)", ms_secs, ms_med, size),
+    ]
+    print(f"\nhost-backend load of a {size / GIB:.2f} GiB safetensors file, page cache warm, "
+          f"{os.cpu_count()} CPUs, median of {args.repeat}\n")
+    print("| loader | runs (s) | median (s) | GB/s |")
+    print("| --- | --- | --- | --- |")
+    for name, secs, med, nbytes in rows:
+        print(f"| {name} | {', '.join(f'{s:.3f}' for s in secs)} | {med:.3f} | {nbytes / med / 1e9:.2f} |")
+    ratio = np_med / ms_med
+    print(f"\nmodelshare / safetensors.numpy: {ratio:.2f}x "
+          f"({'at least as fast' if ratio >= 1 else 'SLOWER'})")
+    result = {
+        "bench": "host-load", "bytes": size, "cpus": os.cpu_count(), "repeat": args.repeat,
+        "numpy_seconds": np_secs, "numpy_gbps": np_bytes / np_med / 1e9,
+        "modelshare_seconds": ms_secs, "modelshare_gbps": size / ms_med / 1e9,
+        "modelshare_threads": threads, "ratio": ratio,
+        "server_phases": phases,
+        "versions": [(d.get("version") or {}).get("state") for d in loaded],
+    }
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
