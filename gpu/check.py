@@ -520,7 +520,7 @@ class Check:
         """Warm loads of the same file by servers with 4, 8, 12 and 16 load threads, and with 16
         threads hashing every byte on the CPU as well (--load-cpu-hash: what the CPU hash costs)."""
         figures = []
-        for threads, cpu_hash in ((4, False), (8, False), (12, False), (16, False), (16, True)):
+        for threads, cpu_hash in ((4, False), (8, False), (12, False), (14, False), (16, False), (16, True)):
             tag = f"{threads}{'-cpuhash' if cpu_hash else ''}"
             sock = os.path.join(self.work, f"sweep{tag}.sock")
             logf = os.path.join(self.out, f"sweep{tag}.log")

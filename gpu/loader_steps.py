@@ -1,7 +1,8 @@
 """The loader's steps of the GPU check (gpu/check.py --only loader, or part of a full run).
 
   loader anchors  the same 8 GiB file loaded by safetensors.torch.load_file(device="cuda"),
-                  fastsafetensors and instanttensor (wheels carried in gpu-carry/anchor-wheels),
+                  fastsafetensors and instanttensor (bench/loader_anchors.py; wheels carried in
+                  gpu-carry/anchor-wheels by scripts/anchor-wheels),
                   and the pinned host-to-device copy ceiling
   load (CLI)      `modelshare load` until ready, page cache warm: 3 runs, the median
   cold load       the file dropped from the page cache (posix_fadvise DONTNEED), then loaded;
@@ -135,13 +136,11 @@ def anchors(c, model_file):
               + sorted(os.path.join(wheels, w) for w in os.listdir(wheels) if w.endswith(".whl")), timeout=600)
     figures = {}
     warm(model_file)
-    for name, sub in (("safetensors", "load-baseline"), ("fastsafetensors", "fastsafetensors-baseline"),
-                      ("instanttensor", "instanttensor-baseline")):
-        cmd = [py, a, sub, "--path", model_file, "--repeat", "3"]
-        if name != "safetensors":
-            cmd += ["--site", site]
-        r = last_json(c.run(cmd, timeout=900).stdout) or {}
-        figures[name] = r
+    la = os.path.join(ROOT, "bench", "loader_anchors.py")
+    for name, cmd in (("safetensors", [py, a, "load-baseline", "--path", model_file, "--repeat", "3"]),
+                      ("fastsafetensors", [py, la, "fastsafetensors", "--path", model_file, "--site", site]),
+                      ("instanttensor", [py, la, "instanttensor", "--path", model_file, "--site", site])):
+        figures[name] = last_json(c.run(cmd, timeout=900).stdout) or {}
     copy = last_json(c.run([py, a, "copy-bandwidth"], timeout=600).stdout) or {}
     figures["h2d_pinned_gbps"] = copy.get("h2d_pinned_gbps")
     c.results["loader_anchors"] = figures

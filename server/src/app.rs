@@ -138,6 +138,7 @@ impl App {
         path: &str,
         keep_previous: bool,
     ) -> Result<RunningLoad, ServerError> {
+        let requested = std::time::Instant::now();
         validate_name(name)?;
         let quota_of = |t: &str| self.tenants.quota_of(t).unwrap_or_default();
         self.registry
@@ -239,6 +240,8 @@ impl App {
             threads: self.config.load_threads,
             cpu_hash: self.config.load_cpu_hash,
             gate: self.chunk_gate.clone(),
+            requested,
+            allocate_seconds: 0.0,
             cpus: device
                 .info()
                 .numa_node
@@ -276,6 +279,7 @@ impl App {
                 return;
             }
             let label = format!("{}@{}", copy.reservation.model, copy.reservation.version);
+            let allocating = std::time::Instant::now();
             let arena = match device
                 .allocate(copy.reservation.manifest.arena_bytes, &label)
                 .await
@@ -290,6 +294,8 @@ impl App {
                     return;
                 }
             };
+            let mut copy = copy;
+            copy.allocate_seconds = allocating.elapsed().as_secs_f64();
             let r = &copy.reservation;
             copy.registry.set_arena(&r.model, r.version, arena.clone());
             let _ = allocated_tx.send(Ok(()));
@@ -389,6 +395,9 @@ struct LoadCopy {
     cpu_hash: bool,
     /// The server's chunk gate, shared with every other load.
     gate: Arc<loader::ChunkGate>,
+    /// When the load was asked for, and how long its arena took to allocate (for the log).
+    requested: std::time::Instant,
+    allocate_seconds: f64,
     /// The CPUs of the device's NUMA node, where the machine has several.
     cpus: Option<Vec<usize>>,
     reservation: crate::registry::Reservation,
@@ -404,6 +413,7 @@ impl LoadCopy {
     /// Fills `arena`, records the outcome, and returns the version as it then stands.
     fn run(self, arena: &modelshare_device::ArenaHandle) -> Result<VersionSnapshot, ServerError> {
         let started = std::time::Instant::now();
+        let before_copy = started.duration_since(self.requested).as_secs_f64();
         match loader::copy_into(
             &self.reservation,
             arena,
@@ -431,6 +441,9 @@ impl LoadCopy {
                     bytes = plan.payload_bytes,
                     seconds = secs,
                     gb_per_s = plan.payload_bytes as f64 / secs.max(1e-9) / 1e9,
+                    // From the request to the copy's start, and the arena's allocation in it.
+                    before_copy_seconds = before_copy,
+                    allocate_seconds = self.allocate_seconds,
                     "model loaded"
                 );
                 registry
