@@ -429,8 +429,19 @@ impl LoadCopy {
             Ok(loader::Copied { manifest, .. }) => {
                 let (registry, metrics, job, plan) =
                     (&self.registry, &self.metrics, &self.reservation, &self.plan);
-                self.remember(&manifest);
+                // The version is ready first; its held-memory record (a file synced to disk,
+                // which can wait behind other files' writeback for a long while) is written
+                // after, off this thread. A crash in between only costs the adoption of that
+                // memory by a restarted server (it loads from the files instead).
+                let record = self.held_record(&manifest);
                 registry.finish_load(&job.model, job.version, Ok(manifest));
+                if let Some(record) = record {
+                    let held = self.held.clone();
+                    match tokio::runtime::Handle::try_current() {
+                        Ok(rt) => drop(rt.spawn_blocking(move || held.remember(&record))),
+                        Err(_) => held.remember(&record),
+                    }
+                }
                 let secs = started.elapsed().as_secs_f64();
                 metrics.loads.with_label_values(&["ok"]).inc();
                 metrics.load_seconds.observe(secs);
@@ -492,18 +503,24 @@ impl LoadCopy {
     /// Writes the held-memory record of the loaded version (kinds whose memory can outlive
     /// the server; a no-op otherwise).
     fn remember(&self, manifest: &crate::model::Manifest) {
-        if !self.held.enabled() {
-            return;
+        if let Some(record) = self.held_record(manifest) {
+            self.held.remember(&record);
         }
-        let Some((owner, access)) = self.registry.ownership(&manifest.model) else {
-            return;
-        };
+    }
+
+    /// The held-memory record of this version, where there is one to write (memory that can
+    /// outlive the server, a held-records directory).
+    fn held_record(&self, manifest: &crate::model::Manifest) -> Option<HeldRecord> {
+        if !self.held.enabled() {
+            return None;
+        }
+        let (owner, access) = self.registry.ownership(&manifest.model)?;
         let backend = match self.backend {
             BackendKind::Host => "host",
             BackendKind::CudaVmm => "cuda-vmm",
-            BackendKind::CudaIpc => return,
+            BackendKind::CudaIpc => return None,
         };
-        self.held.remember(&HeldRecord::new(
+        Some(HeldRecord::new(
             manifest,
             owner,
             &access,
@@ -511,7 +528,7 @@ impl LoadCopy {
             self.files.clone(),
             backend,
             &self.reservation.device,
-        ));
+        ))
     }
 }
 
