@@ -7,14 +7,12 @@
 //!   attach reply; workers' mappings are writable.
 //!
 //! # Loading
-//! A loading thread gets a [`CudaWriter`], which takes pinned staging buffers (each with an
-//! event) from the backend's pool chunk by chunk. It fills a buffer from the file (plain host
-//! memory: no driver call), then *submits* it: the device thread enqueues `cuMemcpyHtoDAsync`
-//! on the writer's stream, records the buffer's event, and watches the event; when the copy is
-//! done the buffer travels back to the loading thread on a channel and on to the pool. So a
-//! file read overlaps up to [`STAGING_SLOTS`] copies per thread, every driver call happens on
-//! the device thread, none of them blocking it, and the buffers in use are the most recently
-//! used ones (see [`CudaWriter`]).
+//! A loading thread gets a [`CudaWriter`] holding pinned staging buffers (each with an event).
+//! It fills a buffer from the file (plain host memory: no driver call), then *submits* it: the
+//! device thread enqueues `cuMemcpyHtoDAsync` on the writer's stream, records the buffer's
+//! event, and watches the event; when the copy is done the buffer travels back to the loading
+//! thread on a channel. So a file read overlaps up to [`STAGING_SLOTS`] copies per thread, and
+//! every driver call happens on the device thread, none of them blocking it.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -209,6 +207,20 @@ impl Arena for CudaArena {
     fn writer(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
         self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
         let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        let mut idle = Vec::with_capacity(STAGING_SLOTS);
+        for _ in 0..STAGING_SLOTS {
+            let pooled = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match pooled.map_or_else(|| Staging::new(&self.ctx), Ok) {
+                Ok(s) => idle.push(s),
+                Err(e) => {
+                    self.staging
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend(idle);
+                    return Err(e);
+                }
+            }
+        }
         let exec = this.executor().clone();
         let (back_tx, back_rx) = mpsc::channel();
         Ok(Box::new(CudaWriter {
@@ -220,9 +232,9 @@ impl Arena for CudaArena {
                 },
                 exec.clone(),
             )),
-            ctx: Arc::new(OnDevice::new(self.ctx.clone(), exec.clone())),
-            pool: Some(self.staging.clone()),
+            pool: Arc::new(OnDevice::new(self.staging.clone(), exec.clone())),
             exec,
+            idle,
             current: None,
             in_flight: 0,
             back_tx: Some(back_tx),
@@ -261,21 +273,12 @@ type Returned = (Staging, Result<()>);
 
 /// Loads through pinned staging buffers: a read fills one buffer while earlier buffers are
 /// being copied to the device (see the module docs).
-///
-/// Buffers are not kept per writer: each chunk takes one from the backend's pool and gives it
-/// back as soon as its copy is done, and the pool hands out the most recently returned first.
-/// So the buffers in use are the few last written and read, still in the CPU's cache, however
-/// many writers (of however many loads) exist; a writer has at most [`STAGING_SLOTS`] copies
-/// in flight. No driver call happens under the pool's lock (taking and returning buffers only
-/// moves them); a new buffer, when the pool runs dry, is pinned on the device thread.
 #[derive(Debug)]
 struct CudaWriter {
     exec: Executor,
     target: Arc<OnDevice<CopyTarget>>,
-    ctx: Arc<OnDevice<Arc<CudaContext>>>,
-    /// The backend's pool; handed to the device thread on drop (so that its last reference,
-    /// at shutdown, frees the buffers there).
-    pool: Option<StagingPool>,
+    pool: Arc<OnDevice<StagingPool>>,
+    idle: Vec<Staging>,
     /// The buffer being filled, and the arena offset it was asked for.
     current: Option<(Staging, u64)>,
     in_flight: usize,
@@ -286,17 +289,12 @@ struct CudaWriter {
 }
 
 impl CudaWriter {
-    fn give_back(&self, staging: Staging) {
-        if let Some(pool) = &self.pool {
-            pool.lock().unwrap_or_else(|e| e.into_inner()).push(staging);
-        }
-    }
-
-    /// Waits for one buffer in flight to come back (to the pool); its copy's error, if any.
+    /// Waits for one buffer in flight to come back; its copy's error, if any, is returned
+    /// after the buffer is idle again.
     fn reclaim_one(&mut self) -> Result<()> {
         let (staging, result) = self.back_rx.recv().map_err(|_| DeviceError::ThreadGone)?;
         self.in_flight -= 1;
-        self.give_back(staging);
+        self.idle.push(staging);
         result
     }
 
@@ -309,7 +307,7 @@ impl CudaWriter {
             match self.back_rx.recv() {
                 Ok((staging, result)) => {
                     self.in_flight -= 1;
-                    self.give_back(staging);
+                    self.idle.push(staging);
                     if first.is_ok() {
                         first = result;
                     }
@@ -322,28 +320,6 @@ impl CudaWriter {
         }
         first
     }
-
-    /// A buffer for the next chunk: from the pool (the most recently returned), after waiting
-    /// for one of this writer's copies if [`STAGING_SLOTS`] are in flight or the pool is empty
-    /// while some are; a newly pinned one if the pool is empty and none is.
-    fn take(&mut self) -> Result<Staging> {
-        loop {
-            if self.in_flight < STAGING_SLOTS {
-                let pooled = self
-                    .pool
-                    .as_ref()
-                    .and_then(|p| p.lock().unwrap_or_else(|e| e.into_inner()).pop());
-                if let Some(s) = pooled {
-                    return Ok(s);
-                }
-                if self.in_flight == 0 {
-                    let ctx = self.ctx.clone();
-                    return self.exec.call(move |_| Staging::new(ctx.get()?)).wait();
-                }
-            }
-            self.reclaim_one()?;
-        }
-    }
 }
 
 impl ArenaWriter for CudaWriter {
@@ -353,8 +329,15 @@ impl ArenaWriter for CudaWriter {
 
     fn buffer(&mut self, offset: u64) -> Result<&mut [u8]> {
         if self.current.is_none() {
-            let staging = self.take()?;
-            self.current = Some((staging, offset));
+            while self.idle.is_empty() {
+                if self.in_flight == 0 {
+                    return Err(DeviceError::Protocol {
+                        reason: "a writer lost its staging buffers".into(),
+                    });
+                }
+                self.reclaim_one()?;
+            }
+            self.current = self.idle.pop().map(|s| (s, offset));
         }
         let (staging, at) = self.current.as_mut().ok_or(DeviceError::Protocol {
             reason: "no staging buffer".into(),
@@ -419,13 +402,18 @@ impl Drop for CudaWriter {
     fn drop(&mut self) {
         // Every buffer comes back, even after a failed copy, so that all return to the pool.
         let _ = self.drain();
-        if let Some((staging, _)) = self.current.take() {
-            self.give_back(staging);
+        let mut bufs: Vec<Staging> = std::mem::take(&mut self.idle);
+        bufs.extend(self.current.take().map(|(s, _)| s));
+        if bufs.is_empty() {
+            return;
         }
-        // The pool's last reference (at shutdown) frees pinned memory: a driver call, so the
-        // reference goes to the device thread.
-        if let Some(pool) = self.pool.take() {
-            self.exec.hand_over(pool, |_, pool| drop(pool));
-        }
+        // Back to the backend's pool, on the device thread (freeing pinned memory is a driver
+        // call there).
+        let pool = self.pool.clone();
+        self.exec.hand_over(bufs, move |_, bufs| {
+            if let Ok(pool) = pool.get() {
+                pool.lock().unwrap_or_else(|e| e.into_inner()).extend(bufs);
+            }
+        });
     }
 }
