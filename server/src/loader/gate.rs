@@ -4,8 +4,10 @@
 //! A load is CPU- and memory-bandwidth-bound (a copy out of the page cache per byte), so two
 //! loads each running all their threads at once only oversubscribe the cores and thrash the
 //! cache their staging buffers live in. Through the gate their threads take turns chunk by
-//! chunk: two loads running together get about half the bandwidth each and finish in about the
-//! time of the same bytes loaded as one.
+//! chunk, and each load keeps only its share of threads ([`ChunkGate::over_share`], asked
+//! between tensors: with two loads, half each), so the staging buffers in use stay as few as
+//! for one load: two loads running together get about half the bandwidth each and finish in
+//! about the time of the same bytes loaded as one.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -16,6 +18,20 @@ use std::thread::Thread;
 pub struct ChunkGate {
     cap: usize,
     state: Mutex<State>,
+    /// Loads copying now.
+    loads: std::sync::atomic::AtomicUsize,
+}
+
+/// A load's registration with the gate, for as long as it copies.
+#[derive(Debug)]
+pub struct Running<'a>(&'a ChunkGate);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0
+            .loads
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -36,7 +52,22 @@ impl ChunkGate {
         Self {
             cap: cap.max(1),
             state: Mutex::new(State::default()),
+            loads: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Registers a load for as long as the returned value lives.
+    pub fn start(&self) -> Running<'_> {
+        self.loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Running(self)
+    }
+
+    /// Whether a load running `threads` threads has more than its share (the gate's slots
+    /// over the loads running, at least one): then one of them should stop (between tensors;
+    /// the others take its work).
+    pub fn over_share(&self, threads: usize) -> bool {
+        let loads = self.loads.load(std::sync::atomic::Ordering::SeqCst).max(1);
+        threads > (self.cap / loads).max(1)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -88,6 +119,25 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn each_load_keeps_its_share_of_threads() {
+        let gate = ChunkGate::new(12);
+        let one = gate.start();
+        assert!(!gate.over_share(12), "alone, a load keeps every slot");
+        let two = gate.start();
+        assert!(gate.over_share(12) && gate.over_share(7) && !gate.over_share(6));
+        drop(one);
+        assert!(!gate.over_share(12), "the other finished: all slots again");
+        let _three = gate.start();
+        let _four = gate.start();
+        let _five = gate.start();
+        drop(two);
+        assert!(!gate.over_share(4) && gate.over_share(5));
+        let many: Vec<_> = (0..20).map(|_| gate.start()).collect();
+        assert!(!gate.over_share(1), "never fewer than one thread");
+        drop(many);
+    }
 
     #[test]
     fn never_more_than_cap_and_everyone_gets_through() {

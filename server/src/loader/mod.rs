@@ -133,6 +133,8 @@ pub fn copy_into(
         source.shards.iter().map(|_| OnceLock::new()).collect();
     let bytes = PathBytes::default();
 
+    let running = AtomicUsize::new(threads);
+    let _registered = gate.start();
     let started = std::time::Instant::now();
     let results: Vec<Result<Vec<(usize, u64)>, ServerError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
@@ -150,6 +152,7 @@ pub fn copy_into(
                         direct: &direct,
                         bytes: &bytes,
                         gate,
+                        running: &running,
                     };
                     let r = copy_some(job, arena, source, layout, &shared);
                     if r.is_err() {
@@ -244,6 +247,8 @@ struct Shared<'a> {
     direct: &'a [OnceLock<Option<File>>],
     bytes: &'a PathBytes,
     gate: &'a ChunkGate,
+    /// This load's threads still taking tensors.
+    running: &'a AtomicUsize,
 }
 
 /// Bytes read through the page cache and with direct I/O.
@@ -282,6 +287,17 @@ fn copy_some(
     loop {
         if shared.failed.load(Ordering::SeqCst) {
             return Err(ServerError::Internal("another load thread failed".into()));
+        }
+        // More threads than this load's share while other loads run: this one stops (the
+        // others take the remaining tensors). One at a time, never the last.
+        let n = shared.running.load(Ordering::SeqCst);
+        if shared.gate.over_share(n)
+            && shared
+                .running
+                .compare_exchange(n, n - 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            break;
         }
         let Some(&i) = shared.order.get(shared.next.fetch_add(1, Ordering::SeqCst)) else {
             break;
