@@ -45,13 +45,14 @@ use crate::weights::error::WeightsError;
 use crate::weights::layout::{ALIGNMENT, Layout, PlannedTensor};
 use crate::weights::source::ModelSource;
 
-/// Threads a load uses by default: three quarters of the machine's cores (the rest for the
+/// Threads a load uses by default: seven eighths of the machine's cores (the rest for the
 /// device thread, the runtime and the kernel's side of the reads), at least 1, at most 32.
-/// Measured on a 16-core H100 host, 8 GiB from the page cache (BENCHMARKS.md): 4 threads 21.6
-/// GB/s, 8: 42.5, 12: 46.1, 16: 35.3 (all cores busy copying starve the device thread).
+/// Measured on a 16-core H100 host, 8 GiB from the page cache (BENCHMARKS.md, "Loader"), in
+/// the loader: 4 threads 19-21 GB/s, 8: 34-36, 12: 44-45, 14: 47-48, 16: 31-37 (all cores
+/// copying starve the device thread).
 pub fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores - cores / 4).clamp(1, 32)
+    (cores - cores / 8).clamp(1, 32)
 }
 
 /// The manifest of `model` as `layout` places `source`'s tensors (version 0 and checksums 0:
