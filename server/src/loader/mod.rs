@@ -183,11 +183,9 @@ pub fn copy_into(
                     }
                 }
             }
-            // A cancellation seen by one thread makes the others stop too; report the cause.
-            Err(e)
-                if first_error.is_none()
-                    || matches!(first_error, Some(ServerError::LoadCancelled { .. })) =>
-            {
+            // One thread's failure (or a cancellation it saw) stops the others, which then
+            // report that they stopped: the cause is reported, a failure before a cancellation.
+            Err(e) if first_error.as_ref().is_none_or(|f| rank(&e) > rank(f)) => {
                 first_error = Some(e);
             }
             Err(_) => {}
@@ -234,6 +232,19 @@ pub fn copy_into(
         page_cache_bytes: cached,
         direct_bytes,
     })
+}
+
+/// What a load thread reports when it stopped because another failed.
+const STOPPED: &str = "another load thread failed";
+
+/// How much an error of a load thread says about why the load failed: a thread that only
+/// stopped because another failed says least, a cancellation more, a failure most.
+fn rank(e: &ServerError) -> u8 {
+    match e {
+        ServerError::Internal(m) if m == STOPPED => 0,
+        ServerError::LoadCancelled { .. } => 1,
+        _ => 2,
+    }
 }
 
 /// What the load threads share: the order of the tensors, the next one to take, whether one
@@ -287,7 +298,7 @@ fn copy_some(
     let mut sums = Vec::new();
     loop {
         if shared.failed.load(Ordering::SeqCst) {
-            return Err(ServerError::Internal("another load thread failed".into()));
+            return Err(ServerError::Internal(STOPPED.into()));
         }
         // More threads than this load's share while other loads run: this one stops (the
         // others take the remaining tensors). One at a time, never the last.
@@ -349,7 +360,7 @@ fn copy_tensor(
     while done < planned.byte_length {
         check_cancel(job)?;
         if shared.failed.load(Ordering::SeqCst) {
-            return Err(ServerError::Internal("another load thread failed".into()));
+            return Err(ServerError::Internal(STOPPED.into()));
         }
         let _slot = shared.gate.enter();
         let buf = writer.buffer(planned.arena_offset + done)?;

@@ -15,13 +15,24 @@ use crate::weights::WeightLimits;
 /// Small buffers, so that tensors span several chunks.
 const BUF: usize = 16 * PAGE;
 
-#[derive(Debug)]
-struct StagedBackend;
+/// The writers alive, counted (a failed load must drop them all).
+#[derive(Debug, Default, Clone)]
+struct Live(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Live {
+    fn now(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
 
 #[derive(Debug)]
-struct VecArena(Arc<Mutex<Vec<u8>>>);
+struct StagedBackend(Live);
+
+#[derive(Debug)]
+struct VecArena(Arc<Mutex<Vec<u8>>>, Live);
 
 struct StagedWriter {
+    live: Live,
     mem: Arc<Mutex<Vec<u8>>>,
     raw: Vec<u8>,
     at: usize,
@@ -39,10 +50,10 @@ impl Backend for StagedBackend {
         }
     }
     fn allocate(&mut self, len: u64, _: &str) -> modelshare_device::Result<Box<dyn Arena>> {
-        Ok(Box::new(VecArena(Arc::new(Mutex::new(vec![
-            0;
-            len as usize
-        ])))))
+        Ok(Box::new(VecArena(
+            Arc::new(Mutex::new(vec![0; len as usize])),
+            self.0.clone(),
+        )))
     }
     fn used_bytes(&mut self) -> Option<u64> {
         None
@@ -74,12 +85,20 @@ impl Arena for VecArena {
     fn writer(&self, _: &ArenaHandle) -> modelshare_device::Result<Box<dyn ArenaWriter + Send>> {
         let raw = vec![0u8; BUF + PAGE];
         let at = raw.as_ptr().align_offset(PAGE);
+        self.1.0.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(StagedWriter {
+            live: self.1.clone(),
             mem: self.0.clone(),
             raw,
             at,
             offset: None,
         }))
+    }
+}
+
+impl Drop for StagedWriter {
+    fn drop(&mut self) {
+        self.live.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -114,10 +133,17 @@ fn random(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn staged_loads_place_every_byte_warm_and_cold() {
+/// A model of tensors of odd sizes (they start at unaligned file offsets and end mid-page),
+/// validated and planned.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    datas: Vec<Vec<u8>>,
+    source: ModelSource,
+    layout: Layout,
+}
+
+fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    // Odd sizes: tensors start at unaligned file offsets and end mid-page.
     let sizes = [5 * BUF + 3, BUF, 7, 3 * PAGE + 1001];
     let datas: Vec<Vec<u8>> = sizes
         .iter()
@@ -138,45 +164,69 @@ fn staged_loads_place_every_byte_warm_and_cold() {
         crate::weights::source::resolve(dir.path(), "model.safetensors", &WeightLimits::default())
             .unwrap();
     let layout = crate::weights::layout::plan(&source).unwrap();
-    let device = DeviceThread::start("staged-test", || {
-        Ok(Box::new(StagedBackend) as Box<dyn Backend>)
+    Fixture {
+        _dir: dir,
+        datas,
+        source,
+        layout,
+    }
+}
+
+fn job(f: &Fixture) -> Reservation {
+    Reservation {
+        model: "m".into(),
+        version: 1,
+        progress: Arc::new(LoadProgress {
+            done: AtomicU64::new(0),
+            total: f.layout.payload_bytes,
+            cancel: AtomicBool::new(false),
+        }),
+        manifest: manifest("m", &f.source, &f.layout),
+        device: "staged-test".into(),
+    }
+}
+
+fn device(live: &Live) -> DeviceThread {
+    let live = live.clone();
+    DeviceThread::start("staged-test", move || {
+        Ok(Box::new(StagedBackend(live)) as Box<dyn Backend>)
     })
-    .unwrap();
+    .unwrap()
+}
+
+fn copy(f: &Fixture, job: &Reservation, arena: &ArenaHandle) -> Result<Copied, ServerError> {
+    copy_into(
+        job,
+        arena,
+        &f.source,
+        &f.layout,
+        &CopyOptions {
+            threads: 3,
+            cpu_hash: false,
+            gate: &ChunkGate::new(2),
+            cpus: None,
+        },
+    )
+}
+
+#[test]
+fn staged_loads_place_every_byte_warm_and_cold() {
+    let f = fixture();
+    let live = Live::default();
+    let device = device(&live);
     for cold in [false, true] {
-        let file = &source.shards[0].file;
+        let file = &f.source.shards[0].file;
         if cold {
             file.sync_all().unwrap();
             rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
         }
-        let evicted = !pagecache::resident(file, 0, source.shards[0].file_len as usize).unwrap();
-        let job = Reservation {
-            model: "m".into(),
-            version: 1,
-            progress: Arc::new(LoadProgress {
-                done: AtomicU64::new(0),
-                total: layout.payload_bytes,
-                cancel: AtomicBool::new(false),
-            }),
-            manifest: manifest("m", &source, &layout),
-            device: "staged-test".into(),
-        };
-        let arena = device.allocate(layout.arena_bytes, "m@1").wait().unwrap();
-        let copied = copy_into(
-            &job,
-            &arena,
-            &source,
-            &layout,
-            &CopyOptions {
-                threads: 3,
-                cpu_hash: false,
-                gate: &ChunkGate::new(2),
-                cpus: None,
-            },
-        )
-        .unwrap();
+        let evicted = !pagecache::resident(file, 0, f.source.shards[0].file_len as usize).unwrap();
+        let job = job(&f);
+        let arena = device.allocate(f.layout.arena_bytes, "m@1").wait().unwrap();
+        let copied = copy(&f, &job, &arena).unwrap();
         assert_eq!(
             copied.page_cache_bytes + copied.direct_bytes,
-            layout.payload_bytes
+            f.layout.payload_bytes
         );
         if cold && evicted && pagecache::open_direct(file).is_ok() {
             assert!(
@@ -190,14 +240,59 @@ fn staged_loads_place_every_byte_warm_and_cold() {
                 "a cached file goes through the cache"
             );
         }
-        for (t, meta) in layout.tensors.iter().zip(&copied.manifest.tensors) {
+        for (t, meta) in f.layout.tensors.iter().zip(&copied.manifest.tensors) {
             let i: usize = t.name[1..].parse().unwrap();
             let back = arena
                 .read_at(t.arena_offset, t.byte_length as usize)
                 .wait()
                 .unwrap();
-            assert!(back == datas[i], "tensor {} (cold: {cold})", t.name);
-            assert_eq!(meta.xxh3, xxhash_rust::xxh3::xxh3_64(&datas[i]));
+            assert!(back == f.datas[i], "tensor {} (cold: {cold})", t.name);
+            assert_eq!(meta.xxh3, xxhash_rust::xxh3::xxh3_64(&f.datas[i]));
         }
+        assert_eq!(live.now(), 0, "every writer dropped");
     }
+}
+
+/// An unload of a loading version sets its cancel flag: the copy stops with `LoadCancelled`
+/// and every writer (on CUDA: its staging buffers and stream) is dropped.
+#[test]
+fn a_cancelled_load_stops_and_drops_every_writer() {
+    let f = fixture();
+    let live = Live::default();
+    let device = device(&live);
+    let job = job(&f);
+    job.progress.cancel.store(true, Ordering::SeqCst);
+    let arena = device.allocate(f.layout.arena_bytes, "m@1").wait().unwrap();
+    let e = copy(&f, &job, &arena).unwrap_err();
+    assert!(matches!(e, ServerError::LoadCancelled { .. }), "{e}");
+    assert_eq!(live.now(), 0);
+}
+
+/// A weights file cut short after it was validated: the load fails naming the file, the
+/// tensor and the byte, and every writer is dropped.
+#[test]
+fn a_file_cut_short_fails_the_load_naming_it() {
+    let f = fixture();
+    let live = Live::default();
+    let device = device(&live);
+    let shard = &f.source.shards[0];
+    shard
+        .file
+        .set_len(shard.file_len - 2 * PAGE as u64)
+        .unwrap_or_else(|_| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f._dir.path().join("model.safetensors"))
+                .unwrap()
+                .set_len(shard.file_len - 2 * PAGE as u64)
+                .unwrap()
+        });
+    let job = job(&f);
+    let arena = device.allocate(f.layout.arena_bytes, "m@1").wait().unwrap();
+    let e = copy(&f, &job, &arena).unwrap_err().to_string();
+    assert!(
+        e.contains("model.safetensors") && e.contains("reading tensor"),
+        "{e}"
+    );
+    assert_eq!(live.now(), 0);
 }
