@@ -2,7 +2,7 @@
 """Host-backend load benchmark (no GPU): modelshare's load of a safetensors file into shared host
 memory against `safetensors.numpy.load_file` of the same file, in the same run, page cache warm.
 
-    python3 bench/host_load.py --bin target/release/modelshare [--gib 2] [--repeat 3] [--out F]
+    python3 bench/host_load.py --bin target/release/modelshare [--gib 2] [--repeat 5] [--out F]
 
 Both read the whole file and end with every tensor's bytes in memory: `load_file` as numpy
 arrays in this process, modelshare in a sealed memfd arena with a checksum per tensor, timed
@@ -53,56 +53,67 @@ def warm(path):
             pass
 
 
-def time_numpy(path, repeat):
+def numpy_once(path):
+    """One `load_file` of the whole file: (seconds, tensor bytes)."""
     from safetensors.numpy import load_file
 
-    secs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        tensors = load_file(path)
-        secs.append(time.perf_counter() - t)
-        nbytes = sum(a.nbytes for a in tensors.values())
-        del tensors
-        gc.collect()
+    t = time.perf_counter()
+    tensors = load_file(path)
+    secs = time.perf_counter() - t
+    nbytes = sum(a.nbytes for a in tensors.values())
+    del tensors
+    gc.collect()
     return secs, nbytes
 
 
-def time_modelshare(binary, root, repeat, threads):
-    sock = os.path.join(root, "bench.sock")
-    log_path = os.path.join(root, "server.log")
-    cmd = [binary, "serve", "--backend", "host", "--unix-socket", sock, "--handle-socket",
-           os.path.join(root, "handles.sock"), "--model-root", root, "--log-format", "json"]
-    if threads:
-        cmd += ["--load-threads", str(threads)]
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=log)
-    cli = [binary, "--server", f"unix:{sock}", "--output", "json"]
-    try:
-        for _ in range(300):
-            if server.poll() is not None:
-                raise RuntimeError(f"server exited at start: {open(log_path).read()[-2000:]}")
-            if os.path.exists(sock) and subprocess.run(cli + ["stats"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        secs, loaded = [], []
-        for i in range(repeat):
-            t = time.perf_counter()
-            p = subprocess.run(cli + ["load", f"b{i}", "m"], capture_output=True, text=True, timeout=600)
-            secs.append(time.perf_counter() - t)
-            if p.returncode != 0:
-                raise RuntimeError(f"modelshare load failed: {p.stderr.strip()[-2000:]}")
-            done = json.loads(p.stdout.strip().splitlines()[-1])
-            loaded.append(done)
-            subprocess.run(cli + ["unload", f"b{i}"], capture_output=True, check=True)
-        phases = [json.loads(line)["fields"] for line in open(log_path)
-                  if '"load phases"' in line]
-        return secs, loaded, phases
-    finally:
-        server.send_signal(signal.SIGTERM)
+class Server:
+    """A `modelshare serve --backend host` over a unix socket in `root`, and loads through the CLI."""
+
+    def __init__(self, binary, root, threads):
+        self.root = root
+        sock = os.path.join(root, "bench.sock")
+        self.log_path = os.path.join(root, "server.log")
+        cmd = [binary, "serve", "--backend", "host", "--unix-socket", sock, "--handle-socket",
+               os.path.join(root, "handles.sock"), "--model-root", root, "--log-format", "json"]
+        if threads:
+            cmd += ["--load-threads", str(threads)]
+        with open(self.log_path, "w") as log:
+            self.server = subprocess.Popen(cmd, stdout=log, stderr=log)
+        self.cli = [binary, "--server", f"unix:{sock}", "--output", "json"]
         try:
-            server.wait(timeout=60)
+            for _ in range(300):
+                if self.server.poll() is not None:
+                    raise RuntimeError(f"server exited at start: {open(self.log_path).read()[-2000:]}")
+                if os.path.exists(sock) and subprocess.run(self.cli + ["stats"], capture_output=True).returncode == 0:
+                    return
+                time.sleep(0.1)
+            raise RuntimeError("the server did not answer within 30 s")
+        except BaseException:
+            self.stop()
+            raise
+
+    def load_once(self, name):
+        """`modelshare load NAME m` until ready, timed, then unloaded: (seconds, the CLI's last
+        JSON line)."""
+        t = time.perf_counter()
+        p = subprocess.run(self.cli + ["load", name, "m"], capture_output=True, text=True, timeout=600)
+        secs = time.perf_counter() - t
+        if p.returncode != 0:
+            raise RuntimeError(f"modelshare load failed: {p.stderr.strip()[-2000:]}")
+        done = json.loads(p.stdout.strip().splitlines()[-1])
+        subprocess.run(self.cli + ["unload", name], capture_output=True, check=True)
+        return secs, done
+
+    def phases(self):
+        return [json.loads(line)["fields"] for line in open(self.log_path)
+                if '"load phases"' in line]
+
+    def stop(self):
+        self.server.send_signal(signal.SIGTERM)
+        try:
+            self.server.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            server.kill()
+            self.server.kill()
 
 
 def main():
@@ -110,7 +121,7 @@ def main():
     ap.add_argument("--bin", required=True, help="the modelshare binary (a release build)")
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--tensors", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="--load-threads (default: the server's)")
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
     ap.add_argument("--out", help="write the JSON result here too")
@@ -123,9 +134,20 @@ def main():
             json.dump({"model_type": "bench"}, f)
         size = os.path.getsize(path)
         warm(path)
-        np_secs, np_bytes = time_numpy(path, args.repeat)
-        warm(path)
-        ms_secs, loaded, phases = time_modelshare(os.path.abspath(args.bin), root, args.repeat, args.threads)
+        # Interleaved, one of each per round: a machine whose speed drifts during the run (a
+        # shared CI runner) slows both alike, instead of whichever ran during the slow spell.
+        np_secs, ms_secs, loaded = [], [], []
+        server = Server(os.path.abspath(args.bin), root, args.threads)
+        try:
+            for i in range(args.repeat):
+                secs, np_bytes = numpy_once(path)
+                np_secs.append(secs)
+                secs, done = server.load_once(f"b{i}")
+                ms_secs.append(secs)
+                loaded.append(done)
+            phases = server.phases()
+        finally:
+            server.stop()
 
     np_med, ms_med = statistics.median(np_secs), statistics.median(ms_secs)
     threads = phases[-1].get("threads") if phases else None
@@ -134,7 +156,7 @@ def main():
         (f"modelshare load (host backend, {threads} threads, CLI until ready)", ms_secs, ms_med, size),
     ]
     print(f"\nhost-backend load of a {size / GIB:.2f} GiB safetensors file, page cache warm, "
-          f"{os.cpu_count()} CPUs, median of {args.repeat}\n")
+          f"{os.cpu_count()} CPUs, median of {args.repeat} interleaved rounds\n")
     print("| loader | runs (s) | median (s) | GB/s |")
     print("| --- | --- | --- | --- |")
     for name, secs, med, nbytes in rows:
