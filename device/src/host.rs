@@ -45,11 +45,28 @@ impl HostBackend {
 }
 
 impl HostBackend {
+    /// Host memory standing in for one of several devices, under its own `uuid` (placement
+    /// and replicas run without a GPU). `"host"` is [`HostBackend::new`]'s.
+    pub fn named(uuid: &str) -> Self {
+        let mut backend = HostBackend::new();
+        if uuid != backend.info.uuid {
+            backend.info.name = format!("host memory ({uuid})");
+            backend.info.uuid = uuid.to_owned();
+        }
+        backend
+    }
+
     /// A device thread serving host memory (the same seam as a GPU's, so that everything
     /// above it is tested without one).
     pub fn thread() -> Result<DeviceThread> {
-        DeviceThread::start("host-mem", || {
-            Ok(Box::new(HostBackend::new()) as Box<dyn Backend>)
+        Self::thread_named("host")
+    }
+
+    /// A device thread serving host memory as the device `uuid` (see [`HostBackend::named`]).
+    pub fn thread_named(uuid: &str) -> Result<DeviceThread> {
+        let uuid = uuid.to_owned();
+        DeviceThread::start(&format!("{uuid}-mem"), move || {
+            Ok(Box::new(HostBackend::named(&uuid)) as Box<dyn Backend>)
         })
     }
 }
@@ -66,7 +83,9 @@ impl Backend for HostBackend {
     }
 
     fn allocate(&mut self, len: u64, label: &str) -> Result<Box<dyn Arena>> {
-        Ok(Box::new(HostArena::new(len, label)?))
+        Ok(Box::new(
+            HostArena::new(len, label)?.on_device(&self.info.uuid),
+        ))
     }
 
     fn used_bytes(&mut self) -> Option<u64> {
@@ -78,7 +97,9 @@ impl Backend for HostBackend {
     }
 
     fn adopt(&mut self, fd: OwnedFd, _alloc_len: u64, len: u64) -> Result<Box<dyn Arena>> {
-        Ok(Box::new(HostArena::adopt(fd, len)?))
+        Ok(Box::new(
+            HostArena::adopt(fd, len)?.on_device(&self.info.uuid),
+        ))
     }
 }
 
@@ -107,6 +128,8 @@ pub struct HostArena {
     fd: OwnedFd,
     len: u64,
     sealed: AtomicBool,
+    /// The device it stands for (`"host"` unless host memory stands in for several).
+    device_uuid: String,
 }
 
 impl HostArena {
@@ -134,6 +157,7 @@ impl HostArena {
             fd,
             len,
             sealed: AtomicBool::new(false),
+            device_uuid: "host".into(),
         })
     }
 
@@ -147,7 +171,14 @@ impl HostArena {
             fd,
             len,
             sealed: AtomicBool::new(true),
+            device_uuid: "host".into(),
         })
+    }
+
+    /// The same arena, as one of the device `uuid`'s (host memory standing in for several).
+    pub fn on_device(mut self, uuid: &str) -> Self {
+        uuid.clone_into(&mut self.device_uuid);
+        self
     }
 
     /// Whether [`seal`](Arena::seal) has completed.
@@ -190,6 +221,30 @@ fn pwrite_all(fd: &OwnedFd, offset: u64, bytes: &[u8], len: u64) -> Result<()> {
             }
             Err(e) => return Err(DeviceError::io("pwrite to the arena", e)),
         }
+    }
+    Ok(())
+}
+
+/// Copies bytes `from..len` of `src` to the same offsets of `dst` (an arena of `dst_len`
+/// bytes) through a buffer.
+fn copy_by_pread(src: &OwnedFd, dst: &OwnedFd, from: u64, len: u64, dst_len: u64) -> Result<()> {
+    let mut buf = vec![0u8; crate::backend::BUFFERED_BYTES];
+    let mut at = from;
+    while at < len {
+        let n = usize::try_from(len - at)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let mut got = 0;
+        while got < n {
+            match rustix::io::pread(src, &mut buf[got..n], at + got as u64) {
+                Ok(0) => return Err(DeviceError::io("pread from the source arena", Errno::IO)),
+                Ok(k) => got += k,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(DeviceError::io("pread from the source arena", e)),
+            }
+        }
+        pwrite_all(dst, at, &buf[..n], dst_len)?;
+        at += n as u64;
     }
     Ok(())
 }
@@ -260,7 +315,7 @@ impl Arena for HostArena {
         }
         Ok(Export {
             kind: BackendKind::Host,
-            device_uuid: "host".into(),
+            device_uuid: self.device_uuid.clone(),
             handles: Vec::new(),
             fd: Some(self.dup()?),
             alloc_len: 0,
@@ -277,6 +332,64 @@ impl Arena for HostArena {
                 pwrite_all(&fd, offset, bytes, len)
             },
         )))
+    }
+
+    fn peer_source(&self, _to: Option<usize>) -> Result<crate::PeerSource> {
+        if !self.is_sealed() {
+            return Err(DeviceError::NotSealed);
+        }
+        Ok(crate::PeerSource::Host {
+            fd: self.dup()?,
+            len: self.len,
+        })
+    }
+
+    /// Copies in the kernel (`copy_file_range` between the two memfds), falling back to
+    /// `pread`/`pwrite` where the kernel refuses.
+    fn copy_from(&self, source: &crate::PeerSource) -> Result<()> {
+        let crate::PeerSource::Host { fd, len } = source else {
+            return Err(DeviceError::Unsupported {
+                what: "a host arena copied from device memory".into(),
+            });
+        };
+        if self.is_sealed() {
+            return Err(DeviceError::Sealed);
+        }
+        check_range(
+            "write",
+            0,
+            usize::try_from(*len).unwrap_or(usize::MAX),
+            self.len,
+        )?;
+        let mut done = 0u64;
+        while done < *len {
+            let want = usize::try_from(*len - done)
+                .unwrap_or(usize::MAX)
+                .min(1 << 30);
+            let (mut off_in, mut off_out) = (done, done);
+            match rustix::fs::copy_file_range(
+                fd,
+                Some(&mut off_in),
+                &self.fd,
+                Some(&mut off_out),
+                want,
+            ) {
+                Ok(0) => return Err(DeviceError::io("copy_file_range between arenas", Errno::IO)),
+                Ok(n) => done += n as u64,
+                Err(Errno::INTR) => {}
+                Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                    return copy_by_pread(fd, &self.fd, done, *len, self.len);
+                }
+                Err(e @ (Errno::NOSPC | Errno::NOMEM)) => {
+                    return Err(DeviceError::AllocationFailed {
+                        bytes: self.len,
+                        reason: format!("copy_file_range into a replica: {e}"),
+                    });
+                }
+                Err(e) => return Err(DeviceError::io("copy_file_range between arenas", e)),
+            }
+        }
+        Ok(())
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -639,5 +752,42 @@ mod tests {
         check::<HostArena>();
         check::<HostBackend>();
         check::<Box<dyn Arena>>();
+    }
+
+    /// A replica copy between two host "devices" moves every byte, only out of a sealed
+    /// arena, only into an unsealed one of the same length.
+    #[test]
+    fn replica_copies_between_devices() {
+        let a = HostBackend::thread_named("host").unwrap();
+        let b = HostBackend::thread_named("host-1").unwrap();
+        assert_eq!(b.uuid(), "host-1");
+        let data = random_bytes(9 * 1024 * 1024 + 77, 11);
+        let src = a.allocate(data.len() as u64, "m@1").wait().unwrap();
+        src.write_at(0, data.clone()).wait().unwrap();
+        // Not sealed yet: no source.
+        assert!(matches!(
+            src.peer_source(None).wait(),
+            Err(DeviceError::NotSealed)
+        ));
+        src.seal().wait().unwrap();
+        let dst = b.allocate(data.len() as u64, "m@1").wait().unwrap();
+        dst.copy_from(src.peer_source(None).wait().unwrap())
+            .wait()
+            .unwrap();
+        dst.seal().wait().unwrap();
+        assert_eq!(dst.read_at(0, data.len()).wait().unwrap(), data);
+        assert_eq!(dst.export().wait().unwrap().device_uuid, "host-1");
+        // Into a sealed arena, or of another length: refused.
+        assert!(matches!(
+            dst.copy_from(src.peer_source(None).wait().unwrap()).wait(),
+            Err(DeviceError::Sealed)
+        ));
+        let short = b.allocate(100, "short").wait().unwrap();
+        assert!(matches!(
+            short
+                .copy_from(src.peer_source(None).wait().unwrap())
+                .wait(),
+            Err(DeviceError::Protocol { .. })
+        ));
     }
 }

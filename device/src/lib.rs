@@ -54,6 +54,7 @@ pub mod mapping;
 pub mod numa;
 pub mod pagecache;
 pub mod peer;
+pub mod replica;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
 mod sys;
 pub mod thread;
@@ -64,6 +65,7 @@ pub use export::{Export, Import};
 pub use host::{HostArena, HostBackend, HostMapping};
 pub use mapping::Mapping;
 pub use peer::PeerWatch;
+pub use replica::PeerSource;
 pub use thread::{Arena, ArenaHandle, Backend, DeviceCtx, DeviceThread, Reply};
 
 #[cfg(test)]

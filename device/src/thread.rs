@@ -122,6 +122,27 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
     /// The load failed or was cancelled: release anything waiting for the arena to be ready.
     /// Idempotent; the contents are undefined afterwards.
     fn abandon(&self) {}
+
+    /// The device ordinal this arena is on, as this process numbers devices (CUDA only).
+    fn ordinal(&self) -> Option<usize> {
+        None
+    }
+
+    /// This sealed arena as the source of a replica copy to the device `to` (an ordinal, for
+    /// CUDA: granted read access here first; see [`crate::replica`]).
+    fn peer_source(&self, _to: Option<usize>) -> Result<crate::PeerSource> {
+        Err(crate::DeviceError::Unsupported {
+            what: "replica copies from this kind of arena".into(),
+        })
+    }
+
+    /// Fills this (unsealed) arena with all of `source`, on this device; returns once the
+    /// bytes are here. The arena is sealed by the caller, after checking them.
+    fn copy_from(&self, _source: &crate::PeerSource) -> Result<()> {
+        Err(crate::DeviceError::Unsupported {
+            what: "replica copies into this kind of arena".into(),
+        })
+    }
 }
 
 /// How often pending watches are polled while any is registered.
@@ -568,6 +589,33 @@ impl ArenaHandle {
     pub fn writer(&self) -> Reply<Box<dyn ArenaWriter + Send>> {
         let me = self.clone();
         self.exec.call(move |_| me.inner.get()?.writer(&me))
+    }
+
+    /// The device ordinal the arena is on (CUDA), from its device thread.
+    pub fn ordinal(&self) -> Reply<Option<usize>> {
+        self.with(|a| Ok(a.ordinal()))
+    }
+
+    /// The arena (sealed) as the source of a replica copy to device ordinal `to` (see
+    /// [`Arena::peer_source`]). Keep this handle until the copy is done.
+    pub fn peer_source(&self, to: Option<usize>) -> Reply<crate::PeerSource> {
+        self.with(move |a| a.peer_source(to))
+    }
+
+    /// Fills the arena with all of `source` on its device thread (see [`Arena::copy_from`]).
+    pub fn copy_from(&self, source: crate::PeerSource) -> Reply<()> {
+        self.with(move |a| {
+            if source.len() != a.len() {
+                return Err(crate::DeviceError::Protocol {
+                    reason: format!(
+                        "a replica copy of {} bytes into an arena of {}",
+                        source.len(),
+                        a.len()
+                    ),
+                });
+            }
+            a.copy_from(&source)
+        })
     }
 
     /// The executor of the arena's device thread (for writers that submit copies).

@@ -140,6 +140,7 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
         let t = Instant::now();
         let lease = worker
             .attach(pb::AttachRequest {
+                device_uuid: String::new(),
                 session_id: session_id.clone(),
                 model: "m".into(),
                 version: 0,

@@ -170,6 +170,11 @@ async fn restore(app: &App, record: &HeldRecord) -> Result<(), String> {
         access: Some(record.access()),
         resume_version: Some(record.version),
         only_adopted: true,
+        // Where the memory is: the arena was adopted on that device.
+        placement: crate::placement::Wanted {
+            devices: vec![record.device_uuid.clone()],
+            replicas: 0,
+        },
     };
     let started = tokio::time::Instant::now();
     loop {

@@ -172,14 +172,14 @@ impl App {
         let model = name.to_owned();
         let caller = caller.clone();
         let tenants = self.tenants.clone();
-        let device = self.devices.primary().clone();
-        let uuid = device.uuid().to_owned();
+        let devices = self.devices.clone();
+        let max_device_bytes = self.config.max_device_bytes;
         let held = self.held.clone();
         let only_adopted = load_for.only_adopted;
         let mut load_for = load_for;
-        let room = device.clone();
-        // Validation reads files: it blocks.
-        let (reservation, src, plan, files) = tokio::task::spawn_blocking(move || {
+        // Validation reads files, and placement asks the devices for their free memory: it
+        // blocks.
+        let (reservation, src, plan, files, device) = tokio::task::spawn_blocking(move || {
             // Other tenants' directories count as missing for every file the load reads (the
             // path asked for, the index, shards, metadata files, and links among them), before
             // anything there is opened: the answer is exactly that of a missing path.
@@ -201,10 +201,18 @@ impl App {
             if load_for.resume_version.is_none() {
                 load_for.resume_version = hint;
             }
+            let device = place(
+                &devices,
+                &registry,
+                &load_for.placement,
+                max_device_bytes,
+                manifest.arena_bytes,
+            )?;
+            let uuid = device.uuid().to_owned();
             // Refused before anything is allocated when the memory is not there (a load that
             // may adopt memory workers kept needs none).
             if hint.is_none() {
-                admit(&room, &model, manifest.arena_bytes)?;
+                admit(&device, &model, manifest.arena_bytes)?;
             }
             let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
             let reservation = registry.reserve(
@@ -217,7 +225,7 @@ impl App {
                 &uuid,
                 keep_previous,
             )?;
-            Ok::<_, ServerError>((reservation, src, plan, files))
+            Ok::<_, ServerError>((reservation, src, plan, files, device))
         })
         .await
         .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
@@ -530,6 +538,43 @@ impl LoadCopy {
             &self.reservation.device,
         ))
     }
+}
+
+/// The device a load of `need` bytes goes to (see [`crate::placement`]): the one named, or the
+/// least used with room. Asks each device for its free memory (blocking, on its thread).
+fn place(
+    devices: &Devices,
+    registry: &Registry,
+    wanted: &crate::placement::Wanted,
+    max_device_bytes: Option<u64>,
+    need: u64,
+) -> Result<modelshare_device::DeviceThread, ServerError> {
+    let held = registry.bytes_by_device();
+    let candidates: Vec<crate::placement::Candidate> = devices
+        .threads()
+        .map(|d| crate::placement::Candidate {
+            uuid: d.uuid().to_owned(),
+            held_bytes: held.get(d.uuid()).copied().unwrap_or(0),
+            // One device: `admit` says it better (NoRoom names the model and the memory).
+            free_bytes: if devices.len() > 1 {
+                d.free_bytes().wait().ok().flatten()
+            } else {
+                None
+            },
+            limit: max_device_bytes,
+        })
+        .collect();
+    let chosen = crate::placement::place(wanted, &candidates, need)?;
+    if chosen.len() > 1 {
+        return Err(ServerError::Unimplemented(format!(
+            "{} replicas: copies to further devices are not built yet; load one replica per              name, or name one device",
+            chosen.len()
+        )));
+    }
+    devices
+        .get(&chosen[0])
+        .cloned()
+        .ok_or_else(|| ServerError::Internal(format!("placement chose unknown {}", chosen[0])))
 }
 
 /// Refuses a load of `needed` bytes that the device (or host) has no room for now, saying how

@@ -183,6 +183,8 @@ pub async fn run(
             tenant: None,
             share_with: Vec::new(),
             public: false,
+            devices: Vec::new(),
+            replicas: 0,
         }],
         ..ServeArgs::default()
     })?;

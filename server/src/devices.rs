@@ -1,7 +1,7 @@
 //! The devices this server holds, keyed by UUID, each behind its own device thread.
 //!
-//! One entry today (one GPU, or host memory); several GPUs (a later step) add entries, not a
-//! new shape. Nothing here makes a driver call: every question goes to the device's thread.
+//! One entry per GPU the server serves (`--devices`), or host memory (standing in for
+//! `--host-devices` devices). Nothing here makes a driver call: every question goes to the device's thread.
 //! The memory figure answers within [`MEMORY_QUERY_TIMEOUT`] even when the device thread is
 //! busy (a long allocation, say): past it, the last figure read is reported.
 
@@ -13,7 +13,7 @@ use modelshare_device::cuda::CudaBackend;
 use modelshare_device::{DeviceInfo, DeviceThread, HostBackend};
 use tracing::info;
 
-use crate::config::{BackendChoice, CudaHandles};
+use crate::config::{BackendChoice, CudaHandles, DeviceSelection};
 
 /// How long a stats or metrics call waits for a device's memory figure before reporting the
 /// last one it read.
@@ -26,61 +26,147 @@ struct Device {
     last_used: Mutex<Option<u64>>,
 }
 
-/// Every device of the server, by UUID.
+impl Device {
+    fn new(thread: DeviceThread) -> Self {
+        Self {
+            thread,
+            last_used: Mutex::new(None),
+        }
+    }
+}
+
+/// Every device of the server, by UUID, in the order they were opened.
 #[derive(Debug)]
 pub struct Devices {
     by_uuid: BTreeMap<String, Device>,
-    /// Where loads go (the one device, for now).
-    primary: String,
+    /// UUIDs in the order opened (CUDA: as listed, or by ordinal for `all`).
+    order: Vec<String>,
 }
 
 impl Devices {
-    /// Opens the backend `choice` names; `selector` picks the CUDA device (ordinal or UUID),
-    /// with staging buffers for `load_threads` loading threads, sharing arenas by `handles`.
-    /// `auto` takes CUDA when a driver and a device are found at run time, else host memory.
+    /// Opens the backend `choice` names on the devices `selection` picks (CUDA: `all`, or
+    /// ordinals and UUIDs; host memory: `host_devices` stand-ins), each on its own device
+    /// thread with staging buffers for `load_threads` loading threads, sharing arenas by
+    /// `handles`. `auto` takes CUDA when a driver and a device are found at run time, else
+    /// host memory.
     pub fn open(
         choice: BackendChoice,
-        selector: &str,
+        selection: &DeviceSelection,
+        host_devices: usize,
         load_threads: usize,
         handles: CudaHandles,
     ) -> Result<Self, modelshare_device::DeviceError> {
-        let cuda = || CudaBackend::thread(selector, load_threads, handles.into());
-        let thread = match choice {
-            BackendChoice::Host => HostBackend::thread()?,
-            BackendChoice::Cuda => cuda()?,
+        let host = || Self::host(host_devices);
+        let cuda = || -> Result<Self, modelshare_device::DeviceError> {
+            let selectors = match selection {
+                DeviceSelection::All => (0..modelshare_device::cuda::device_count()?)
+                    .map(|n| n.to_string())
+                    .collect(),
+                DeviceSelection::Listed(items) => items.clone(),
+            };
+            let mut threads = Vec::with_capacity(selectors.len());
+            for selector in &selectors {
+                threads.push(CudaBackend::thread(selector, load_threads, handles.into())?);
+            }
+            Self::of(threads)
+        };
+        match choice {
+            BackendChoice::Host => host(),
+            BackendChoice::Cuda => cuda(),
             BackendChoice::Auto => match modelshare_device::cuda::device_count() {
-                Ok(n) if n > 0 => cuda()?,
+                Ok(n) if n > 0 => cuda(),
                 Ok(_) => {
                     info!("backend auto: the CUDA driver sees no device; using host memory");
-                    HostBackend::thread()?
+                    host()
                 }
                 Err(e) => {
                     info!(reason = %e, "backend auto: no CUDA; using host memory");
-                    HostBackend::thread()?
+                    host()
                 }
             },
-        };
-        Ok(Self::single(thread))
+        }
+    }
+
+    /// Host memory standing in for `n` devices: `host`, `host-1`, … (one: `host`).
+    pub fn host(n: usize) -> Result<Self, modelshare_device::DeviceError> {
+        let threads = (0..n.max(1))
+            .map(|i| match i {
+                0 => HostBackend::thread(),
+                i => HostBackend::thread_named(&format!("host-{i}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::of(threads)
     }
 
     /// A server of one device.
     pub fn single(thread: DeviceThread) -> Self {
-        let primary = thread.uuid().to_owned();
+        let uuid = thread.uuid().to_owned();
         let mut by_uuid = BTreeMap::new();
-        by_uuid.insert(
-            primary.clone(),
-            Device {
-                thread,
-                last_used: Mutex::new(None),
-            },
-        );
-        Self { by_uuid, primary }
+        by_uuid.insert(uuid.clone(), Device::new(thread));
+        Self {
+            by_uuid,
+            order: vec![uuid],
+        }
     }
 
-    /// The device loads go to.
+    /// A server of these devices, in this order; the same device twice (`0` and its UUID,
+    /// say) is refused.
+    pub fn of(threads: Vec<DeviceThread>) -> Result<Self, modelshare_device::DeviceError> {
+        let mut by_uuid = BTreeMap::new();
+        let mut order = Vec::with_capacity(threads.len());
+        for thread in threads {
+            let uuid = thread.uuid().to_owned();
+            if by_uuid.contains_key(&uuid) {
+                return Err(modelshare_device::DeviceError::Unsupported {
+                    what: format!("device {uuid} is selected twice (by ordinal and by UUID?)"),
+                });
+            }
+            order.push(uuid.clone());
+            by_uuid.insert(uuid, Device::new(thread));
+        }
+        if order.is_empty() {
+            return Err(modelshare_device::DeviceError::Unsupported {
+                what: "no device selected".into(),
+            });
+        }
+        Ok(Self { by_uuid, order })
+    }
+
+    /// The first device (the one a single-device server has).
     pub fn primary(&self) -> &DeviceThread {
-        // `primary` is a key of `by_uuid` by construction.
-        &self.by_uuid[&self.primary].thread
+        // `order` is never empty and names keys of `by_uuid`, by construction.
+        &self.by_uuid[&self.order[0]].thread
+    }
+
+    /// Every device thread, in order.
+    pub fn threads(&self) -> impl Iterator<Item = &DeviceThread> {
+        self.order.iter().map(|u| &self.by_uuid[u].thread)
+    }
+
+    /// How many devices.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Never true (a server has at least one device); for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The device an ordinal (its place in the server's list) or UUID names.
+    pub fn find(&self, name: &str) -> Option<&DeviceThread> {
+        if let Some(d) = self.get(name) {
+            return Some(d);
+        }
+        let by_case = self
+            .order
+            .iter()
+            .find(|u| u.eq_ignore_ascii_case(name))
+            .map(|u| &self.by_uuid[u].thread);
+        by_case.or_else(|| {
+            let i: usize = name.parse().ok()?;
+            self.order.get(i).map(|u| &self.by_uuid[u].thread)
+        })
     }
 
     /// The device with `uuid`.
@@ -90,10 +176,7 @@ impl Devices {
 
     /// Every device's description, by UUID.
     pub fn infos(&self) -> Vec<DeviceInfo> {
-        self.by_uuid
-            .values()
-            .map(|d| d.thread.info().clone())
-            .collect()
+        self.threads().map(|t| t.info().clone()).collect()
     }
 
     /// Device memory in use on `uuid` as the device reports it (`None`: unknown, e.g. host

@@ -77,6 +77,16 @@ pub enum ServerError {
         /// Bytes free.
         available: u64,
     },
+    /// The worker's device holds no arena of the version.
+    #[error("{0}")]
+    NotOnDevice(Box<NotOnDevice>),
+    /// Something the request asks for that this server does not do yet.
+    #[error("not supported yet: {0}")]
+    Unimplemented(String),
+    /// No device (or not the one named) has room for the load: its free memory or its
+    /// `max_device_bytes`.
+    #[error("no room on the devices: {0}")]
+    NoDeviceRoom(String),
     /// The model is coming back from memory a worker kept across a restart; retry shortly.
     #[error(
         "model '{0}' is being brought back from memory its workers kept across the restart; retry shortly"
@@ -223,4 +233,21 @@ mod tests {
         let odd = "é".repeat(MAX_MESSAGE_BYTES);
         assert!(bounded_message(odd).is_char_boundary(0));
     }
+}
+
+/// A version asked for on a device that holds no arena of it ([`ServerError::NotOnDevice`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "model '{model}' version {version} has no replica on device {wanted}; it is on {}",
+    holders.join(", ")
+)]
+pub struct NotOnDevice {
+    /// Model name.
+    pub model: String,
+    /// Version number.
+    pub version: u32,
+    /// The device asked for.
+    pub wanted: String,
+    /// The devices that hold it.
+    pub holders: Vec<String>,
 }

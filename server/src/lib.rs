@@ -77,6 +77,7 @@ pub mod message_limits;
 pub mod metrics;
 pub mod model;
 pub mod names;
+pub mod placement;
 pub mod registry;
 pub mod serve;
 pub mod service;

@@ -289,7 +289,8 @@ pub async fn run_notify(
     let config = Arc::new(config);
     let devices = Devices::open(
         config.backend,
-        &config.device,
+        &config.devices,
+        config.host_devices,
         config.load_threads,
         config.cuda_handles,
     )
@@ -535,6 +536,10 @@ async fn load_startup_models(app: &App) -> Result<(), ServeError> {
             }),
             resume_version: None,
             only_adopted: false,
+            placement: crate::placement::Wanted {
+                devices: m.devices.clone(),
+                replicas: m.replicas,
+            },
         };
         let load = app
             .start_load(&Caller::Admin, load_for, &m.name, &m.path, false)

@@ -19,6 +19,8 @@ use crate::connect::AuthChannel;
 #[derive(Debug, Clone)]
 pub(crate) struct Link {
     pub(crate) id: String,
+    /// The device attaches ask for (see `SessionOptions::device_uuid`).
+    pub(crate) device_uuid: Option<String>,
     pub(crate) client: WorkerServiceClient<AuthChannel>,
     pub(crate) heartbeat: Option<Duration>,
 }

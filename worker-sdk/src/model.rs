@@ -248,6 +248,7 @@ async fn attach_rpc(
                 session_id: link.id.clone(),
                 model: model.to_owned(),
                 version,
+                device_uuid: link.device_uuid.clone().unwrap_or_default(),
             })
             .await;
         match result {

@@ -131,6 +131,11 @@ pub struct SessionOptions {
     /// Token and TLS settings, used for the first connection and every reconnection (the
     /// default: no token; [`Session::open`] takes them from the environment).
     pub connect: ConnectOptions,
+    /// The device this worker computes on, by UUID (`GPU-…`): attaches take the arena on it.
+    /// `None`: on a server of several devices, the UUID of this process's CUDA device 0 (the
+    /// first of its `CUDA_VISIBLE_DEVICES`), or `MODELSHARE_DEVICE_UUID` when set; on a server
+    /// of one device, none is asked for.
+    pub device_uuid: Option<String>,
 }
 
 /// What the supervisor shares with the [`Session`] handles: the connection settings, the
@@ -252,6 +257,21 @@ impl Session {
 }
 
 /// Connects (reading a token file again), says hello, and waits for the welcome.
+/// This worker's device when the options name none: `MODELSHARE_DEVICE_UUID`, else the UUID of
+/// CUDA device 0 as this process sees it (`None` without CUDA: the server then picks).
+async fn own_device() -> Option<String> {
+    if let Ok(uuid) = std::env::var("MODELSHARE_DEVICE_UUID")
+        && !uuid.is_empty()
+    {
+        return Some(uuid);
+    }
+    // Driver calls block (the first one loads the library): off the runtime's threads.
+    tokio::task::spawn_blocking(|| modelshare_device::cuda::device_uuid(0))
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+}
+
 async fn handshake(
     inner: &SessionInner,
 ) -> Result<(Link, pb::Welcome, HeartbeatStream), WorkerError> {
@@ -298,8 +318,14 @@ async fn handshake(
             ));
         }
     };
+    let device_uuid = match &inner.options.device_uuid {
+        Some(uuid) => Some(uuid.clone()),
+        None if welcome.devices.len() > 1 => own_device().await,
+        None => None,
+    };
     let link = Link {
         id: welcome.session_id.clone(),
+        device_uuid,
         client,
         heartbeat: (welcome.heartbeat_interval_ms > 0)
             .then(|| Duration::from_millis(u64::from(welcome.heartbeat_interval_ms))),

@@ -258,6 +258,55 @@ impl Arena for CudaArena {
     fn abandon(&self) {
         self.ready.open();
     }
+
+    fn ordinal(&self) -> Option<usize> {
+        Some(self.ctx.ordinal())
+    }
+
+    fn peer_source(&self, to: Option<usize>) -> Result<crate::PeerSource> {
+        if !self.sealed.load(Ordering::SeqCst) {
+            return Err(DeviceError::NotSealed);
+        }
+        if let Some(to) = to
+            && to != self.ctx.ordinal()
+        {
+            self.mem.grant_read(to)?;
+        }
+        Ok(crate::PeerSource::Cuda {
+            ctx: self.ctx.clone(),
+            ptr: self.mem.ptr(),
+            len: self.len,
+        })
+    }
+
+    /// Device to device over NVLink or PCIe (`cuMemcpyPeerAsync`), peer access enabled first
+    /// where the two devices allow it; returns once the copy is done. The ready event stays
+    /// closed until the caller seals the arena.
+    fn copy_from(&self, source: &crate::PeerSource) -> Result<()> {
+        let crate::PeerSource::Cuda { ctx, ptr, len } = source else {
+            return Err(DeviceError::Unsupported {
+                what: "a CUDA arena copied from host memory".into(),
+            });
+        };
+        if self.sealed.load(Ordering::SeqCst) {
+            return Err(DeviceError::Sealed);
+        }
+        let direct = if ctx.ordinal() == self.ctx.ordinal() {
+            true
+        } else {
+            sys::enable_peer_access(&self.ctx, ctx)?
+        };
+        tracing::debug!(
+            from = ctx.ordinal(),
+            to = self.ctx.ordinal(),
+            peer_to_peer = direct,
+            bytes = len,
+            "replica copy"
+        );
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        self.mem.copy_from_peer(ctx, *ptr, *len, &stream)
+    }
 }
 
 /// Where a writer's copies go: the arena's memory, on the writer's own stream.

@@ -61,8 +61,10 @@ pub(crate) fn resolve(selector: &str) -> Result<usize> {
     Ok(n)
 }
 
-/// The device's UUID in nvidia-smi's form.
-pub(crate) fn uuid(ordinal: usize) -> Result<String> {
+/// The UUID (nvidia-smi's form, `GPU-…`) of the device this process numbers `ordinal` (its
+/// `CUDA_VISIBLE_DEVICES` decides which). Fails, naming the library, without a driver.
+pub fn uuid(ordinal: usize) -> Result<String> {
+    init_driver()?;
     sys::device_uuid(ordinal)
 }
 

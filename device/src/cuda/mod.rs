@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaContext;
 
 pub use arena::{STAGING_BYTES, STAGING_SLOTS};
-pub use context::{device_count, init_driver, ordinal_of, primary as context};
+pub use context::{device_count, init_driver, ordinal_of, primary as context, uuid as device_uuid};
 pub use import::CudaMapping;
 pub(crate) use import::import;
 pub use vmm::VmmMapping;

@@ -161,6 +161,13 @@ pub enum ClientCommand {
         /// Every tenant may see and attach the model (replaces the model's access).
         #[arg(long)]
         public: bool,
+        /// Devices to load it on, by UUID or by index in `stats` (default: the least-used
+        /// device with room).
+        #[arg(long, value_delimiter = ',', value_name = "DEVICE,...")]
+        devices: Vec<String>,
+        /// Replicas on the least-used devices, when no device is named (default 1).
+        #[arg(long)]
+        replicas: Option<u32>,
     },
     /// Unload a model (every version, or one).
     Unload {
@@ -295,6 +302,8 @@ pub async fn run(
             tenant,
             share_with,
             public,
+            devices,
+            replicas,
         } => {
             let req = pb::LoadModelRequest {
                 name,
@@ -302,6 +311,8 @@ pub async fn run(
                 keep_previous,
                 tenant: tenant.unwrap_or_default(),
                 access: access(share_with, public),
+                devices,
+                replicas: replicas.unwrap_or(0),
             };
             load(&mut admin().await?, req, out).await?
         }

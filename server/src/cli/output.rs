@@ -411,6 +411,15 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
                 "model": m.model, "queued_items": m.queued_items,
                 "serving_workers": m.serving_workers, "versions": m.versions,
             })).collect::<Vec<_>>(),
+            "devices": s.devices.iter().map(|d| {
+                let info = d.device.clone().unwrap_or_default();
+                json!({
+                    "uuid": info.uuid, "name": info.name, "total_bytes": info.total_bytes,
+                    "used_bytes": d.used_bytes, "arena_bytes": d.arena_bytes,
+                    "arenas": d.arenas, "leases": d.leases,
+                    "max_arena_bytes": d.max_arena_bytes,
+                })
+            }).collect::<Vec<_>>(),
         })),
         OutputFormat::Table => {
             let mut t = table(&["STAT", "VALUE"]);
@@ -449,6 +458,30 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
                 right(s.requests_outstanding),
             ]);
             say!("{t}");
+            if s.devices.len() > 1 {
+                let mut d = table(&[
+                    "#",
+                    "DEVICE",
+                    "TOTAL",
+                    "USED",
+                    "ARENAS",
+                    "ARENA BYTES",
+                    "LEASES",
+                ]);
+                for (i, dev) in s.devices.iter().enumerate() {
+                    let info = dev.device.clone().unwrap_or_default();
+                    d.add_row(vec![
+                        right(i),
+                        Cell::new(format!("{} ({})", info.uuid, info.name)),
+                        right(human_bytes(info.total_bytes)),
+                        right(human_bytes(dev.used_bytes)),
+                        right(dev.arenas),
+                        right(human_bytes(dev.arena_bytes)),
+                        right(dev.leases),
+                    ]);
+                }
+                say!("{d}");
+            }
             if !s.serving.is_empty() {
                 let mut m = table(&["MODEL", "SERVING WORKERS", "VERSIONS", "QUEUED ITEMS"]);
                 for q in &s.serving {

@@ -86,9 +86,15 @@ pub struct ServeArgs {
     /// milliseconds; default 10000, 0 turns adoption off.
     #[arg(long, env = "MODELSHARE_ADOPT_WAIT_MS")]
     pub adopt_wait_ms: Option<u64>,
-    /// CUDA device: an ordinal (0, 1, ...) or a UUID (GPU-...).
-    #[arg(long, env = "MODELSHARE_DEVICE")]
-    pub device: Option<String>,
+    /// The devices this server serves: `all` (default), or a comma-separated list of CUDA
+    /// ordinals and UUIDs (`0,1`, `GPU-…`). One device thread, staging buffers and memory
+    /// limit each. (`--device` is the old name.)
+    #[arg(long, alias = "device", env = "MODELSHARE_DEVICES")]
+    pub devices: Option<String>,
+    /// Host memory standing in for this many devices (`host`, `host-1`, …) with the host
+    /// backend: placement and replicas run without a GPU (tests, demos). Default 1.
+    #[arg(long, env = "MODELSHARE_HOST_DEVICES")]
+    pub host_devices: Option<usize>,
     /// Threads one load reads and copies with (default: the cores, at most 32).
     #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
     pub load_threads: Option<usize>,
@@ -102,6 +108,9 @@ pub struct ServeArgs {
     /// Most arena bytes held at once, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_TOTAL_BYTES")]
     pub max_total_bytes: Option<u64>,
+    /// Most arena bytes on any one device (each GPU's own cap; placement skips a full one).
+    #[arg(long, env = "MODELSHARE_MAX_DEVICE_BYTES")]
+    pub max_device_bytes: Option<u64>,
     /// Tenants file (TOML): tenants, token hashes, uids, quotas, admin tokens. Without it,
     /// authentication is off. Read again on SIGHUP.
     #[arg(long, env = "MODELSHARE_TENANTS_FILE")]

@@ -25,6 +25,7 @@ pub(super) struct FileLimits {
     pub(super) max_concurrent_loads: Option<usize>,
     pub(super) max_model_bytes: Option<u64>,
     pub(super) max_total_bytes: Option<u64>,
+    pub(super) max_device_bytes: Option<u64>,
     pub(super) max_sessions: Option<usize>,
     pub(super) max_leases_per_session: Option<usize>,
     pub(super) max_tickets_per_session: Option<usize>,
@@ -53,7 +54,10 @@ pub(super) struct FileConfig {
     pub(super) model_root: Option<PathBuf>,
     pub(super) backend: Option<BackendChoice>,
     pub(super) cuda_handles: Option<CudaHandles>,
+    pub(super) devices: Option<super::settings::FileDevices>,
+    /// The old name of `devices` (one device).
     pub(super) device: Option<String>,
+    pub(super) host_devices: Option<usize>,
     pub(super) load_threads: Option<usize>,
     pub(super) load_cpu_hash: Option<bool>,
     pub(super) log_format: Option<LogFormat>,

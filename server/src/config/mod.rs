@@ -29,7 +29,12 @@ use crate::weights::WeightLimits;
 
 pub use self::args::ServeArgs;
 pub use self::serving::ServingSettings;
-pub use self::settings::{BackendChoice, ClientAuth, CudaHandles, StartupModel, TlsSettings};
+pub use self::settings::{
+    BackendChoice, ClientAuth, CudaHandles, DeviceSelection, StartupModel, TlsSettings,
+};
+
+/// The most devices host memory may stand in for (`host_devices`).
+pub const MAX_HOST_DEVICES: usize = 16;
 
 /// Why the configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -72,8 +77,12 @@ pub struct Config {
     pub backend: BackendChoice,
     /// How CUDA arenas are shared with workers.
     pub cuda_handles: CudaHandles,
-    /// CUDA device selector (ordinal or UUID).
-    pub device: String,
+    /// Most arena bytes on one device.
+    pub max_device_bytes: Option<u64>,
+    /// The devices served.
+    pub devices: DeviceSelection,
+    /// Host memory standing in for this many devices (host backend).
+    pub host_devices: usize,
     /// Threads per load.
     pub load_threads: usize,
     /// Hash every loaded byte on the CPU (XXH3) even where the device checksums (ms64).
@@ -280,7 +289,34 @@ impl Config {
             model_root,
             backend: args.backend.or(file.backend).unwrap_or_default(),
             cuda_handles: args.cuda_handles.or(file.cuda_handles).unwrap_or_default(),
-            device: args.device.or(file.device).unwrap_or_else(|| "0".into()),
+            devices: match (args.devices, file.devices, file.device) {
+                (Some(flag), _, _) => flag.parse().map_err(ConfigError::Invalid)?,
+                (None, Some(_), Some(_)) => {
+                    return Err(ConfigError::Invalid(
+                        "give `devices` or its old name `device`, not both".into(),
+                    ));
+                }
+                (None, Some(listed), None) => listed.selection().map_err(ConfigError::Invalid)?,
+                (None, None, Some(one)) => one.parse().map_err(ConfigError::Invalid)?,
+                (None, None, None) => DeviceSelection::All,
+            },
+            max_device_bytes: match args.max_device_bytes.or(limits.max_device_bytes) {
+                Some(0) => {
+                    return Err(ConfigError::Invalid(
+                        "max_device_bytes must be at least 1".into(),
+                    ));
+                }
+                other => other,
+            },
+            host_devices: match args.host_devices.or(file.host_devices) {
+                Some(n @ 1..=MAX_HOST_DEVICES) => n,
+                Some(n) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "host_devices must be 1 to {MAX_HOST_DEVICES}, got {n}"
+                    )));
+                }
+                None => 1,
+            },
             load_cpu_hash: args.load_cpu_hash || file.load_cpu_hash.unwrap_or(false),
             load_threads: match args.load_threads.or(file.load_threads) {
                 Some(0) => {

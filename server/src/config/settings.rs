@@ -43,6 +43,84 @@ impl From<CudaHandles> for modelshare_device::cuda::HandleChoice {
     }
 }
 
+/// Which devices one server serves (`--devices`): every device the driver sees, or a list of
+/// ordinals and UUIDs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeviceSelection {
+    /// Every device (the default).
+    #[default]
+    All,
+    /// These devices, each an ordinal (`0`) or a UUID (`GPU-…`), in this order.
+    Listed(Vec<String>),
+}
+
+impl FromStr for DeviceSelection {
+    type Err = String;
+
+    /// `all`, or a comma-separated list of ordinals and UUIDs without repeats.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("all") {
+            return Ok(DeviceSelection::All);
+        }
+        Self::list(s.split(',').map(str::to_owned).collect())
+    }
+}
+
+impl DeviceSelection {
+    /// A list of ordinals and UUIDs: at least one, none empty, none twice.
+    pub fn list(items: Vec<String>) -> Result<Self, String> {
+        let items: Vec<String> = items.iter().map(|i| i.trim().to_owned()).collect();
+        if items.is_empty() || items.iter().any(String::is_empty) {
+            return Err(format!(
+                "devices: expected 'all' or a list of ordinals and UUIDs (e.g. '0,1'), got {:?}",
+                items.join(",")
+            ));
+        }
+        for (i, item) in items.iter().enumerate() {
+            if items[..i].iter().any(|o| o.eq_ignore_ascii_case(item)) {
+                return Err(format!("devices: '{item}' is listed twice"));
+            }
+        }
+        Ok(DeviceSelection::Listed(items))
+    }
+}
+
+/// `devices` in the file: `"all"`, `"0,1"`, or a list (`["0", "GPU-…"]`, integers allowed).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub(super) enum FileDevices {
+    One(String),
+    Ordinal(u32),
+    Many(Vec<FileDevice>),
+}
+
+/// One entry of a `devices` list in the file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub(super) enum FileDevice {
+    Name(String),
+    Ordinal(u32),
+}
+
+impl FileDevices {
+    pub(super) fn selection(self) -> Result<DeviceSelection, String> {
+        match self {
+            FileDevices::One(s) => s.parse(),
+            FileDevices::Ordinal(n) => DeviceSelection::list(vec![n.to_string()]),
+            FileDevices::Many(items) => DeviceSelection::list(
+                items
+                    .into_iter()
+                    .map(|d| match d {
+                        FileDevice::Name(s) => s,
+                        FileDevice::Ordinal(n) => n.to_string(),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
 /// A model loaded at start-up: `NAME=PATH` on the command line; in the file also its owner
 /// and access.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -61,6 +139,12 @@ pub struct StartupModel {
     /// Visible to every tenant.
     #[serde(default)]
     pub public: bool,
+    /// Devices to place it on (ordinals or UUIDs); empty: the server picks.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Replicas on the least-used devices, when `devices` is empty (default 1).
+    #[serde(default)]
+    pub replicas: u32,
 }
 
 /// Whether the TLS listener asks for client certificates.
@@ -102,6 +186,8 @@ impl FromStr for StartupModel {
             tenant: None,
             share_with: Vec::new(),
             public: false,
+            devices: Vec::new(),
+            replicas: 0,
         })
     }
 }

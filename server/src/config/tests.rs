@@ -257,3 +257,68 @@ fn every_toml_snippet_of_the_docs_parses() {
     let example = include_str!("../../../deploy/tenants.example.toml");
     crate::tenants::file::TenantTable::parse(example).expect("deploy/tenants.example.toml");
 }
+
+/// `devices` takes "all", a comma list, an integer or a TOML list; the old `device` still
+/// works; the flag wins; both names at once and repeats are refused. Models take `devices`
+/// and `replicas`; `max_device_bytes` sits in `[limits]`.
+#[test]
+fn device_selection_and_placement_keys() {
+    let merged = |toml: &str, flag: Option<&str>| {
+        let args = ServeArgs {
+            devices: flag.map(str::to_owned),
+            ..ServeArgs::default()
+        };
+        Config::merge(args, parse(toml)).map(|c| c.devices)
+    };
+    let listed =
+        |items: &[&str]| DeviceSelection::Listed(items.iter().map(|s| s.to_string()).collect());
+    assert_eq!(merged("", None).unwrap(), DeviceSelection::All);
+    assert_eq!(
+        merged(r#"devices = "all""#, None).unwrap(),
+        DeviceSelection::All
+    );
+    assert_eq!(
+        merged(r#"devices = "0, 1""#, None).unwrap(),
+        listed(&["0", "1"])
+    );
+    assert_eq!(merged("devices = 1", None).unwrap(), listed(&["1"]));
+    assert_eq!(
+        merged(r#"devices = [0, "GPU-x"]"#, None).unwrap(),
+        listed(&["0", "GPU-x"])
+    );
+    assert_eq!(
+        merged(r#"device = "GPU-y""#, None).unwrap(),
+        listed(&["GPU-y"])
+    );
+    assert_eq!(
+        merged(r#"devices = "0""#, Some("all")).unwrap(),
+        DeviceSelection::All
+    );
+    assert!(merged("devices = \"0\"\ndevice = \"1\"", None).is_err());
+    assert!(merged(r#"devices = [1, 1]"#, None).is_err());
+    assert!(merged(r#"devices = []"#, None).is_err());
+
+    let c = Config::merge(
+        ServeArgs::default(),
+        parse(
+            r#"
+            host_devices = 4
+            [[models]]
+            name = "a"
+            path = "a"
+            devices = ["1"]
+            [[models]]
+            name = "b"
+            path = "b"
+            replicas = 2
+            [limits]
+            max_device_bytes = 1000
+            "#,
+        ),
+    )
+    .expect("config");
+    assert_eq!(c.host_devices, 4);
+    assert_eq!(c.max_device_bytes, Some(1000));
+    assert_eq!(c.models[0].devices, ["1"]);
+    assert_eq!(c.models[1].replicas, 2);
+}

@@ -145,6 +145,19 @@ impl Registry {
         model: &str,
         version: u32,
     ) -> Result<Attachment, ServerError> {
+        self.attach_on(caller, session, model, version, None)
+    }
+
+    /// [`attach`](Self::attach) to the arena on `device` (a UUID, any case; `None`: wherever
+    /// the version is): [`ServerError::NotOnDevice`], naming where it is, when not there.
+    pub fn attach_on(
+        &self,
+        caller: &Caller,
+        session: &str,
+        model: &str,
+        version: u32,
+        device: Option<&str>,
+    ) -> Result<Attachment, ServerError> {
         let mut st = self.lock();
         let own = st.own_session(caller, session)?;
         let (held, tenant) = (own.leases.len(), own.tenant.clone());
@@ -176,6 +189,18 @@ impl Registry {
                 model: model.to_owned(),
                 version,
             })?;
+        if let Some(wanted) = device
+            && !v.device.eq_ignore_ascii_case(wanted)
+        {
+            return Err(ServerError::NotOnDevice(Box::new(
+                crate::error::NotOnDevice {
+                    model: model.to_owned(),
+                    version,
+                    wanted: wanted.to_owned(),
+                    holders: vec![v.device.clone()],
+                },
+            )));
+        }
         let arena = match (v.state, &v.arena) {
             (VersionState::Ready, Some(arena)) => arena.clone(),
             (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),

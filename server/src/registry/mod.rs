@@ -462,6 +462,30 @@ impl Registry {
         }
     }
 
+    /// Arena bytes, arenas and leases on each device that holds any (every model, whoever
+    /// owns it). Makes no device call.
+    pub fn by_device(&self) -> BTreeMap<String, DeviceUse> {
+        let st = self.lock();
+        let mut out: BTreeMap<String, DeviceUse> = BTreeMap::new();
+        for v in st.models.values().flat_map(|m| m.versions.values()) {
+            if v.state.holds_arena() {
+                let u = out.entry(v.device.clone()).or_default();
+                u.arena_bytes += v.arena_bytes;
+                u.arenas += 1;
+                u.leases += v.leases;
+            }
+        }
+        out
+    }
+
+    /// Arena bytes on each device that holds any.
+    pub fn bytes_by_device(&self) -> BTreeMap<String, u64> {
+        self.by_device()
+            .into_iter()
+            .map(|(d, u)| (d, u.arena_bytes))
+            .collect()
+    }
+
     /// What `tenant` uses now.
     pub fn usage(&self, tenant: &str) -> Usage {
         self.lock().usage(tenant)

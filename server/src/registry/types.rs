@@ -142,6 +142,19 @@ pub struct LoadFor {
     /// The load brings back a version whose memory was adopted: it takes that memory or
     /// fails; it never reads the files (which may have changed since).
     pub only_adopted: bool,
+    /// Where it goes (several devices).
+    pub placement: crate::placement::Wanted,
+}
+
+/// What one device holds of the registry's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceUse {
+    /// Arena bytes (loading, ready, draining versions).
+    pub arena_bytes: u64,
+    /// Arenas.
+    pub arenas: u32,
+    /// Leases on them.
+    pub leases: u32,
 }
 
 /// What one tenant uses.

@@ -58,6 +58,10 @@ impl AdminApi {
             access,
             resume_version: None,
             only_adopted: false,
+            placement: crate::placement::Wanted {
+                devices: req.devices.clone(),
+                replicas: req.replicas,
+            },
         })
     }
 }
@@ -216,6 +220,28 @@ impl AdminService for AdminApi {
         let device = self.app.devices.primary();
         let used = self.app.devices.used_bytes(device.uuid()).await;
         let mut reply = convert::stats(&stats, device.info(), used);
+        let by_device = registry.by_device();
+        for d in self.app.devices.threads() {
+            let used = if d.uuid() == device.uuid() {
+                used
+            } else {
+                self.app.devices.used_bytes(d.uuid()).await
+            };
+            // What other tenants hold where is the admin's to see.
+            let held = if caller.is_admin() {
+                by_device.get(d.uuid()).copied().unwrap_or_default()
+            } else {
+                Default::default()
+            };
+            reply.devices.push(pb::DeviceStats {
+                device: Some(convert::device(d.info())),
+                used_bytes: used.unwrap_or(0),
+                arena_bytes: held.arena_bytes,
+                arenas: held.arenas,
+                leases: held.leases,
+                max_arena_bytes: self.app.config.max_device_bytes.unwrap_or(0),
+            });
+        }
         let serving = self.app.engine.snapshot().await;
         reply.serving = serving
             .models

@@ -82,6 +82,7 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
         leases: v.leases,
         bytes_loaded: v.bytes_loaded,
         bytes_total: v.bytes_total,
+        devices: vec![v.device.clone()],
     }
 }
 
@@ -238,6 +239,7 @@ pub fn stats(s: &Stats, dev: &DeviceInfo, used: Option<u64>) -> pb::GetStatsResp
         serving: Vec::new(),
         requests_outstanding: 0,
         held_by_workers_bytes: 0,
+        devices: Vec::new(),
     }
 }
 

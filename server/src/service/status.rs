@@ -38,13 +38,15 @@ impl From<ServerError> for Status {
             | ServerError::NotLeased { .. } => Code::NotFound,
             ServerError::NoReadyVersion(_)
             | ServerError::WrongState { .. }
-            | ServerError::FilesChanged { .. } => Code::FailedPrecondition,
-            ServerError::LimitExceeded { .. } | ServerError::NoRoom { .. } => {
-                Code::ResourceExhausted
-            }
+            | ServerError::FilesChanged { .. }
+            | ServerError::NotOnDevice(_) => Code::FailedPrecondition,
+            ServerError::LimitExceeded { .. }
+            | ServerError::NoRoom { .. }
+            | ServerError::NoDeviceRoom(_) => Code::ResourceExhausted,
             ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
             ServerError::Device(_) => Code::Internal,
             ServerError::LoadCancelled { .. } => Code::Aborted,
+            ServerError::Unimplemented(_) => Code::Unimplemented,
             ServerError::ShuttingDown
             | ServerError::Starting
             | ServerError::Allocating { .. }

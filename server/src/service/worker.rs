@@ -245,8 +245,12 @@ impl WorkerApi {
     ) -> Result<pb::AttachResponse, Status> {
         self.app.require_ready()?;
         let registry = &self.app.registry;
+        // On a server of one device, whichever device the worker says it is on, the arena is
+        // the one there is.
+        let device = (self.app.devices.len() > 1 && !req.device_uuid.is_empty())
+            .then_some(req.device_uuid.as_str());
         let att = registry
-            .attach(caller, &req.session_id, &req.model, req.version)
+            .attach_on(caller, &req.session_id, &req.model, req.version, device)
             .map_err(|e| {
                 self.app
                     .refuse(self.restoring_or(caller, &req.model, req.version, e))

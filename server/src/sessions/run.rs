@@ -74,6 +74,12 @@ pub fn open(
         session_id: opened.id.clone(),
         heartbeat_interval_ms: u32::try_from(app.config.heartbeat_interval.as_millis())
             .unwrap_or(u32::MAX),
+        devices: app
+            .devices
+            .infos()
+            .iter()
+            .map(crate::service::convert::device)
+            .collect(),
         device: Some(device),
     });
     // The channel is empty and has room: this cannot fail.

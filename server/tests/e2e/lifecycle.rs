@@ -128,6 +128,7 @@ async fn a_closed_session_releases_its_leases() {
     for _ in 0..2 {
         worker
             .attach(pb::AttachRequest {
+                device_uuid: String::new(),
                 session_id: welcome.session_id.clone(),
                 model: "m".into(),
                 version: 0,
@@ -212,6 +213,7 @@ async fn release_checks_the_owner() {
     assert_eq!(err.code(), tonic::Code::NotFound);
     let err = worker
         .attach(pb::AttachRequest {
+            device_uuid: String::new(),
             session_id: "no-such-session".into(),
             model: "m".into(),
             version: 0,
@@ -808,6 +810,7 @@ async fn hoarded_tickets_are_limited_and_expire() {
     let attach = |mut session: RawSessionClient, id: String| async move {
         session
             .attach(pb::AttachRequest {
+                device_uuid: String::new(),
                 session_id: id,
                 model: "m".into(),
                 version: 0,

@@ -7,6 +7,7 @@ mod worker_util;
 
 mod cli;
 mod connections;
+mod devices;
 mod front;
 mod lifecycle;
 mod load;

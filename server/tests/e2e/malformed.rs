@@ -913,6 +913,7 @@ async fn oversized_requests_are_refused_before_they_are_buffered() {
         let model = huge.clone();
         async move {
             w.attach(pb::AttachRequest {
+                device_uuid: String::new(),
                 session_id: "s".into(),
                 model,
                 version: 0,
@@ -940,6 +941,7 @@ async fn oversized_requests_are_refused_before_they_are_buffered() {
     let err = worker
         .clone()
         .attach(pb::AttachRequest {
+            device_uuid: String::new(),
             session_id: "no-such-session".into(),
             model: "m".into(),
             version: 0,

@@ -197,6 +197,7 @@ pub async fn attach(
 ) -> Result<pb::AttachResponse, tonic::Status> {
     client
         .attach(pb::AttachRequest {
+            device_uuid: String::new(),
             session_id: session.into(),
             model: model.into(),
             version: 0,

@@ -96,6 +96,7 @@ pub async fn try_serve(
     let attach = worker
         .attach(with_token(
             pb::AttachRequest {
+                device_uuid: String::new(),
                 session_id: session_id.clone(),
                 model: model.into(),
                 version: offer.version,

@@ -127,6 +127,7 @@ impl WorkerService for Service {
                 session_id: id.clone(),
                 heartbeat_interval_ms: 20,
                 device: None,
+                devices: Vec::new(),
             })),
         };
         tx.send(Ok(welcome)).await.expect("the receiver is here");

@@ -130,6 +130,25 @@ fn reserve_and_map(
     Ok(ptr)
 }
 
+/// Grants device `id` `access` to the mapped range `ptr..ptr+size` (the range's own device
+/// keeps its access: `cuMemSetAccess` sets the devices named only).
+pub(super) fn grant(
+    ptr: CUdeviceptr,
+    size: usize,
+    id: i32,
+    access: sys::CUmemAccess_flags,
+) -> Result<()> {
+    let desc = sys::CUmemAccessDesc {
+        location: location(id),
+        flags: access,
+    };
+    // SAFETY: `ptr..ptr+size` is a range this module reserved and mapped, still mapped (the
+    // caller owns the allocation); `desc` is one valid descriptor.
+    unsafe { sys::cuMemSetAccess(ptr, size, &desc, 1) }
+        .result()
+        .map_err(driver("cuMemSetAccess (peer read for a replica copy)"))
+}
+
 /// Unmaps and frees the address range of a mapping made by [`reserve_and_map`].
 fn unmap(ptr: CUdeviceptr, size: usize) {
     // SAFETY: `ptr..ptr+size` is a range this module reserved and mapped; nothing in this

@@ -1,0 +1,204 @@
+//! Several devices in one server, with host memory standing in for them (`--host-devices`):
+//! placement of loads, per-device stats and caps, and attaches by the worker's device.
+
+use std::time::Duration;
+
+use modelshare_proto::v1 as pb;
+use modelshare_worker::{Session, SessionOptions};
+use safetensors::Dtype;
+
+use crate::common::*;
+
+fn two_models(root: &std::path::Path) {
+    for name in ["a", "b", "c"] {
+        write_safetensors(
+            &root.join(name).join("model.safetensors"),
+            &[t("w", Dtype::F32, &[256, 256], 1)],
+        );
+    }
+}
+
+async fn load_on(
+    admin: &mut modelshare_proto::v1::admin_service_client::AdminServiceClient<
+        tonic::transport::Channel,
+    >,
+    name: &str,
+    path: &str,
+    devices: &[&str],
+    replicas: u32,
+) -> Result<pb::VersionInfo, tonic::Status> {
+    let mut stream = admin
+        .load_model(pb::LoadModelRequest {
+            name: name.into(),
+            path: path.into(),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+            replicas,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    while let Some(msg) = stream.message().await? {
+        if let Some(pb::load_model_progress::Event::Done(v)) = msg.event {
+            return Ok(v);
+        }
+    }
+    panic!("load stream ended without Done");
+}
+
+/// Loads go to the least-used device, or the one named (by UUID or index); stats list every
+/// device with what it holds; bad placements are refused with the devices named.
+#[tokio::test]
+async fn loads_are_placed_over_the_devices() {
+    let server = Server::start_with(&["--host-devices", "3"], two_models).await;
+    let mut admin = server.admin().await;
+
+    let s = stats(&mut admin).await;
+    let uuids: Vec<String> = s
+        .devices
+        .iter()
+        .map(|d| d.device.clone().unwrap().uuid)
+        .collect();
+    assert_eq!(uuids, ["host", "host-1", "host-2"]);
+
+    // Fresh server: the first device; then the next least-used ones.
+    let a = load_on(&mut admin, "a", "a", &[], 0).await.unwrap();
+    assert_eq!(a.devices, ["host"]);
+    let b = load_on(&mut admin, "b", "b", &[], 0).await.unwrap();
+    assert_eq!(b.devices, ["host-1"]);
+    // Named by index: device 0 again, though it is not the least used.
+    let c = load_on(&mut admin, "c", "c", &["0"], 0).await.unwrap();
+    assert_eq!(c.devices, ["host"]);
+    // By UUID, any case.
+    let c2 = load_on(&mut admin, "c2", "c", &["HOST-2"], 0)
+        .await
+        .unwrap();
+    assert_eq!(c2.devices, ["host-2"]);
+
+    let s = stats(&mut admin).await;
+    let arenas: Vec<u32> = s.devices.iter().map(|d| d.arenas).collect();
+    assert_eq!(arenas, [2, 1, 1]);
+    let bytes = a.arena_bytes;
+    assert_eq!(s.devices[0].arena_bytes, 2 * bytes);
+    assert_eq!(s.devices[1].arena_bytes, bytes);
+
+    // Refusals: no such device, the same one twice, more replicas than devices.
+    let e = load_on(&mut admin, "x", "a", &["GPU-nope"], 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("0=host, 1=host-1, 2=host-2"), "{e:?}");
+    let e = load_on(&mut admin, "x", "a", &["1", "host-1"], 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = load_on(&mut admin, "x", "a", &[], 4).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // Nothing was left behind by the refusals.
+    let s = stats(&mut admin).await;
+    assert_eq!(s.arenas, 4);
+}
+
+/// `--max-device-bytes` caps each device: placement skips a full one, and a load named onto
+/// it is RESOURCE_EXHAUSTED.
+#[tokio::test]
+async fn a_full_device_is_skipped_or_refused() {
+    // One model is 256 KiB: room for one per device.
+    let server = Server::start_with(
+        &["--host-devices", "2", "--max-device-bytes", "300000"],
+        two_models,
+    )
+    .await;
+    let mut admin = server.admin().await;
+    let a = load_on(&mut admin, "a", "a", &["1"], 0).await.unwrap();
+    assert_eq!(a.devices, ["host-1"]);
+    // The least used is host (empty), and it fits.
+    let b = load_on(&mut admin, "b", "b", &[], 0).await.unwrap();
+    assert_eq!(b.devices, ["host"]);
+    let e = load_on(&mut admin, "c", "c", &["host"], 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("max_device_bytes"), "{e:?}");
+    let e = load_on(&mut admin, "c", "c", &[], 0).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    let s = stats(&mut admin).await;
+    assert!(s.devices.iter().all(|d| d.max_arena_bytes == 300_000));
+}
+
+/// A worker attaches to the arena on its own device; on another device it gets
+/// FAILED_PRECONDITION naming where the version is. The welcome lists every device.
+#[tokio::test]
+async fn workers_attach_on_their_device() {
+    let server = Server::start_with(&["--host-devices", "2"], two_models).await;
+    let mut admin = server.admin().await;
+    load_on(&mut admin, "a", "a", &["host-1"], 0).await.unwrap();
+
+    let open = |uuid: &str| {
+        Session::open_with(
+            &server.address,
+            SessionOptions {
+                worker_name: format!("on-{uuid}"),
+                device_uuid: Some(uuid.to_owned()),
+                ..SessionOptions::default()
+            },
+        )
+    };
+    let here = open("host-1").await.expect("session");
+    let model = here.attach("a").await.expect("attach on host-1");
+    assert_eq!(model.manifest().tensors.len(), 1);
+
+    let elsewhere = open("host").await.expect("session");
+    let e = elsewhere.attach("a").await.unwrap_err().to_string();
+    assert!(e.contains("not in a state required"), "{e}");
+    assert!(
+        e.contains("no replica on device host; it is on host-1"),
+        "{e}"
+    );
+
+    // The welcome names both devices (raw client: what a worker in another language sees).
+    let raw = raw_session(&server.address, pb::Hello::default()).await;
+    let listed: Vec<String> = raw.welcome.devices.iter().map(|d| d.uuid.clone()).collect();
+    assert_eq!(listed, ["host", "host-1"]);
+    // No device asked for: the arena wherever it is.
+    let mut worker = raw.worker.clone();
+    let reply = worker
+        .attach(pb::AttachRequest {
+            session_id: raw.welcome.session_id.clone(),
+            model: "a".into(),
+            version: 0,
+            device_uuid: String::new(),
+        })
+        .await
+        .expect("attach without a device");
+    assert_eq!(reply.into_inner().device.unwrap().uuid, "host-1");
+    drop(model);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// The old single-device flags still work, and a bad `--devices` is refused at start.
+#[test]
+fn bad_device_flags_are_refused_at_start() {
+    for (args, needle) in [
+        (&["--host-devices", "0"][..], "host_devices must be 1 to 16"),
+        (
+            &["--host-devices", "17"][..],
+            "host_devices must be 1 to 16",
+        ),
+        (&["--devices", "0,,1"][..], "devices: expected"),
+        (&["--devices", "0,0"][..], "listed twice"),
+        (
+            &["--max-device-bytes", "0"][..],
+            "max_device_bytes must be at least 1",
+        ),
+    ] {
+        let out = std::process::Command::new(BIN)
+            .arg("serve")
+            .args(["--backend", "host", "--unix-socket", "/nonexistent/x.sock"])
+            .args(args)
+            .output()
+            .expect("run modelshare");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
