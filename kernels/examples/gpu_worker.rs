@@ -166,7 +166,12 @@ fn rel_err(y: &[f32], r: &[f32]) -> f64 {
 
 /// Creates the device's context before the first attach, to time it apart.
 fn warm_context(session: &Session) -> Res<f64> {
-    let uuid = session.device().map(|d| d.uuid.clone()).unwrap_or_default();
+    // The device attaches go to: this worker's own (a server of several devices), else the
+    // server's one device.
+    let uuid = session
+        .attach_device()
+        .or_else(|| session.device().map(|d| d.uuid.clone()))
+        .unwrap_or_default();
     let t = Instant::now();
     let ordinal = modelshare_device::cuda::ordinal_of(&uuid)?;
     modelshare_device::cuda::context(ordinal)?;
@@ -297,6 +302,7 @@ async fn check(a: &Args) -> Res<serde_json::Value> {
     }
     let report = serde_json::json!({
         "mode": "check", "pid": std::process::id(), "model": model.name(), "version": model.version(),
+        "device": view.device_uuid(),
         "attached_while_loading": model.attached_while_loading(), "ready_at_attach": ready_at_attach,
         "matrices": mats.len(), "ms64_checked": ms64_checked, "max_rel_err": worst, "ok": failures.is_empty() && !mats.is_empty(),
         "failures": failures, "context_ms": context_ms, "attach_ms": attach_ms,

@@ -179,7 +179,7 @@ impl App {
         let mut load_for = load_for;
         // Validation reads files, and placement asks the devices for their free memory: it
         // blocks.
-        let (reservation, src, plan, files, device) = tokio::task::spawn_blocking(move || {
+        let (reservation, src, plan, files, placed) = tokio::task::spawn_blocking(move || {
             // Other tenants' directories count as missing for every file the load reads (the
             // path asked for, the index, shards, metadata files, and links among them), before
             // anything there is opened: the answer is exactly that of a missing path.
@@ -201,18 +201,19 @@ impl App {
             if load_for.resume_version.is_none() {
                 load_for.resume_version = hint;
             }
-            let device = place(
+            let placed = place(
                 &devices,
                 &registry,
                 &load_for.placement,
                 max_device_bytes,
                 manifest.arena_bytes,
             )?;
-            let uuid = device.uuid().to_owned();
+            let uuids: Vec<String> = placed.iter().map(|d| d.uuid().to_owned()).collect();
+            let device = &placed[0];
             // Refused before anything is allocated when the memory is not there (a load that
             // may adopt memory workers kept needs none).
             if hint.is_none() {
-                admit(&device, &model, manifest.arena_bytes)?;
+                admit(device, &model, manifest.arena_bytes)?;
             }
             let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
             let reservation = registry.reserve(
@@ -222,13 +223,18 @@ impl App {
                 manifest,
                 &src.source,
                 plan.payload_bytes,
-                &uuid,
+                &uuids,
                 keep_previous,
             )?;
-            Ok::<_, ServerError>((reservation, src, plan, files, device))
+            Ok::<_, ServerError>((reservation, src, plan, files, placed))
         })
         .await
         .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
+        let mut placed = placed.into_iter();
+        let device = placed
+            .next()
+            .ok_or_else(|| ServerError::Internal("a load placed on no device".into()))?;
+        let replicas: Vec<modelshare_device::DeviceThread> = placed.collect();
 
         let (tx, done) = oneshot::channel();
         let running = RunningLoad {
@@ -261,6 +267,7 @@ impl App {
             backend: device.info().backend,
             _permit: permit,
         };
+        let devices_now = self.devices.clone();
         tokio::spawn(async move {
             // Memory a worker kept across a restart, if it is these bytes: adopted, not loaded.
             if let Some((arena, record)) = copy
@@ -268,10 +275,33 @@ impl App {
                 .claim(&copy.reservation.manifest, &copy.files)
                 .await
             {
-                let r = &copy.reservation;
-                copy.registry.set_arena(&r.model, r.version, arena.clone());
+                let mut copy = copy;
+                let (model, version) = (copy.reservation.model.clone(), copy.reservation.version);
+                copy.registry.set_arena(&model, version, arena.clone());
+                // The memory is on the device the worker kept it on: that one is the version's
+                // first, whatever placement chose; the other devices placed get the replicas.
+                let targets: Vec<modelshare_device::DeviceThread> = copy
+                    .registry
+                    .adopted_on(&model, version, &record.device_uuid)
+                    .iter()
+                    .filter_map(|uuid| devices_now.get(uuid).cloned())
+                    .collect();
+                record.device_uuid.clone_into(&mut copy.reservation.device);
                 let _ = allocated_tx.send(Ok(()));
-                let _ = tx.send(copy.adopted(&record));
+                let registry = copy.registry.clone();
+                let mut reply = copy.adopted(&record);
+                if reply.is_ok() && !targets.is_empty() {
+                    let source = arena.clone();
+                    let (m, r) = (model.clone(), registry.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        crate::replicate::copy_all(&r, &m, version, &source, &targets);
+                    })
+                    .await;
+                    if let Some(now) = registry.version_snapshot(&model, version) {
+                        reply = Ok(now);
+                    }
+                }
+                let _ = tx.send(reply);
                 drop(arena);
                 return;
             }
@@ -307,8 +337,18 @@ impl App {
             let r = &copy.reservation;
             copy.registry.set_arena(&r.model, r.version, arena.clone());
             let _ = allocated_tx.send(Ok(()));
+            let registry = copy.registry.clone();
+            let (model, version) = (r.model.clone(), r.version);
             let _ = tokio::task::spawn_blocking(move || {
-                let reply = copy.run(&arena);
+                let mut reply = copy.run(&arena);
+                // Further replicas are copied from this one, device to device, before the
+                // load's caller hears it is done.
+                if reply.is_ok() && !replicas.is_empty() {
+                    crate::replicate::copy_all(&registry, &model, version, &arena, &replicas);
+                    if let Some(now) = registry.version_snapshot(&model, version) {
+                        reply = Ok(now);
+                    }
+                }
                 // The loader's handle goes before the reply, so a failed load's arena is
                 // released by the time its caller hears of it.
                 drop(arena);
@@ -540,15 +580,16 @@ impl LoadCopy {
     }
 }
 
-/// The device a load of `need` bytes goes to (see [`crate::placement`]): the one named, or the
-/// least used with room. Asks each device for its free memory (blocking, on its thread).
+/// The devices a load of `need` bytes goes to, first the one it is loaded on (see
+/// [`crate::placement`]): those named, or the least used with room. Asks each device for its
+/// free memory (blocking, on its thread).
 fn place(
     devices: &Devices,
     registry: &Registry,
     wanted: &crate::placement::Wanted,
     max_device_bytes: Option<u64>,
     need: u64,
-) -> Result<modelshare_device::DeviceThread, ServerError> {
+) -> Result<Vec<modelshare_device::DeviceThread>, ServerError> {
     let held = registry.bytes_by_device();
     let candidates: Vec<crate::placement::Candidate> = devices
         .threads()
@@ -564,17 +605,15 @@ fn place(
             limit: max_device_bytes,
         })
         .collect();
-    let chosen = crate::placement::place(wanted, &candidates, need)?;
-    if chosen.len() > 1 {
-        return Err(ServerError::Unimplemented(format!(
-            "{} replicas: copies to further devices are not built yet; load one replica per              name, or name one device",
-            chosen.len()
-        )));
-    }
-    devices
-        .get(&chosen[0])
-        .cloned()
-        .ok_or_else(|| ServerError::Internal(format!("placement chose unknown {}", chosen[0])))
+    crate::placement::place(wanted, &candidates, need)?
+        .iter()
+        .map(|uuid| {
+            devices
+                .get(uuid)
+                .cloned()
+                .ok_or_else(|| ServerError::Internal(format!("placement chose unknown {uuid}")))
+        })
+        .collect()
 }
 
 /// Refuses a load of `needed` bytes that the device (or host) has no room for now, saying how

@@ -80,9 +80,6 @@ pub enum ServerError {
     /// The worker's device holds no arena of the version.
     #[error("{0}")]
     NotOnDevice(Box<NotOnDevice>),
-    /// Something the request asks for that this server does not do yet.
-    #[error("not supported yet: {0}")]
-    Unimplemented(String),
     /// No device (or not the one named) has room for the load: its free memory or its
     /// `max_device_bytes`.
     #[error("no room on the devices: {0}")]

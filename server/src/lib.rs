@@ -79,6 +79,7 @@ pub mod model;
 pub mod names;
 pub mod placement;
 pub mod registry;
+pub mod replicate;
 pub mod serve;
 pub mod service;
 pub mod serving;

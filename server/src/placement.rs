@@ -1,8 +1,8 @@
 //! Where a model version goes when the server has several devices: pure decisions over a
 //! snapshot of the devices, no device call and no lock (the caller gathers the figures).
 //!
-//! A load names its devices (by UUID, or by their place in the server's list), or asks for
-//! `replicas` and gets the least-used devices: fewest bytes of this server's arenas first,
+//! A load names its devices (by UUID, or by their place in the server's list; `all`: every
+//! one), or asks for `replicas` and gets the least-used devices: fewest bytes of this server's arenas first,
 //! then most free memory, then the server's order. A device is a candidate only where the
 //! arena fits under its `max_device_bytes` and in its free memory.
 
@@ -65,6 +65,15 @@ pub fn place(
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if let [all] = wanted.devices.as_slice()
+        && all.eq_ignore_ascii_case("all")
+    {
+        let every = Wanted {
+            devices: devices.iter().map(|d| d.uuid.clone()).collect(),
+            replicas: 0,
+        };
+        return place(&every, devices, need);
+    }
     if !wanted.devices.is_empty() {
         if wanted.replicas != 0 && wanted.replicas as usize != wanted.devices.len() {
             return Err(ServerError::InvalidArgument {
@@ -196,6 +205,17 @@ mod tests {
             ["GPU-a", "GPU-c"]
         );
         assert_eq!(place(&want(&["1"], 1), &three(), 10).unwrap(), ["GPU-b"]);
+    }
+
+    /// `all` is every device, in the server's order, each needing room.
+    #[test]
+    fn all_means_every_device() {
+        assert_eq!(
+            place(&want(&["ALL"], 0), &three(), 10).unwrap(),
+            ["GPU-a", "GPU-b", "GPU-c"]
+        );
+        let e = place(&want(&["all"], 0), &three(), 1_500).unwrap_err();
+        assert!(matches!(e, ServerError::NoDeviceRoom(_)), "{e}");
     }
 
     /// Bad requests are refused with the server's devices named, never half-placed.

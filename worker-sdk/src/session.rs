@@ -171,6 +171,7 @@ pub struct Session {
     inner: Arc<SessionInner>,
     keep_open: KeepOpen,
     device: Option<pb::DeviceInfo>,
+    devices: Vec<pb::DeviceInfo>,
 }
 
 impl Session {
@@ -201,11 +202,13 @@ impl Session {
         let (link, welcome, stream) = handshake(&inner).await?;
         inner.core.set_link(Some(link));
         let device = welcome.device.clone();
+        let devices = welcome.devices.clone();
         tokio::spawn(supervise(inner.clone(), welcome, stream));
         Ok(Self {
             keep_open: KeepOpen::new(inner.core.clone()),
             inner,
             device,
+            devices,
         })
     }
 
@@ -214,9 +217,20 @@ impl Session {
         self.inner.core.link().map(|l| l.id).unwrap_or_default()
     }
 
-    /// The device the server's arenas live on.
+    /// The server's first device (see [`Session::devices`]).
     pub fn device(&self) -> Option<&pb::DeviceInfo> {
         self.device.as_ref()
+    }
+
+    /// Every device of the server, in its order.
+    pub fn devices(&self) -> &[pb::DeviceInfo] {
+        &self.devices
+    }
+
+    /// The device this session's attaches ask for (see [`SessionOptions::device_uuid`]):
+    /// `None` on a server of one device, where the arena is the one there is.
+    pub fn attach_device(&self) -> Option<String> {
+        self.inner.core.link().ok().and_then(|l| l.device_uuid)
     }
 
     /// Attaches to the latest ready version of `model` (while none is ready, on a CUDA server,

@@ -161,8 +161,9 @@ pub enum ClientCommand {
         /// Every tenant may see and attach the model (replaces the model's access).
         #[arg(long)]
         public: bool,
-        /// Devices to load it on, by UUID or by index in `stats` (default: the least-used
-        /// device with room).
+        /// Devices to load it on, by UUID or by index in `stats`, or `all` (default: the
+        /// least-used device with room). Loaded from the files onto the first, copied device to
+        /// device to the others.
         #[arg(long, value_delimiter = ',', value_name = "DEVICE,...")]
         devices: Vec<String>,
         /// Replicas on the least-used devices, when no device is named (default 1).

@@ -109,6 +109,8 @@ pub fn version_json(v: &pb::VersionInfo) -> Value {
         "leases": v.leases,
         "bytes_loaded": v.bytes_loaded,
         "bytes_total": v.bytes_total,
+        "devices": v.devices,
+        "devices_copying": v.devices_copying,
     })
 }
 
@@ -237,11 +239,12 @@ pub fn loaded(name: &str, v: &pb::VersionInfo, out: OutputFormat) {
     match out {
         OutputFormat::Json => print_json(&json!({"model": name, "version": version_json(v)})),
         OutputFormat::Table => say!(
-            "loaded {name} v{}: {} tensors, {} ({})",
+            "loaded {name} v{}: {} tensors, {} ({}) on {}",
             v.version,
             v.tensor_count,
             human_bytes(v.arena_bytes),
-            state_name(v.state)
+            state_name(v.state),
+            v.devices.join(", ")
         ),
     }
 }
@@ -548,6 +551,7 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
                 "opened_unix_ms": s.opened_unix_ms,
                 "leases": s.leases.iter().map(|l| json!({
                     "lease_id": l.lease_id, "model": l.model, "version": l.version,
+                    "device_uuid": l.device_uuid,
                 })).collect::<Vec<_>>(),
                 "serving": s.serving.iter().map(|w| json!({
                     "serve_id": w.serve_id, "model": w.model, "version": w.version,
@@ -571,7 +575,7 @@ pub fn sessions(ss: &[pb::SessionInfo], out: OutputFormat) {
                 let leases: Vec<String> = s
                     .leases
                     .iter()
-                    .map(|l| format!("{}@{}", l.model, l.version))
+                    .map(|l| format!("{}@{} on {}", l.model, l.version, l.device_uuid))
                     .collect();
                 let serving: Vec<String> = s
                     .serving

@@ -71,6 +71,11 @@ impl DeviceSelection {
     /// A list of ordinals and UUIDs: at least one, none empty, none twice.
     pub fn list(items: Vec<String>) -> Result<Self, String> {
         let items: Vec<String> = items.iter().map(|i| i.trim().to_owned()).collect();
+        if let [all] = items.as_slice()
+            && all.eq_ignore_ascii_case("all")
+        {
+            return Ok(DeviceSelection::All);
+        }
         if items.is_empty() || items.iter().any(String::is_empty) {
             return Err(format!(
                 "devices: expected 'all' or a list of ordinals and UUIDs (e.g. '0,1'), got {:?}",
@@ -139,7 +144,8 @@ pub struct StartupModel {
     /// Visible to every tenant.
     #[serde(default)]
     pub public: bool,
-    /// Devices to place it on (ordinals or UUIDs); empty: the server picks.
+    /// Devices to place it on (UUIDs, indexes in the server's list, or `["all"]`); empty: the
+    /// server picks.
     #[serde(default)]
     pub devices: Vec<String>,
     /// Replicas on the least-used devices, when `devices` is empty (default 1).

@@ -283,6 +283,10 @@ fn device_selection_and_placement_keys() {
     );
     assert_eq!(merged("devices = 1", None).unwrap(), listed(&["1"]));
     assert_eq!(
+        merged(r#"devices = ["all"]"#, None).unwrap(),
+        DeviceSelection::All
+    );
+    assert_eq!(
         merged(r#"devices = [0, "GPU-x"]"#, None).unwrap(),
         listed(&["0", "GPU-x"])
     );

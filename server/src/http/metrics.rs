@@ -36,6 +36,9 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
         let mut by_device: std::collections::BTreeMap<String, u64> = Default::default();
         for v in m.versions.iter().filter(|v| v.state.holds_arena()) {
             *by_device.entry(v.device.clone()).or_default() += v.arena_bytes;
+            for (replica, _) in &v.replicas {
+                *by_device.entry(replica.clone()).or_default() += v.arena_bytes;
+            }
         }
         for (device, bytes) in by_device.into_iter().filter(|(_, b)| *b > 0) {
             *held_by_device.entry(device.clone()).or_default() += bytes;

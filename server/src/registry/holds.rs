@@ -189,19 +189,22 @@ impl Registry {
                 model: model.to_owned(),
                 version,
             })?;
-        if let Some(wanted) = device
-            && !v.device.eq_ignore_ascii_case(wanted)
-        {
-            return Err(ServerError::NotOnDevice(Box::new(
-                crate::error::NotOnDevice {
-                    model: model.to_owned(),
-                    version,
-                    wanted: wanted.to_owned(),
-                    holders: vec![v.device.clone()],
-                },
-            )));
-        }
-        let arena = match (v.state, &v.arena) {
+        let (arena, copying, on) = v.arena_on(device).map_err(|holders| {
+            ServerError::NotOnDevice(Box::new(crate::error::NotOnDevice {
+                model: model.to_owned(),
+                version,
+                wanted: device.unwrap_or_default().to_owned(),
+                holders,
+            }))
+        })?;
+        let on = on.to_owned();
+        // A replica still being copied is attachable where the version's first arena would be
+        // while loading (its ready event orders a worker's reads after the copy).
+        let state = match v.state {
+            VersionState::Ready if copying => VersionState::Loading,
+            s => s,
+        };
+        let arena = match (state, arena) {
             (VersionState::Ready, Some(arena)) => arena.clone(),
             (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
             // The arena is being allocated (outside the lock): a moment from now it can be.
@@ -222,13 +225,12 @@ impl Registry {
         within_quota?;
         v.leases += 1;
         let manifest = v.manifest.clone();
-        let loading = v.state == VersionState::Loading;
-        let device = v.device.clone();
+        let loading = state == VersionState::Loading;
+        let device = on;
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
-        st.leases.insert(
-            lease_id.clone(),
-            leases::LeaseRecord::new(session, tenant.as_deref(), model, version),
-        );
+        let mut lease = leases::LeaseRecord::new(session, tenant.as_deref(), model, version);
+        lease.device = Some(device.clone());
+        st.leases.insert(lease_id.clone(), lease);
         if let Some(s) = st.sessions.get_mut(session) {
             s.leases.push(lease_id.clone());
         }
@@ -322,13 +324,14 @@ impl Registry {
             .iter()
             .filter(|(_, s)| may_see_tenant(s.tenant.as_deref(), caller))
             .map(|(id, s)| {
-                let mut leases: Vec<(String, String, u32)> = s
+                let mut leases: Vec<(String, String, u32, String)> = s
                     .leases
                     .iter()
                     .filter_map(|l| {
-                        st.leases
-                            .get(l)
-                            .map(|r| (l.clone(), r.model.clone(), r.version))
+                        st.leases.get(l).map(|r| {
+                            let device = r.device.clone().unwrap_or_default();
+                            (l.clone(), r.model.clone(), r.version, device)
+                        })
                     })
                     .collect();
                 leases.sort();

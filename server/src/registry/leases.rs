@@ -84,6 +84,8 @@ pub(super) struct LeaseRecord {
     pub(super) session: String,
     pub(super) model: String,
     pub(super) version: u32,
+    /// The device of the arena it maps (the first's or a replica's).
+    pub(super) device: Option<String>,
     /// The session's tenant, whose tickets are counted together.
     tenant: Option<String>,
     ticket: Option<Ticket>,
@@ -95,6 +97,7 @@ impl LeaseRecord {
             session: session.to_owned(),
             model: model.to_owned(),
             version,
+            device: None,
             tenant: tenant.map(str::to_owned),
             ticket: None,
         }

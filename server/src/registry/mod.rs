@@ -19,6 +19,7 @@
 mod graveyard;
 mod holds;
 mod leases;
+mod replicas;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -96,9 +97,12 @@ impl Registry {
         manifest: Manifest,
         source: &str,
         payload_bytes: u64,
-        device: &str,
+        devices: &[String],
         keep_previous: bool,
     ) -> Result<Reservation, ServerError> {
+        let Some((device, replicas)) = devices.split_first() else {
+            return Err(ServerError::Internal("a load placed on no device".into()));
+        };
         let bytes = manifest.arena_bytes;
         let model = manifest.model.clone();
         if let Some(limit) = self.limits.max_model_bytes
@@ -122,6 +126,7 @@ impl Registry {
             model: &model,
             source,
             device,
+            replicas,
             keep_previous,
         };
         let version =
@@ -134,7 +139,7 @@ impl Registry {
             version,
             progress,
             manifest,
-            device: device.to_owned(),
+            device: device.clone(),
         })
     }
 
@@ -472,7 +477,16 @@ impl Registry {
                 let u = out.entry(v.device.clone()).or_default();
                 u.arena_bytes += v.arena_bytes;
                 u.arenas += 1;
-                u.leases += v.leases;
+                for r in &v.replicas {
+                    let u = out.entry(r.device.clone()).or_default();
+                    u.arena_bytes += v.arena_bytes;
+                    u.arenas += 1;
+                }
+            }
+        }
+        for l in st.leases.values() {
+            if let Some(device) = &l.device {
+                out.entry(device.clone()).or_default().leases += 1;
             }
         }
         out

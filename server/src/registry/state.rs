@@ -33,6 +33,56 @@ pub(super) struct VersionRecord {
     pub(super) keep_previous: bool,
     /// When it became ready, in the registry's event order (0: not ready yet).
     pub(super) ready_seq: u64,
+    /// Copies on further devices (placement's `replicas`), reserved with the load.
+    pub(super) replicas: Vec<ReplicaRecord>,
+}
+
+/// A copy of a version's arena on another device, made from the first once it is ready.
+#[derive(Debug)]
+pub(super) struct ReplicaRecord {
+    /// The device (UUID).
+    pub(super) device: String,
+    /// Its arena, once allocated.
+    pub(super) arena: Option<ArenaHandle>,
+    /// Copied, checked and sealed.
+    pub(super) ready: bool,
+}
+
+impl VersionRecord {
+    /// Bytes its arenas take: the first and every replica's.
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.arena_bytes
+            .saturating_mul(1 + self.replicas.len() as u64)
+    }
+
+    /// Its arenas (reserved or held): the first and its replicas.
+    pub(super) fn arena_count(&self) -> u32 {
+        u32::try_from(1 + self.replicas.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The arena a worker on `device` attaches to (`None`: the first), and that device; the
+    /// devices that hold the version when `device` holds none.
+    pub(super) fn arena_on(
+        &self,
+        device: Option<&str>,
+    ) -> Result<(Option<&ArenaHandle>, bool, &str), Vec<String>> {
+        let Some(wanted) = device else {
+            return Ok((self.arena.as_ref(), false, &self.device));
+        };
+        if self.device.eq_ignore_ascii_case(wanted) {
+            return Ok((self.arena.as_ref(), false, &self.device));
+        }
+        match self
+            .replicas
+            .iter()
+            .find(|r| r.device.eq_ignore_ascii_case(wanted))
+        {
+            Some(r) => Ok((r.arena.as_ref(), !r.ready, &r.device)),
+            None => Err(std::iter::once(self.device.clone())
+                .chain(self.replicas.iter().map(|r| r.device.clone()))
+                .collect()),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -62,7 +112,7 @@ impl ModelRecord {
         self.versions
             .values()
             .filter(|v| v.state.holds_arena())
-            .map(|v| v.arena_bytes)
+            .map(VersionRecord::held_bytes)
             .sum()
     }
 
@@ -243,6 +293,11 @@ pub(super) fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapsh
         bytes_loaded: v.progress.done.load(Ordering::Relaxed),
         bytes_total: v.progress.total,
         device: v.device.clone(),
+        replicas: v
+            .replicas
+            .iter()
+            .map(|r| (r.device.clone(), r.ready))
+            .collect(),
     }
 }
 

@@ -111,7 +111,7 @@ fn begin(
         empty_manifest(model),
         "m",
         0,
-        device.uuid(),
+        &[device.uuid().to_owned()],
         false,
     )?;
     let arena = device.allocate(0, model).wait().expect("allocate");

@@ -110,6 +110,8 @@ pub struct VersionSnapshot {
     pub bytes_total: u64,
     /// The device its arena is on (UUID).
     pub device: String,
+    /// Its replicas' devices, each with whether its copy is done.
+    pub replicas: Vec<(String, bool)>,
 }
 
 /// A model, as reported to clients.
@@ -236,7 +238,7 @@ pub struct SessionSnapshot {
     /// Tenant the session belongs to (`None`: the admin's).
     pub tenant: Option<String>,
     /// Leases: (lease id, model, version), sorted by lease id.
-    pub leases: Vec<(String, String, u32)>,
+    pub leases: Vec<(String, String, u32, String)>,
 }
 
 /// How the registry tells a session task that the server ended its session (a forced unload).

@@ -27,6 +27,8 @@ pub(super) struct LoadRequest<'a> {
     pub(super) model: &'a str,
     pub(super) source: &'a str,
     pub(super) device: &'a str,
+    /// Devices of further replicas, copied from the first once it is ready.
+    pub(super) replicas: &'a [String],
     pub(super) keep_previous: bool,
 }
 
@@ -56,7 +58,9 @@ impl State {
         progress: &Arc<LoadProgress>,
         max_total_bytes: Option<u64>,
     ) -> Result<u32, ServerError> {
-        let bytes = manifest.arena_bytes;
+        // The first arena and every replica, admitted together.
+        let copies = 1 + req.replicas.len() as u64;
+        let bytes = manifest.arena_bytes.saturating_mul(copies);
         let model = req.model;
         if self.shutting_down {
             return Err(ServerError::ShuttingDown);
@@ -86,7 +90,7 @@ impl State {
             }
         }
         self.arena_bytes += bytes;
-        self.arenas += 1;
+        self.arenas += u32::try_from(copies).unwrap_or(u32::MAX);
         if !self.models.contains_key(model) {
             self.generations += 1;
             let generation = self.generations;
@@ -123,7 +127,7 @@ impl State {
                 created_unix_ms: now_unix_ms(),
                 finished_unix_ms: 0,
                 error: None,
-                arena_bytes: bytes,
+                arena_bytes: manifest.arena_bytes,
                 manifest: Arc::new(manifest),
                 arena: None,
                 device: req.device.to_owned(),
@@ -131,6 +135,15 @@ impl State {
                 leases: 0,
                 keep_previous: req.keep_previous,
                 ready_seq: 0,
+                replicas: req
+                    .replicas
+                    .iter()
+                    .map(|d| super::state::ReplicaRecord {
+                        device: d.clone(),
+                        arena: None,
+                        ready: false,
+                    })
+                    .collect(),
             },
         );
         Ok(version)
@@ -318,16 +331,27 @@ impl State {
         if procs.is_empty() {
             return;
         }
-        let (bytes, device) = (v.arena_bytes, v.device.clone());
-        self.orphan_ids += 1;
-        self.orphans.push(super::types::Orphan {
-            id: self.orphan_ids,
-            model: model.to_owned(),
-            version,
-            bytes,
-            device,
-            holders: procs,
-        });
+        // Each arena, the first and the replicas' (an upper bound: a worker maps one of them).
+        let bytes = v.arena_bytes;
+        let devices: Vec<String> = std::iter::once(v.device.clone())
+            .chain(
+                v.replicas
+                    .iter()
+                    .filter(|r| r.arena.is_some())
+                    .map(|r| r.device.clone()),
+            )
+            .collect();
+        for device in devices {
+            self.orphan_ids += 1;
+            self.orphans.push(super::types::Orphan {
+                id: self.orphan_ids,
+                model: model.to_owned(),
+                version,
+                bytes,
+                device,
+                holders: procs.clone(),
+            });
+        }
     }
 
     /// Bytes of the orphans (see [`super::types::Orphan`]).
@@ -358,15 +382,20 @@ impl State {
             return;
         };
         let had_reservation = v.state.holds_arena();
-        let arena = v.arena.take();
+        let (bytes, count) = (v.held_bytes(), v.arena_count());
+        let arenas: Vec<_> = v
+            .arena
+            .take()
+            .into_iter()
+            .chain(v.replicas.drain(..).filter_map(|r| r.arena))
+            .collect();
         v.state = end;
-        let bytes = v.arena_bytes;
-        if let Some(arena) = arena {
+        for arena in arenas {
             self.graveyard.arena(arena);
         }
         if had_reservation {
             self.arena_bytes = self.arena_bytes.saturating_sub(bytes);
-            self.arenas = self.arenas.saturating_sub(1);
+            self.arenas = self.arenas.saturating_sub(count);
         }
         if let Some(rec) = self.models.get_mut(model) {
             prune_ended(&mut rec.versions);

@@ -82,7 +82,15 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
         leases: v.leases,
         bytes_loaded: v.bytes_loaded,
         bytes_total: v.bytes_total,
-        devices: vec![v.device.clone()],
+        devices: std::iter::once(v.device.clone())
+            .chain(v.replicas.iter().filter(|r| r.1).map(|r| r.0.clone()))
+            .collect(),
+        devices_copying: v
+            .replicas
+            .iter()
+            .filter(|r| !r.1)
+            .map(|r| r.0.clone())
+            .collect(),
     }
 }
 
@@ -259,10 +267,11 @@ pub fn session(s: &SessionSnapshot) -> pb::SessionInfo {
         leases: s
             .leases
             .iter()
-            .map(|(id, model, version)| pb::LeaseInfo {
+            .map(|(id, model, version, device)| pb::LeaseInfo {
                 lease_id: id.clone(),
                 model: model.clone(),
                 version: *version,
+                device_uuid: device.clone(),
             })
             .collect(),
         tenant: s.tenant.clone().unwrap_or_default(),

@@ -46,7 +46,6 @@ impl From<ServerError> for Status {
             ServerError::Device(d) if d.is_resource_exhausted() => Code::ResourceExhausted,
             ServerError::Device(_) => Code::Internal,
             ServerError::LoadCancelled { .. } => Code::Aborted,
-            ServerError::Unimplemented(_) => Code::Unimplemented,
             ServerError::ShuttingDown
             | ServerError::Starting
             | ServerError::Allocating { .. }

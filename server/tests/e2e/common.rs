@@ -71,6 +71,11 @@ impl Server {
         self.dir.path().join("server.log")
     }
 
+    /// Replaces the extra flags the next [`Server::spawn`] passes.
+    pub fn set_extra(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+    }
+
     /// Starts the process (again, after a stop).
     pub fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()

@@ -202,3 +202,183 @@ fn bad_device_flags_are_refused_at_start() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// `replicas = 2`: loaded once from the file, copied to the second device; each device holds
+/// exactly one copy; workers on either device read the file's bytes from their own device's
+/// arena; an unload frees both; a start-up model takes `replicas` from the file.
+#[tokio::test]
+async fn replicas_are_copied_to_further_devices() {
+    let tensors = vec![
+        t("a", Dtype::F32, &[300, 70], 5),
+        t("b", Dtype::F16, &[1 << 16], 6),
+    ];
+    let server = Server::start_with(&["--host-devices", "3"], |root| {
+        write_safetensors(&root.join("m").join("model.safetensors"), &tensors)
+    })
+    .await;
+    let mut admin = server.admin().await;
+    let v = load_on(&mut admin, "m", "m", &[], 2).await.unwrap();
+    assert_eq!(v.devices, ["host", "host-1"], "{v:?}");
+    assert!(v.devices_copying.is_empty());
+    let s = stats(&mut admin).await;
+    let arenas: Vec<u32> = s.devices.iter().map(|d| d.arenas).collect();
+    assert_eq!(arenas, [1, 1, 0], "one copy per device");
+    assert_eq!(s.arena_bytes, 2 * v.arena_bytes);
+    assert!(server.log().contains("replica copied"), "{}", server.log());
+
+    for device in ["host", "host-1"] {
+        let session = Session::open_with(
+            &server.address,
+            SessionOptions {
+                worker_name: format!("on-{device}"),
+                device_uuid: Some(device.into()),
+                ..SessionOptions::default()
+            },
+        )
+        .await
+        .expect("session");
+        let model = session.attach("m").await.expect("attach");
+        for want in &tensors {
+            let got = model.tensor(&want.name).expect("tensor");
+            assert_eq!(got.bytes(), &want.data[..], "{} on {device}", want.name);
+        }
+        let leases: Vec<u32> = stats(&mut admin)
+            .await
+            .devices
+            .iter()
+            .map(|d| d.leases)
+            .collect();
+        assert_eq!(
+            leases[if device == "host" { 0 } else { 1 }],
+            1,
+            "{leases:?}"
+        );
+        model.release().await.expect("release");
+        session.close().await;
+    }
+    // Not on the third device.
+    let third = Session::open_with(
+        &server.address,
+        SessionOptions {
+            worker_name: "on-host-2".into(),
+            device_uuid: Some("host-2".into()),
+            ..SessionOptions::default()
+        },
+    )
+    .await
+    .expect("session");
+    let e = third.attach("m").await.unwrap_err().to_string();
+    assert!(e.contains("it is on host, host-1"), "{e}");
+
+    // Named devices: loaded on the first named, copied to the second.
+    let w = load_on(&mut admin, "n", "m", &["host-2", "0"], 0)
+        .await
+        .unwrap();
+    assert_eq!(w.devices, ["host-2", "host"]);
+
+    admin
+        .unload_model(pb::UnloadModelRequest {
+            name: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("unload");
+    let s = stats(&mut admin).await;
+    assert_eq!(s.arenas, 2, "m's two arenas freed, n's two left");
+    assert_eq!(s.devices[1].arenas, 0);
+}
+
+/// Replicas count against `max_total_bytes` all at once: a load whose copies do not all fit
+/// is refused before anything is allocated.
+#[tokio::test]
+async fn replicas_are_admitted_together() {
+    let server = Server::start_with(
+        &["--host-devices", "2", "--max-total-bytes", "400000"],
+        two_models,
+    )
+    .await;
+    let mut admin = server.admin().await;
+    // 256 KiB each: one fits, two do not.
+    let e = load_on(&mut admin, "a", "a", &[], 2).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    let s = stats(&mut admin).await;
+    assert_eq!(s.arenas, 0);
+    assert_eq!(s.arena_bytes, 0);
+    load_on(&mut admin, "a", "a", &[], 1).await.unwrap();
+}
+
+/// A start-up model with `replicas = 2`, its first arena kept by a worker across a `kill -9` of
+/// the server: the restarted server adopts that memory on its device (not read from the files)
+/// and copies the replica again. Fails if the restart loads a second copy, loses the replica,
+/// or counts an arena twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_start_up_model_gets_its_replicas_back() {
+    let mut server = Server::start_with(&["--host-devices", "2"], |root| {
+        write_safetensors(
+            &root.join("m").join("model.safetensors"),
+            &[t("w", Dtype::F32, &[128, 64], 3)],
+        );
+        let config = root.parent().unwrap().join("ms.toml");
+        std::fs::write(
+            &config,
+            "[[models]]\nname = \"m\"\npath = \"m\"\nreplicas = 2\n",
+        )
+        .unwrap();
+    })
+    .await;
+    // `--config` after the fact: the harness passes extra flags at spawn; restart with it.
+    let config = server.dir.path().join("ms.toml");
+    server.stop_with("TERM");
+    server.set_extra(&["--host-devices", "2", "--config", config.to_str().unwrap()]);
+    server.spawn();
+    server.wait_ready().await;
+    let mut admin = server.admin().await;
+    let before = stats(&mut admin).await;
+    assert_eq!(before.arenas, 2, "the first arena and its replica");
+
+    let keeper = Worker::start(&server, "m", "keeper");
+    let pid = keeper.pid();
+    let record = server.dir.path().join("handles.sock.held").join("m@1.json");
+    eventually(
+        Duration::from_secs(10),
+        "the record names the keeper",
+        || {
+            let text = std::fs::read_to_string(&record).unwrap_or_default();
+            async move {
+                text.contains(&format!("\"pid\":{pid}"))
+                    || text.contains(&format!("\"pid\": {pid}"))
+            }
+        },
+    )
+    .await;
+
+    // Placed the other way round now: the memory kept is on `host`, which placement puts
+    // second; the adopted arena stays the version's first, and `host-1` gets the replica.
+    std::fs::write(
+        &config,
+        "[[models]]\nname = \"m\"\npath = \"m\"\ndevices = [\"host-1\", \"host\"]\n",
+    )
+    .unwrap();
+    assert!(!server.stop_with("KILL").success());
+    server.spawn();
+    server.wait_ready().await;
+    let log = server.log();
+    assert!(
+        log.contains("model back from memory a worker kept"),
+        "{log}"
+    );
+    assert!(log.matches("replica copied").count() >= 2, "{log}");
+    let mut admin = server.admin().await;
+    let after = stats(&mut admin).await;
+    assert_eq!(after.arenas, 2, "{after:?}");
+    let arenas: Vec<u32> = after.devices.iter().map(|d| d.arenas).collect();
+    assert_eq!(arenas, [1, 1]);
+    assert_eq!(after.held_by_workers_bytes, 0);
+    let list = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(list.models[0].versions[0].devices, ["host", "host-1"]);
+    drop(keeper);
+}
