@@ -341,6 +341,18 @@ pub async fn load(
     panic!("load stream ended without Done");
 }
 
+/// Reads a load's progress stream to its `Done`: the finished version, or the error status.
+pub async fn until_done(
+    mut stream: tonic::Streaming<pb::LoadModelProgress>,
+) -> Result<pb::VersionInfo, tonic::Status> {
+    while let Some(msg) = stream.message().await? {
+        if let Some(pb::load_model_progress::Event::Done(v)) = msg.event {
+            return Ok(v);
+        }
+    }
+    panic!("load stream ended without Done");
+}
+
 /// GetStats.
 pub async fn stats(admin: &mut AdminServiceClient<Channel>) -> pb::GetStatsResponse {
     admin

@@ -27,7 +27,7 @@ async fn load_on(
     devices: &[&str],
     replicas: u32,
 ) -> Result<pb::VersionInfo, tonic::Status> {
-    let mut stream = admin
+    let stream = admin
         .load_model(pb::LoadModelRequest {
             name: name.into(),
             path: path.into(),
@@ -37,12 +37,7 @@ async fn load_on(
         })
         .await?
         .into_inner();
-    while let Some(msg) = stream.message().await? {
-        if let Some(pb::load_model_progress::Event::Done(v)) = msg.event {
-            return Ok(v);
-        }
-    }
-    panic!("load stream ended without Done");
+    until_done(stream).await
 }
 
 /// Loads go to the least-used device, or the one named (by UUID or index); stats list every

@@ -123,7 +123,7 @@ pub async fn load_as(
     tenant: &str,
     access: Option<pb::ModelAccess>,
 ) -> Result<pb::VersionInfo, tonic::Status> {
-    let mut stream = admin
+    let stream = admin
         .load_model(pb::LoadModelRequest {
             name: name.into(),
             path: path.into(),
@@ -133,12 +133,7 @@ pub async fn load_as(
         })
         .await?
         .into_inner();
-    while let Some(msg) = stream.message().await? {
-        if let Some(pb::load_model_progress::Event::Done(v)) = msg.event {
-            return Ok(v);
-        }
-    }
-    panic!("load stream ended without Done");
+    common::until_done(stream).await
 }
 
 pub fn shared(with: &[&str]) -> Option<pb::ModelAccess> {
