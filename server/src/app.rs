@@ -289,12 +289,13 @@ impl App {
                 record.device_uuid.clone_into(&mut copy.reservation.device);
                 let _ = allocated_tx.send(Ok(()));
                 let registry = copy.registry.clone();
+                let metrics = copy.metrics.clone();
                 let mut reply = copy.adopted(&record);
                 if reply.is_ok() && !targets.is_empty() {
                     let source = arena.clone();
-                    let (m, r) = (model.clone(), registry.clone());
+                    let (m, r, metrics) = (model.clone(), registry.clone(), metrics.clone());
                     let _ = tokio::task::spawn_blocking(move || {
-                        crate::replicate::copy_all(&r, &m, version, &source, &targets);
+                        crate::replicate::copy_all(&r, &metrics, &m, version, &source, &targets);
                     })
                     .await;
                     if let Some(now) = registry.version_snapshot(&model, version) {
@@ -338,13 +339,16 @@ impl App {
             copy.registry.set_arena(&r.model, r.version, arena.clone());
             let _ = allocated_tx.send(Ok(()));
             let registry = copy.registry.clone();
+            let metrics = copy.metrics.clone();
             let (model, version) = (r.model.clone(), r.version);
             let _ = tokio::task::spawn_blocking(move || {
                 let mut reply = copy.run(&arena);
                 // Further replicas are copied from this one, device to device, before the
                 // load's caller hears it is done.
                 if reply.is_ok() && !replicas.is_empty() {
-                    crate::replicate::copy_all(&registry, &model, version, &arena, &replicas);
+                    crate::replicate::copy_all(
+                        &registry, &metrics, &model, version, &arena, &replicas,
+                    );
                     if let Some(now) = registry.version_snapshot(&model, version) {
                         reply = Ok(now);
                     }

@@ -13,6 +13,7 @@ use modelshare_device::{ArenaHandle, DeviceThread};
 use tracing::{info, warn};
 
 use crate::error::ServerError;
+use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::tenants::Caller;
 
@@ -20,6 +21,7 @@ use crate::tenants::Caller;
 /// returns when every copy has ended (done or dropped).
 pub fn copy_all(
     registry: &Registry,
+    metrics: &Metrics,
     model: &str,
     version: u32,
     source: &ArenaHandle,
@@ -32,6 +34,14 @@ pub fn copy_all(
                 match copy_one(registry, model, version, source, target) {
                     Ok(copy_seconds) => {
                         let bytes = source.len();
+                        metrics
+                            .replica_copies
+                            .with_label_values(&[target.uuid(), "ok"])
+                            .inc();
+                        metrics
+                            .replica_copy_seconds
+                            .with_label_values(&[target.uuid()])
+                            .observe(copy_seconds);
                         info!(
                             model,
                             version,
@@ -44,6 +54,10 @@ pub fn copy_all(
                         );
                     }
                     Err(e) => {
+                        metrics
+                            .replica_copies
+                            .with_label_values(&[target.uuid(), "error"])
+                            .inc();
                         warn!(model, version, device = target.uuid(), error = %e, "replica dropped");
                         registry.drop_replica(model, version, target.uuid());
                     }

@@ -37,6 +37,10 @@ pub struct Metrics {
     pub load_seconds: Histogram,
     /// Bytes loaded into arenas.
     pub load_bytes: IntCounter,
+    /// Replica copies (device to device) by target device and result (`ok`, `error`).
+    pub replica_copies: IntCounterVec,
+    /// Replica copy duration (the copy alone), by target device.
+    pub replica_copy_seconds: HistogramVec,
     /// Sessions ended, by reason.
     pub sessions_ended: IntCounterVec,
     /// Inference requests by model, tenant and gRPC status code name.
@@ -125,6 +129,17 @@ impl Metrics {
             "Bytes copied into arenas by loads.",
         )?;
         registry.register(Box::new(load_bytes.clone()))?;
+        let replica_copy_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "modelshare_replica_copy_duration_seconds",
+                "Duration of replica copies from a version's first device, by target device.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["device"],
+        )?;
+        registry.register(Box::new(replica_copy_seconds.clone()))?;
         let histogram_vec = |name: &str, help: &str, buckets: Vec<f64>| {
             let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &["model"])?;
             registry.register(Box::new(h.clone()))?;
@@ -232,6 +247,12 @@ impl Metrics {
             loads: counter_vec("modelshare_loads_total", "Loads by result.", &["result"])?,
             load_seconds,
             load_bytes,
+            replica_copies: counter_vec(
+                "modelshare_replica_copies_total",
+                "Replica copies to further devices, by target device and result.",
+                &["device", "result"],
+            )?,
+            replica_copy_seconds,
             sessions_ended: counter_vec(
                 "modelshare_sessions_ended_total",
                 "Worker sessions ended, by reason.",

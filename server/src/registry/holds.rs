@@ -205,6 +205,14 @@ impl Registry {
             s => s,
         };
         let arena = match (state, arena) {
+            // A replica being copied where a worker cannot attach before it is done (host
+            // memory): a moment from now it can be.
+            (VersionState::Loading, Some(arena)) if copying && !arena.attach_while_loading() => {
+                return Err(ServerError::Allocating {
+                    model: model.to_owned(),
+                    version,
+                });
+            }
             (VersionState::Ready, Some(arena)) => arena.clone(),
             (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
             // The arena is being allocated (outside the lock): a moment from now it can be.

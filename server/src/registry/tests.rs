@@ -368,3 +368,81 @@ fn a_drained_unload_removes_the_model_with_its_last_lease() {
         .expect("release n");
     assert_eq!(registry.list(&admin).len(), 1);
 }
+
+/// Replicas are reserved with the load (bytes and arenas), attachable on their device only once
+/// they have an arena (a host-like arena: once copied), dropped alone, and freed with the
+/// version. Fails if the accounting drifts or an attach lands on the wrong device.
+#[test]
+fn replicas_are_accounted_and_attached_by_device() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    let mut manifest = empty_manifest("m");
+    manifest.arena_bytes = 1000;
+    let devices = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    let r = registry
+        .reserve(
+            &admin,
+            &LoadFor::default(),
+            &|_| Quota::default(),
+            manifest,
+            "m",
+            0,
+            &devices,
+            false,
+        )
+        .expect("reserve");
+    let stats = registry.stats(&admin);
+    assert_eq!((stats.arena_bytes, stats.arenas), (3000, 3));
+    registry.set_arena(
+        "m",
+        r.version,
+        device.allocate(0, "m").wait().expect("arena"),
+    );
+    registry.finish_load("m", r.version, Ok(r.manifest.clone()));
+    let s = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("session");
+
+    // On the first device: at once. On a replica's before its arena: retry shortly.
+    let on_a = registry
+        .attach_on(&admin, &s.id, "m", 0, Some("A"))
+        .expect("attach on a");
+    assert_eq!(on_a.device, "a");
+    assert!(matches!(
+        registry.attach_on(&admin, &s.id, "m", 0, Some("b")),
+        Err(ServerError::Allocating { .. })
+    ));
+    // Its arena is there but not copied (no attach while loading here): still retry shortly.
+    assert!(registry.set_replica_arena("m", 1, "b", device.allocate(0, "m@b").wait().unwrap()));
+    assert!(matches!(
+        registry.attach_on(&admin, &s.id, "m", 0, Some("b")),
+        Err(ServerError::Allocating { .. })
+    ));
+    registry.replica_ready("m", 1, "b");
+    let on_b = registry
+        .attach_on(&admin, &s.id, "m", 0, Some("b"))
+        .expect("attach on b");
+    assert_eq!(on_b.device, "b");
+    // Not placed there: the error names where it is.
+    let e = registry
+        .attach_on(&admin, &s.id, "m", 0, Some("z"))
+        .unwrap_err();
+    assert!(e.to_string().contains("it is on a, b, c"), "{e}");
+    let used = registry.by_device();
+    assert_eq!(used["a"].leases, 1);
+    assert_eq!(used["b"].leases, 1);
+    assert_eq!(used["c"].arenas, 1);
+
+    // c's copy failed: dropped alone.
+    registry.drop_replica("m", 1, "c");
+    let stats = registry.stats(&admin);
+    assert_eq!((stats.arena_bytes, stats.arenas), (2000, 2));
+    assert!(!registry.set_replica_arena("m", 1, "c", device.allocate(0, "late").wait().unwrap()));
+
+    registry.end_session(&s.id);
+    registry.unload(&admin, "m", None, true).expect("unload");
+    let stats = registry.stats(&admin);
+    assert_eq!((stats.arena_bytes, stats.arenas), (0, 0));
+    assert!(registry.by_device().is_empty());
+}

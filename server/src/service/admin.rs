@@ -201,7 +201,15 @@ impl AdminService for AdminApi {
             .app
             .registry
             .describe(&caller, &req.name, req.version)?;
-        let device = self.app.devices.primary();
+        // The device of the version described (its first arena's), else the server's first.
+        let on = manifest.as_ref().and_then(|m| {
+            model
+                .versions
+                .iter()
+                .find(|v| v.version == m.version)
+                .and_then(|v| self.app.devices.get(&v.device))
+        });
+        let device = on.unwrap_or_else(|| self.app.devices.primary());
         Ok(Response::new(pb::DescribeModelResponse {
             model: Some(convert::model_for(&caller, &model)),
             manifest: manifest.map(|m| convert::manifest(&m)),

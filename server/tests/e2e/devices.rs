@@ -207,9 +207,10 @@ async fn replicas_are_copied_to_further_devices() {
         t("a", Dtype::F32, &[300, 70], 5),
         t("b", Dtype::F16, &[1 << 16], 6),
     ];
-    let server = Server::start_with(&["--host-devices", "3"], |root| {
-        write_safetensors(&root.join("m").join("model.safetensors"), &tensors)
-    })
+    let server = Server::start_with(
+        &["--host-devices", "3", "--http-listen", "127.0.0.1:0"],
+        |root| write_safetensors(&root.join("m").join("model.safetensors"), &tensors),
+    )
     .await;
     let mut admin = server.admin().await;
     let v = load_on(&mut admin, "m", "m", &[], 2).await.unwrap();
@@ -220,6 +221,20 @@ async fn replicas_are_copied_to_further_devices() {
     assert_eq!(arenas, [1, 1, 0], "one copy per device");
     assert_eq!(s.arena_bytes, 2 * v.arena_bytes);
     assert!(server.log().contains("replica copied"), "{}", server.log());
+    // Prometheus: the bytes on each device, and the copy counted for its target.
+    let (_, body) = http_get(&server.metrics_address(), "/metrics");
+    for device in ["host", "host-1"] {
+        let series = format!("modelshare_arena_bytes{{device=\"{device}\",model=\"m\"}} ");
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(&series) && l.ends_with(&v.arena_bytes.to_string())),
+            "{series}: {body}"
+        );
+    }
+    assert!(
+        body.contains(r#"modelshare_replica_copies_total{device="host-1",result="ok"} 1"#),
+        "{body}"
+    );
 
     for device in ["host", "host-1"] {
         let session = Session::open_with(
