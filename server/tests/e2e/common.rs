@@ -372,6 +372,23 @@ pub fn count(stats: &pb::GetStatsResponse, state: pb::VersionState) -> u32 {
         .unwrap_or(0)
 }
 
+/// Descriptors the process `pid` has open, all kinds together.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Descriptors of `pid` that are memfds: the host backend's arenas and the copies of them that
+/// unredeemed tickets hold. Counting only these keeps a ticket count exact while the server
+/// opens and closes other files (a held-memory record written after a load, a log, a socket).
+pub fn memfd_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
+        dir.filter_map(Result::ok)
+            .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+            .filter(|target| target.to_string_lossy().starts_with("/memfd:"))
+            .count()
+    })
+}
+
 /// Polls `check` every 20 ms until it holds or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where

@@ -179,7 +179,7 @@ async fn idle_clients_cannot_starve_the_admin_socket() {
         idle.push(std::os::unix::net::UnixStream::connect(&socket).expect("connect"));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", server.id())).map_or(0, Iterator::count);
+    let fds = common::open_fds(server.id());
     assert!(
         fds < 400,
         "the server holds {fds} descriptors for idle clients"

@@ -767,11 +767,6 @@ async fn exhausted_descriptors_do_not_spin_the_listeners() {
     );
 }
 
-/// Descriptors the process `pid` has open.
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
-}
-
 /// Each unredeemed ticket holds a descriptor: one client attaching a thousand times without
 /// redeeming must hit its session's limit (RESOURCE_EXHAUSTED), not exhaust the server's
 /// descriptors, so that another session's attach and a load still work; and the timer must
@@ -806,7 +801,8 @@ async fn hoarded_tickets_are_limited_and_expire() {
     // The session lives through the tickets' time (its heartbeats), so that what closes the
     // descriptors below is the tickets' expiry, not the session's end.
     let heartbeat = hoarder.heartbeats();
-    let baseline = open_fds(server.id());
+    let baseline = common::open_fds(server.id());
+    let baseline_memfds = common::memfd_fds(server.id());
     let attach = |mut session: RawSessionClient, id: String| async move {
         session
             .attach(pb::AttachRequest {
@@ -840,10 +836,13 @@ async fn hoarded_tickets_are_limited_and_expire() {
         "the attaches outlasted the tickets: the count below would not be the limit's"
     );
     assert_eq!((granted, refused), (64, 936));
-    let hoarding = open_fds(server.id());
-    assert!(
-        hoarding >= baseline + 64 && hoarding < 400,
-        "{baseline} → {hoarding} descriptors"
+    let hoarding = common::open_fds(server.id());
+    assert!(hoarding < 400, "{baseline} → {hoarding} descriptors");
+    let hoarding_memfds = common::memfd_fds(server.id());
+    assert_eq!(
+        hoarding_memfds,
+        baseline_memfds + 64,
+        "one arena copy per granted ticket"
     );
     // Someone else still attaches and loads.
     let other = common::raw_session(&address, pb::Hello::default()).await;
@@ -858,7 +857,10 @@ async fn hoarded_tickets_are_limited_and_expire() {
     common::eventually(
         ttl + Duration::from_secs(10),
         "expired tickets closed",
-        || async move { open_fds(pid) <= baseline + 4 },
+        // Left: the arena of n (the other session's ticket expires with the hoarder's).
+        || async move {
+            common::memfd_fds(pid) <= baseline_memfds + 1 && common::open_fds(pid) <= baseline + 4
+        },
     )
     .await;
     attach(hoarder.worker.clone(), hoarder.welcome.session_id.clone())
