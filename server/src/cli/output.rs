@@ -426,19 +426,31 @@ pub fn stats(s: &pb::GetStatsResponse, out: OutputFormat) {
         })),
         OutputFormat::Table => {
             let mut t = table(&["STAT", "VALUE"]);
-            t.add_row(vec![
-                Cell::new("device"),
-                Cell::new(format!(
-                    "{} ({}, {})",
-                    device.name,
-                    backend_name(device.backend),
-                    device.uuid
-                )),
-            ]);
-            t.add_row(vec![
-                Cell::new("device total"),
-                right(human_bytes(device.total_bytes)),
-            ]);
+            if s.devices.len() > 1 {
+                // Each device has its row in the table below; `device` is only the first.
+                t.add_row(vec![
+                    Cell::new("devices"),
+                    Cell::new(format!(
+                        "{} ({}; each below)",
+                        s.devices.len(),
+                        backend_name(device.backend)
+                    )),
+                ]);
+            } else {
+                t.add_row(vec![
+                    Cell::new("device"),
+                    Cell::new(format!(
+                        "{} ({}, {})",
+                        device.name,
+                        backend_name(device.backend),
+                        device.uuid
+                    )),
+                ]);
+                t.add_row(vec![
+                    Cell::new("device total"),
+                    right(human_bytes(device.total_bytes)),
+                ]);
+            }
             t.add_row(vec![
                 Cell::new("arena bytes"),
                 right(human_bytes(s.arena_bytes)),

@@ -243,7 +243,9 @@ impl AdminService for AdminApi {
             };
             reply.devices.push(pb::DeviceStats {
                 device: Some(convert::device(d.info())),
-                used_bytes: used.unwrap_or(0),
+                // Where the device reports none (host memory), what the arenas hold on it, as
+                // the proto says and as `modelshare_device_memory_used_bytes` counts.
+                used_bytes: used.unwrap_or(held.arena_bytes),
                 arena_bytes: held.arena_bytes,
                 arenas: held.arenas,
                 leases: held.leases,

@@ -209,6 +209,47 @@ async fn stats_follow_load_and_unload() {
     assert_eq!(v["arenas"], 0, "{v}");
 }
 
+/// On a server of several devices, `load --replicas` and `--devices` say where the version
+/// went, and `stats` shows every device with what it holds instead of the first one only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_and_stats_name_every_device() {
+    let server = Server::start_with(&["--host-devices", "2"], |root| {
+        write_safetensors(&root.join("tiny/model.safetensors"), &tensors());
+    })
+    .await;
+    let loaded = ok(
+        &server.address,
+        &["load", "tiny", "tiny", "--replicas", "2"],
+    )
+    .await;
+    assert!(loaded.contains("on host, host-1"), "{loaded}");
+    let stderr = fails(
+        &server.address,
+        &["load", "other", "tiny", "--devices", "5"],
+    )
+    .await;
+    assert!(stderr.contains("0=host, 1=host-1"), "{stderr}");
+
+    let table = ok(&server.address, &["stats"]).await;
+    assert!(table.contains("2 (host; each below)"), "{table}");
+    assert!(
+        !table.contains("device total"),
+        "only the first device's: {table}"
+    );
+    for row in ["host (host memory)", "host-1 (host memory (host-1))"] {
+        assert!(table.contains(row), "no row for {row}: {table}");
+    }
+    let v = json(&server.address, &["stats"]).await;
+    let devices = v["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 2, "{v}");
+    for d in devices {
+        assert_eq!(d["arenas"], 1, "one replica each: {v}");
+        // Host memory: its use is what the arenas hold.
+        assert!(d["arena_bytes"].as_u64() > Some(0), "{v}");
+        assert_eq!(d["used_bytes"], d["arena_bytes"], "{v}");
+    }
+}
+
 /// `unload --version` would unload the wrong version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unload_one_version_keeps_the_other() {

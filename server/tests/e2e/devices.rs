@@ -75,6 +75,9 @@ async fn loads_are_placed_over_the_devices() {
     let bytes = a.arena_bytes;
     assert_eq!(s.devices[0].arena_bytes, 2 * bytes);
     assert_eq!(s.devices[1].arena_bytes, bytes);
+    // Host memory reports no use of its own: each device's use is what its arenas hold.
+    let used: Vec<u64> = s.devices.iter().map(|d| d.used_bytes).collect();
+    assert_eq!(used, [2 * bytes, bytes, bytes]);
 
     // Refusals: no such device, the same one twice, more replicas than devices.
     let e = load_on(&mut admin, "x", "a", &["GPU-nope"], 0)
