@@ -114,6 +114,17 @@ pub fn version_json(v: &pb::VersionInfo) -> Value {
     })
 }
 
+/// The devices holding a version, as shown in tables: `host, host-1 (copying)`.
+fn devices_text(v: &pb::VersionInfo) -> String {
+    let copying = v.devices_copying.iter().map(|d| format!("{d} (copying)"));
+    let all: Vec<String> = v.devices.iter().cloned().chain(copying).collect();
+    if all.is_empty() {
+        "-".to_owned()
+    } else {
+        all.join(", ")
+    }
+}
+
 /// A model's owner as shown in tables: `-` for none.
 fn owner_text(owner: &str) -> &str {
     if owner.is_empty() { "-" } else { owner }
@@ -277,15 +288,26 @@ pub fn models(ms: &[pb::ModelInfo], out: OutputFormat) {
             "models": ms.iter().map(model_json).collect::<Vec<_>>()
         })),
         OutputFormat::Table => {
-            let mut t = table(&[
+            // Where each version is, once the versions listed are on more than one device.
+            let devices: std::collections::BTreeSet<&String> = ms
+                .iter()
+                .flat_map(|m| &m.versions)
+                .flat_map(|v| v.devices.iter().chain(&v.devices_copying))
+                .collect();
+            let several = devices.len() > 1;
+            let mut header = vec![
                 "MODEL", "OWNER", "ACCESS", "VERSION", "STATE", "ARENA", "TENSORS", "LEASES",
-                "SOURCE",
-            ]);
+            ];
+            if several {
+                header.push("DEVICES");
+            }
+            header.push("SOURCE");
+            let mut t = table(&header);
             for m in ms {
                 let access = access_text(m.access.as_ref());
                 for v in &m.versions {
                     let mark = if v.version == m.latest_ready { "*" } else { "" };
-                    t.add_row(vec![
+                    let mut row = vec![
                         Cell::new(&m.name),
                         Cell::new(owner_text(&m.owner)),
                         Cell::new(&access),
@@ -294,8 +316,12 @@ pub fn models(ms: &[pb::ModelInfo], out: OutputFormat) {
                         right(human_bytes(v.arena_bytes)),
                         right(v.tensor_count),
                         right(v.leases),
-                        Cell::new(&v.source),
-                    ]);
+                    ];
+                    if several {
+                        row.push(Cell::new(devices_text(v)));
+                    }
+                    row.push(Cell::new(&v.source));
+                    t.add_row(row);
                 }
             }
             say!("{t}");

@@ -210,7 +210,8 @@ async fn stats_follow_load_and_unload() {
 }
 
 /// On a server of several devices, `load --replicas` and `--devices` say where the version
-/// went, and `stats` shows every device with what it holds instead of the first one only.
+/// went, `ls` lists each version's devices, and `stats` shows every device with what it holds
+/// instead of the first one only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_and_stats_name_every_device() {
     let server = Server::start_with(&["--host-devices", "2"], |root| {
@@ -230,6 +231,11 @@ async fn load_and_stats_name_every_device() {
     .await;
     assert!(stderr.contains("0=host, 1=host-1"), "{stderr}");
 
+    let listed = ok(&server.address, &["ls"]).await;
+    assert!(
+        listed.contains("DEVICES") && listed.contains("host, host-1"),
+        "{listed}"
+    );
     let table = ok(&server.address, &["stats"]).await;
     assert!(table.contains("2 (host; each below)"), "{table}");
     assert!(
