@@ -201,12 +201,15 @@ impl App {
             if load_for.resume_version.is_none() {
                 load_for.resume_version = hint;
             }
+            // A load that may adopt memory workers kept needs no free memory: those bytes are
+            // on the device already, and count as used there (as they do for `admit` below).
             let placed = place(
                 &devices,
                 &registry,
                 &load_for.placement,
                 max_device_bytes,
                 manifest.arena_bytes,
+                hint.is_none(),
             )?;
             let uuids: Vec<String> = placed.iter().map(|d| d.uuid().to_owned()).collect();
             let device = &placed[0];
@@ -276,13 +279,14 @@ impl App {
                 .await
             {
                 let mut copy = copy;
-                let (model, version) = (copy.reservation.model.clone(), copy.reservation.version);
+                let key = copy.reservation.key();
+                let (model, version) = (key.model.clone(), key.version);
                 copy.registry.set_arena(&model, version, arena.clone());
                 // The memory is on the device the worker kept it on: that one is the version's
                 // first, whatever placement chose; the other devices placed get the replicas.
                 let targets: Vec<modelshare_device::DeviceThread> = copy
                     .registry
-                    .adopted_on(&model, version, &record.device_uuid)
+                    .adopted_on(&key, &record.device_uuid)
                     .iter()
                     .filter_map(|uuid| devices_now.get(uuid).cloned())
                     .collect();
@@ -293,9 +297,9 @@ impl App {
                 let mut reply = copy.adopted(&record);
                 if reply.is_ok() && !targets.is_empty() {
                     let source = arena.clone();
-                    let (m, r, metrics) = (model.clone(), registry.clone(), metrics.clone());
+                    let (r, metrics) = (registry.clone(), metrics.clone());
                     let _ = tokio::task::spawn_blocking(move || {
-                        crate::replicate::copy_all(&r, &metrics, &m, version, &source, &targets);
+                        crate::replicate::copy_all(&r, &metrics, &key, &source, &targets);
                     })
                     .await;
                     if let Some(now) = registry.version_snapshot(&model, version) {
@@ -340,16 +344,14 @@ impl App {
             let _ = allocated_tx.send(Ok(()));
             let registry = copy.registry.clone();
             let metrics = copy.metrics.clone();
-            let (model, version) = (r.model.clone(), r.version);
+            let key = r.key();
             let _ = tokio::task::spawn_blocking(move || {
                 let mut reply = copy.run(&arena);
                 // Further replicas are copied from this one, device to device, before the
                 // load's caller hears it is done.
                 if reply.is_ok() && !replicas.is_empty() {
-                    crate::replicate::copy_all(
-                        &registry, &metrics, &model, version, &arena, &replicas,
-                    );
-                    if let Some(now) = registry.version_snapshot(&model, version) {
+                    crate::replicate::copy_all(&registry, &metrics, &key, &arena, &replicas);
+                    if let Some(now) = registry.version_snapshot(&key.model, key.version) {
                         reply = Ok(now);
                     }
                 }
@@ -585,14 +587,15 @@ impl LoadCopy {
 }
 
 /// The devices a load of `need` bytes goes to, first the one it is loaded on (see
-/// [`crate::placement`]): those named, or the least used with room. Asks each device for its
-/// free memory (blocking, on its thread).
+/// [`crate::placement`]): those named, or the least used with room. With `ask_free`, asks
+/// each device for its free memory (blocking, on its thread).
 fn place(
     devices: &Devices,
     registry: &Registry,
     wanted: &crate::placement::Wanted,
     max_device_bytes: Option<u64>,
     need: u64,
+    ask_free: bool,
 ) -> Result<Vec<modelshare_device::DeviceThread>, ServerError> {
     let held = registry.bytes_by_device();
     let candidates: Vec<crate::placement::Candidate> = devices
@@ -601,7 +604,7 @@ fn place(
             uuid: d.uuid().to_owned(),
             held_bytes: held.get(d.uuid()).copied().unwrap_or(0),
             // One device: `admit` says it better (NoRoom names the model and the memory).
-            free_bytes: if devices.len() > 1 {
+            free_bytes: if ask_free && devices.len() > 1 {
                 d.free_bytes().wait().ok().flatten()
             } else {
                 None

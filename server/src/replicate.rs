@@ -5,7 +5,9 @@
 //! hand it to the registry (workers on that device may attach from then on and wait on the
 //! event), copy, check every tensor where the bytes now live (ms64 on the device, against
 //! the manifest's), seal (the event completes). A replica whose copy fails is dropped and
-//! logged; the version stays ready on its other devices.
+//! logged, and the workers that attached to it while it was copied are ended; the version
+//! stays ready on its other devices. The version is named by [`VersionKey`] throughout: if
+//! its name is unloaded and loaded again meanwhile, the copy touches nothing of the new load.
 
 use std::time::Instant;
 
@@ -14,24 +16,23 @@ use tracing::{info, warn};
 
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-use crate::registry::Registry;
-use crate::tenants::Caller;
+use crate::registry::{Registry, VersionKey};
 
-/// Copies `source`, the ready arena of `model`@`version`, to each of `targets` at once;
+/// Copies `source`, the ready arena of the version `key`, to each of `targets` at once;
 /// returns when every copy has ended (done or dropped).
 pub fn copy_all(
     registry: &Registry,
     metrics: &Metrics,
-    model: &str,
-    version: u32,
+    key: &VersionKey,
     source: &ArenaHandle,
     targets: &[DeviceThread],
 ) {
+    let (model, version) = (key.model.as_str(), key.version);
     std::thread::scope(|scope| {
         for target in targets {
             scope.spawn(move || {
                 let started = Instant::now();
-                match copy_one(registry, model, version, source, target) {
+                match copy_one(registry, key, source, target) {
                     Ok(copy_seconds) => {
                         let bytes = source.len();
                         metrics
@@ -59,7 +60,7 @@ pub fn copy_all(
                             .with_label_values(&[target.uuid(), "error"])
                             .inc();
                         warn!(model, version, device = target.uuid(), error = %e, "replica dropped");
-                        registry.drop_replica(model, version, target.uuid());
+                        registry.drop_replica(key, target.uuid(), &e.to_string());
                     }
                 }
             });
@@ -70,33 +71,36 @@ pub fn copy_all(
 /// One replica: allocated, registered, copied, checked and sealed; the copy's seconds.
 fn copy_one(
     registry: &Registry,
-    model: &str,
-    version: u32,
+    key: &VersionKey,
     source: &ArenaHandle,
     target: &DeviceThread,
 ) -> Result<f64, ServerError> {
-    let label = format!("{model}@{version}");
+    let label = format!("{}@{}", key.model, key.version);
     let arena = target.allocate(source.len(), &label).wait()?;
-    if !registry.set_replica_arena(model, version, target.uuid(), arena.clone()) {
+    if !registry.set_replica_arena(key, target.uuid(), arena.clone()) {
         arena.abandon();
-        return Err(ServerError::LoadCancelled {
-            model: model.to_owned(),
-            version,
-        });
+        return Err(cancelled(key));
     }
-    let result = fill(registry, model, version, source, &arena, target.uuid());
+    let result = fill(registry, key, source, &arena, target.uuid());
     if result.is_err() {
-        // Workers already waiting on the replica's ready event are let go; the registry drops
-        // the replica (and the sessions' leases on it stay until released).
+        // Workers already waiting on the replica's ready event are let go; the registry then
+        // drops the replica and ends their sessions (see `Registry::drop_replica`).
         arena.abandon();
     }
     result
 }
 
+/// The version is no longer on record (unloaded, or its name loaded again since).
+fn cancelled(key: &VersionKey) -> ServerError {
+    ServerError::LoadCancelled {
+        model: key.model.clone(),
+        version: key.version,
+    }
+}
+
 fn fill(
     registry: &Registry,
-    model: &str,
-    version: u32,
+    key: &VersionKey,
     source: &ArenaHandle,
     arena: &ArenaHandle,
     device: &str,
@@ -106,11 +110,9 @@ fn fill(
     let peer = source.peer_source(to).wait()?;
     arena.copy_from(peer).wait()?;
     let copy_seconds = copying.elapsed().as_secs_f64();
-    let (_, manifest) = registry.describe(&Caller::Admin, model, version)?;
-    let manifest = manifest.ok_or_else(|| ServerError::LoadCancelled {
-        model: model.to_owned(),
-        version,
-    })?;
+    let manifest = registry
+        .replica_manifest(key)
+        .ok_or_else(|| cancelled(key))?;
     let ranges = manifest
         .tensors
         .iter()
@@ -128,6 +130,8 @@ fn fill(
         }
     }
     arena.seal().wait()?;
-    registry.replica_ready(model, version, device);
+    if !registry.replica_ready(key, device) {
+        return Err(cancelled(key));
+    }
     Ok(copy_seconds)
 }

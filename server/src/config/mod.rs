@@ -277,6 +277,14 @@ impl Config {
         .map_err(ConfigError::Invalid)?;
         let defaults = RegistryLimits::default();
         let weight_defaults = WeightLimits::default();
+        let max_device_bytes = match args.max_device_bytes.or(limits.max_device_bytes) {
+            Some(0) => {
+                return Err(ConfigError::Invalid(
+                    "max_device_bytes must be at least 1".into(),
+                ));
+            }
+            other => other,
+        };
         Ok(Self {
             listen,
             http_listen: args
@@ -300,14 +308,7 @@ impl Config {
                 (None, None, Some(one)) => one.parse().map_err(ConfigError::Invalid)?,
                 (None, None, None) => DeviceSelection::All,
             },
-            max_device_bytes: match args.max_device_bytes.or(limits.max_device_bytes) {
-                Some(0) => {
-                    return Err(ConfigError::Invalid(
-                        "max_device_bytes must be at least 1".into(),
-                    ));
-                }
-                other => other,
-            },
+            max_device_bytes,
             host_devices: match args.host_devices.or(file.host_devices) {
                 Some(n @ 1..=MAX_HOST_DEVICES) => n,
                 Some(n) => {
@@ -344,6 +345,7 @@ impl Config {
             registry: RegistryLimits {
                 max_model_bytes: args.max_model_bytes.or(limits.max_model_bytes),
                 max_total_bytes: args.max_total_bytes.or(limits.max_total_bytes),
+                max_device_bytes,
                 max_sessions: limits.max_sessions.unwrap_or(defaults.max_sessions),
                 max_leases_per_session: limits
                     .max_leases_per_session

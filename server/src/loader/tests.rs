@@ -176,6 +176,7 @@ fn job(f: &Fixture) -> Reservation {
     Reservation {
         model: "m".into(),
         version: 1,
+        generation: 1,
         progress: Arc::new(LoadProgress {
             done: AtomicU64::new(0),
             total: f.layout.payload_bytes,

@@ -129,14 +129,15 @@ impl Registry {
             replicas,
             keep_previous,
         };
-        let version =
+        let (version, generation) =
             self.lock()
-                .reserve(&req, &manifest, &progress, self.limits.max_total_bytes)?;
+                .reserve(&req, &manifest, &progress, &self.limits)?;
         let mut manifest = manifest;
         manifest.version = version;
         Ok(Reservation {
             model,
             version,
+            generation,
             progress,
             manifest,
             device: device.clone(),
@@ -470,26 +471,7 @@ impl Registry {
     /// Arena bytes, arenas and leases on each device that holds any (every model, whoever
     /// owns it). Makes no device call.
     pub fn by_device(&self) -> BTreeMap<String, DeviceUse> {
-        let st = self.lock();
-        let mut out: BTreeMap<String, DeviceUse> = BTreeMap::new();
-        for v in st.models.values().flat_map(|m| m.versions.values()) {
-            if v.state.holds_arena() {
-                let u = out.entry(v.device.clone()).or_default();
-                u.arena_bytes += v.arena_bytes;
-                u.arenas += 1;
-                for r in &v.replicas {
-                    let u = out.entry(r.device.clone()).or_default();
-                    u.arena_bytes += v.arena_bytes;
-                    u.arenas += 1;
-                }
-            }
-        }
-        for l in st.leases.values() {
-            if let Some(device) = &l.device {
-                out.entry(device.clone()).or_default().leases += 1;
-            }
-        }
-        out
+        self.lock().device_use()
     }
 
     /// Arena bytes on each device that holds any.

@@ -2,24 +2,25 @@
 //! [`Registry::reserve`]), then each given its arena, marked ready once copied, or dropped when
 //! its copy fails. A version freed meanwhile has no replicas left: the copy's arena is then
 //! refused, and the copier lets it go.
+//!
+//! A copy outlives the request that started it, so every call names its version by
+//! [`VersionKey`]: a name unloaded and loaded again while a copy ran is another record, which
+//! the old copy neither fills nor marks ready nor drops from.
+
+use std::sync::Arc;
 
 use modelshare_device::ArenaHandle;
 
-use super::Registry;
+use super::{Registry, VersionKey};
+use crate::model::Manifest;
 
 impl Registry {
-    /// Hands in the arena allocated for the replica of `model`@`version` on `device`. `false`
-    /// when that replica is no longer on record (the version ended, or the replica was
-    /// dropped): the caller drops the arena.
-    pub fn set_replica_arena(
-        &self,
-        model: &str,
-        version: u32,
-        device: &str,
-        arena: ArenaHandle,
-    ) -> bool {
+    /// Hands in the arena allocated for the replica of `key` on `device`. `false` when that
+    /// replica is no longer on record (the version ended, or the replica was dropped): the
+    /// caller drops the arena.
+    pub fn set_replica_arena(&self, key: &VersionKey, device: &str, arena: ArenaHandle) -> bool {
         let mut st = self.lock();
-        let Some(v) = st.version_mut(model, version) else {
+        let Some(v) = st.version_of(key) else {
             return false;
         };
         if !v.state.holds_arena() {
@@ -34,12 +35,20 @@ impl Registry {
         }
     }
 
+    /// The manifest a replica of `key` is checked against: the ready version's, with the
+    /// checksums its load computed. `None` when the version is gone or not ready.
+    pub fn replica_manifest(&self, key: &VersionKey) -> Option<Arc<Manifest>> {
+        let mut st = self.lock();
+        let v = st.version_of(key)?;
+        v.state.holds_arena().then(|| v.manifest.clone())
+    }
+
     /// The version's first arena was adopted on `device` (memory a worker kept): that device
     /// becomes its first, and the replicas go to the other devices placed (as many as were
     /// reserved). Returns the replicas' devices, to copy to.
-    pub fn adopted_on(&self, model: &str, version: u32, device: &str) -> Vec<String> {
+    pub fn adopted_on(&self, key: &VersionKey, device: &str) -> Vec<String> {
         let mut st = self.lock();
-        let Some(v) = st.version_mut(model, version) else {
+        let Some(v) = st.version_of(key) else {
             return Vec::new();
         };
         let first = std::mem::replace(&mut v.device, device.to_owned());
@@ -59,22 +68,42 @@ impl Registry {
         targets
     }
 
-    /// The replica on `device` is copied, checked and sealed.
-    pub fn replica_ready(&self, model: &str, version: u32, device: &str) {
+    /// The replica of `key` on `device` is copied, checked and sealed. `false` when it is no
+    /// longer on record (the version ended, or was replaced by a later load of the name).
+    pub fn replica_ready(&self, key: &VersionKey, device: &str) -> bool {
         let mut st = self.lock();
-        if let Some(r) = st
-            .version_mut(model, version)
+        let Some(r) = st
+            .version_of(key)
             .and_then(|v| v.replicas.iter_mut().find(|r| r.device == device))
-        {
-            r.ready = true;
-        }
+        else {
+            return false;
+        };
+        r.ready = true;
+        true
     }
 
-    /// Gives up the replica on `device` (its copy failed): its arena and its bytes go. Workers
-    /// holding a lease on it keep their mapping (or, legacy handles, lose it with the arena).
-    pub fn drop_replica(&self, model: &str, version: u32, device: &str) {
+    /// Gives up the replica of `key` on `device` (its copy failed, `reason`): the sessions
+    /// that attached to it while it was copied are ended (their workers would compute on what
+    /// the failed copy left; on reconnecting they are told which devices hold the version),
+    /// then its arena and its bytes go. The version stays on its other devices.
+    pub fn drop_replica(&self, key: &VersionKey, device: &str, reason: &str) {
         let mut st = self.lock();
-        let Some(v) = st.version_mut(model, version) else {
+        let VersionKey { model, version, .. } = key;
+        let holds = |v: &super::state::VersionRecord| v.replicas.iter().any(|r| r.device == device);
+        if !st.version_of(key).is_some_and(|v| holds(v)) {
+            return;
+        }
+        st.revoke_holders_on(
+            model,
+            *version,
+            Some(device),
+            &format!(
+                "the copy of version {version} of '{model}' to device {device} failed: {reason}"
+            ),
+        );
+        // Ending those sessions may have freed the version (draining, its last lease gone),
+        // replicas and all.
+        let Some(v) = st.version_of(key) else {
             return;
         };
         let Some(i) = v.replicas.iter().position(|r| r.device == device) else {

@@ -10,7 +10,8 @@ use modelshare_device::ArenaHandle;
 use super::graveyard::{Buries, Graveyard};
 use super::leases::Leases;
 use super::types::{
-    LoadFor, LoadProgress, ModelSnapshot, Revocation, Usage, VersionSnapshot, WorkerHello,
+    DeviceUse, LoadFor, LoadProgress, ModelSnapshot, Revocation, Usage, VersionKey,
+    VersionSnapshot, WorkerHello,
 };
 use crate::error::ServerError;
 use crate::model::{Manifest, VersionState};
@@ -183,6 +184,39 @@ impl Buries for State {
 impl State {
     pub(super) fn version_mut(&mut self, model: &str, version: u32) -> Option<&mut VersionRecord> {
         self.models.get_mut(model)?.versions.get_mut(&version)
+    }
+
+    /// The version `key` names, if its model record is still that generation.
+    pub(super) fn version_of(&mut self, key: &VersionKey) -> Option<&mut VersionRecord> {
+        self.models
+            .get_mut(&key.model)
+            .filter(|m| m.generation == key.generation)?
+            .versions
+            .get_mut(&key.version)
+    }
+
+    /// Arena bytes, arenas and leases on each device that holds any (every model, whoever
+    /// owns it).
+    pub(super) fn device_use(&self) -> BTreeMap<String, DeviceUse> {
+        let mut out: BTreeMap<String, DeviceUse> = BTreeMap::new();
+        for v in self.models.values().flat_map(|m| m.versions.values()) {
+            if v.state.holds_arena() {
+                let u = out.entry(v.device.clone()).or_default();
+                u.arena_bytes += v.arena_bytes;
+                u.arenas += 1;
+                for r in &v.replicas {
+                    let u = out.entry(r.device.clone()).or_default();
+                    u.arena_bytes += v.arena_bytes;
+                    u.arenas += 1;
+                }
+            }
+        }
+        for l in self.leases.values() {
+            if let Some(device) = &l.device {
+                out.entry(device.clone()).or_default().leases += 1;
+            }
+        }
+        out
     }
 
     /// The model `caller` may see, else NOT_FOUND (as if it did not exist: names do not leak).

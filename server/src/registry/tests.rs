@@ -392,6 +392,7 @@ fn replicas_are_accounted_and_attached_by_device() {
             false,
         )
         .expect("reserve");
+    let key = r.key();
     let stats = registry.stats(&admin);
     assert_eq!((stats.arena_bytes, stats.arenas), (3000, 3));
     registry.set_arena(
@@ -414,12 +415,12 @@ fn replicas_are_accounted_and_attached_by_device() {
         Err(ServerError::Allocating { .. })
     ));
     // Its arena is there but not copied (no attach while loading here): still retry shortly.
-    assert!(registry.set_replica_arena("m", 1, "b", device.allocate(0, "m@b").wait().unwrap()));
+    assert!(registry.set_replica_arena(&key, "b", device.allocate(0, "m@b").wait().unwrap()));
     assert!(matches!(
         registry.attach_on(&admin, &s.id, "m", 0, Some("b")),
         Err(ServerError::Allocating { .. })
     ));
-    registry.replica_ready("m", 1, "b");
+    assert!(registry.replica_ready(&key, "b"));
     let on_b = registry
         .attach_on(&admin, &s.id, "m", 0, Some("b"))
         .expect("attach on b");
@@ -435,14 +436,174 @@ fn replicas_are_accounted_and_attached_by_device() {
     assert_eq!(used["c"].arenas, 1);
 
     // c's copy failed: dropped alone.
-    registry.drop_replica("m", 1, "c");
+    registry.drop_replica(&key, "c", "copy failed");
     let stats = registry.stats(&admin);
     assert_eq!((stats.arena_bytes, stats.arenas), (2000, 2));
-    assert!(!registry.set_replica_arena("m", 1, "c", device.allocate(0, "late").wait().unwrap()));
+    assert!(!registry.set_replica_arena(&key, "c", device.allocate(0, "late").wait().unwrap()));
 
     registry.end_session(&s.id);
     registry.unload(&admin, "m", None, true).expect("unload");
     let stats = registry.stats(&admin);
     assert_eq!((stats.arena_bytes, stats.arenas), (0, 0));
     assert!(registry.by_device().is_empty());
+}
+
+/// Reserves `model` (1000 bytes) on `devices`, gives its first arena and ends its load.
+fn loaded_on(
+    registry: &Registry,
+    device: &DeviceThread,
+    model: &str,
+    devices: &[&str],
+) -> Reservation {
+    let mut manifest = empty_manifest(model);
+    manifest.arena_bytes = 1000;
+    let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
+    let r = registry
+        .reserve(
+            &Caller::Admin,
+            &LoadFor::default(),
+            &|_| Quota::default(),
+            manifest,
+            "m",
+            0,
+            &devices,
+            false,
+        )
+        .expect("reserve");
+    let arena = device.allocate(0, model).wait().expect("arena");
+    registry.set_arena(model, r.version, arena);
+    registry.finish_load(model, r.version, Ok(r.manifest.clone()));
+    r
+}
+
+/// A replica whose copy fails takes the sessions that attached to it while it was copied
+/// (they waited on its ready event, which the failure opens: they would compute on what the
+/// copy left) and only those; the version stays on its first device. Fails if drop_replica
+/// leaves such a session open, or ends another.
+#[test]
+fn a_failed_replica_ends_the_sessions_attached_to_it() {
+    let probe = Arc::new(Probe {
+        attach_while_loading: true,
+        ..Probe::default()
+    });
+    let device = probe_device(&probe);
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    let key = loaded_on(&registry, &device, "m", &["a", "b"]).key();
+    assert!(registry.set_replica_arena(&key, "b", device.allocate(0, "m@b").wait().unwrap()));
+    let on_a = registry
+        .open_session(&admin, WorkerHello::default())
+        .unwrap();
+    let on_b = registry
+        .open_session(&admin, WorkerHello::default())
+        .unwrap();
+    registry
+        .attach_on(&admin, &on_a.id, "m", 0, Some("a"))
+        .expect("on a");
+    let copying = registry
+        .attach_on(&admin, &on_b.id, "m", 0, Some("b"))
+        .expect("on b while copied");
+    assert!(copying.loading, "attached before the copy is done");
+
+    registry.drop_replica(&key, "b", "peer copy failed");
+    assert!(
+        on_b.revocation.reason().contains("peer copy failed"),
+        "{}",
+        on_b.revocation.reason()
+    );
+    assert!(
+        on_b.revocation.reason().contains("device b"),
+        "{}",
+        on_b.revocation.reason()
+    );
+    assert_eq!(on_a.revocation.reason(), "session revoked", "not revoked");
+    let stats = registry.stats(&admin);
+    assert_eq!(
+        (stats.arena_bytes, stats.arenas, stats.sessions),
+        (1000, 1, 1)
+    );
+    assert_eq!(registry.by_device()["a"].leases, 1);
+    // Reconnecting, b's worker is told where the version is.
+    let again = registry
+        .open_session(&admin, WorkerHello::default())
+        .unwrap();
+    let e = registry
+        .attach_on(&admin, &again.id, "m", 0, Some("b"))
+        .unwrap_err();
+    assert!(e.to_string().contains("it is on a"), "{e}");
+}
+
+/// A copy that outlives its version (the name unloaded and loaded again meanwhile, with
+/// version numbers starting over) touches nothing of the new load: no arena handed in, not
+/// marked ready, not dropped, no manifest to check against. Fails if the replica calls go by
+/// name and number alone.
+#[test]
+fn a_replica_copy_never_touches_a_later_load_of_the_name() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits::default());
+    let admin = Caller::Admin;
+    let old = loaded_on(&registry, &device, "m", &["a", "b"]).key();
+    registry.unload(&admin, "m", None, false).expect("unload");
+    let new = loaded_on(&registry, &device, "m", &["a", "b"]).key();
+    assert_eq!(
+        (old.model.as_str(), old.version),
+        (new.model.as_str(), new.version)
+    );
+    assert_ne!(old, new);
+
+    assert!(registry.replica_manifest(&old).is_none());
+    assert!(!registry.set_replica_arena(&old, "b", device.allocate(0, "old").wait().unwrap()));
+    assert!(!registry.replica_ready(&old, "b"));
+    registry.drop_replica(&old, "b", "old copy failed");
+    let stats = registry.stats(&admin);
+    assert_eq!(
+        (stats.arena_bytes, stats.arenas),
+        (2000, 2),
+        "the new replica is still reserved"
+    );
+
+    // The new load's own copy goes through.
+    assert!(registry.replica_manifest(&new).is_some());
+    assert!(registry.set_replica_arena(&new, "b", device.allocate(0, "new").wait().unwrap()));
+    assert!(registry.replica_ready(&new, "b"));
+}
+
+/// `max_device_bytes` holds per device under the registry's lock: loads placed from the same
+/// snapshot (each saw the device empty) cannot both land on it. Fails if only placement checks
+/// the cap.
+#[test]
+fn the_device_cap_is_held_when_loads_are_reserved() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits {
+        max_device_bytes: Some(1500),
+        ..RegistryLimits::default()
+    });
+    loaded_on(&registry, &device, "m1", &["a"]);
+    let mut manifest = empty_manifest("m2");
+    manifest.arena_bytes = 1000;
+    let reserve = |devices: &[&str]| {
+        let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
+        registry.reserve(
+            &Caller::Admin,
+            &LoadFor::default(),
+            &|_| Quota::default(),
+            manifest.clone(),
+            "m",
+            0,
+            &devices,
+            false,
+        )
+    };
+    let e = reserve(&["a"]).unwrap_err();
+    assert!(matches!(e, ServerError::NoDeviceRoom(_)), "{e:?}");
+    assert!(e.to_string().contains("max_device_bytes 1500"), "{e}");
+    // A replica over the cap refuses the whole load.
+    let e = reserve(&["b", "a"]).unwrap_err();
+    assert!(matches!(e, ServerError::NoDeviceRoom(_)), "{e:?}");
+    assert_eq!(
+        registry.stats(&Caller::Admin).arena_bytes,
+        1000,
+        "nothing reserved"
+    );
+    reserve(&["b"]).expect("room on b");
 }

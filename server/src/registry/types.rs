@@ -17,6 +17,9 @@ pub struct RegistryLimits {
     pub max_model_bytes: Option<u64>,
     /// Most arena bytes held at once, over all versions.
     pub max_total_bytes: Option<u64>,
+    /// Most arena bytes held at once on one device (placement picks devices under it; the
+    /// reservation checks it again under the lock, for loads placed at the same time).
+    pub max_device_bytes: Option<u64>,
     /// Most open sessions.
     pub max_sessions: usize,
     /// Most leases one session may hold.
@@ -30,6 +33,7 @@ impl Default for RegistryLimits {
         Self {
             max_model_bytes: None,
             max_total_bytes: None,
+            max_device_bytes: None,
             max_sessions: 4096,
             max_leases_per_session: 1024,
             tickets: super::TicketLimits::default(),
@@ -75,12 +79,38 @@ pub struct Reservation {
     pub model: String,
     /// Version number assigned.
     pub version: u32,
+    /// The model record's generation (see [`VersionKey`]).
+    pub generation: u64,
     /// Shared progress.
     pub progress: Arc<LoadProgress>,
     /// The manifest as planned, with its version (checksums still zero).
     pub manifest: Manifest,
     /// The device the arena goes on (UUID).
     pub device: String,
+}
+
+impl Reservation {
+    /// The version reserved, told apart from a later load's of the same name and number.
+    pub fn key(&self) -> VersionKey {
+        VersionKey {
+            model: self.model.clone(),
+            generation: self.generation,
+            version: self.version,
+        }
+    }
+}
+
+/// One version of one model record. A name unloaded and loaded again starts its versions over
+/// under a new generation, so the name and number alone may name a later load's version: work
+/// that outlives a request (a replica's copy) names its version by key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionKey {
+    /// Model name.
+    pub model: String,
+    /// The model record's generation.
+    pub generation: u64,
+    /// Version number.
+    pub version: u32,
 }
 
 /// A version, as reported to clients.

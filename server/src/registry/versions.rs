@@ -49,15 +49,16 @@ pub(super) fn now_unix_ms() -> i64 {
 }
 
 impl State {
-    /// Admits a load of `bytes` against ownership, `max_total_bytes` and the owner's quotas;
-    /// records a `Loading` version; returns its number.
+    /// Admits a load of `bytes` against ownership, `max_total_bytes`, each placed device's
+    /// `max_device_bytes` and the owner's quotas; records a `Loading` version; returns its
+    /// number and its model record's generation.
     pub(super) fn reserve(
         &mut self,
         req: &LoadRequest<'_>,
         manifest: &Manifest,
         progress: &Arc<LoadProgress>,
-        max_total_bytes: Option<u64>,
-    ) -> Result<u32, ServerError> {
+        limits: &super::RegistryLimits,
+    ) -> Result<(u32, u64), ServerError> {
         // The first arena and every replica, admitted together.
         let copies = 1 + req.replicas.len() as u64;
         let bytes = manifest.arena_bytes.saturating_mul(copies);
@@ -66,7 +67,22 @@ impl State {
             return Err(ServerError::ShuttingDown);
         }
         let (owner, new_model) = self.resolve_owner(req.caller, req.load_for, model)?;
-        if let Some(limit) = max_total_bytes {
+        if let Some(limit) = limits.max_device_bytes {
+            // Placement chose under the cap from a snapshot; loads placed at the same time
+            // saw the same one, so the cap is held here, under the lock.
+            let on = self.device_use();
+            for device in std::iter::once(req.device).chain(req.replicas.iter().map(String::as_str))
+            {
+                let held = on.get(device).map_or(0, |u| u.arena_bytes);
+                let need = manifest.arena_bytes;
+                if held.saturating_add(need) > limit {
+                    return Err(ServerError::NoDeviceRoom(format!(
+                        "{device}: {held} bytes held + {need} > max_device_bytes {limit}"
+                    )));
+                }
+            }
+        }
+        if let Some(limit) = limits.max_total_bytes {
             // Memory revoked workers may still map is on the device as much as the server's.
             let requested = self
                 .arena_bytes
@@ -146,7 +162,7 @@ impl State {
                     .collect(),
             },
         );
-        Ok(version)
+        Ok((version, rec.generation))
     }
 
     /// Records the end of a load: `Ok` carries the final manifest, `Err` why it failed.
@@ -284,15 +300,28 @@ impl State {
     /// Ends every session holding a lease on `model`@`version`, releasing all their leases.
     /// Returns how many sessions were ended.
     pub(super) fn revoke_holders(&mut self, model: &str, version: u32, reason: &str) -> usize {
+        self.revoke_holders_on(model, version, None, reason)
+    }
+
+    /// [`revoke_holders`](Self::revoke_holders) of the arena on `device` only (`None`: every
+    /// arena of the version).
+    pub(super) fn revoke_holders_on(
+        &mut self,
+        model: &str,
+        version: u32,
+        device: Option<&str>,
+        reason: &str,
+    ) -> usize {
         let mut holders: Vec<String> = self
             .leases
             .values()
             .filter(|l| l.model == model && l.version == version)
+            .filter(|l| device.is_none() || l.device.as_deref() == device)
             .map(|l| l.session.clone())
             .collect();
         holders.sort();
         holders.dedup();
-        self.note_orphan(model, version, &holders);
+        self.note_orphan(model, version, device, &holders);
         for s in &holders {
             if let Some(rec) = self.sessions.remove(s) {
                 for lease in &rec.leases {
@@ -304,10 +333,11 @@ impl State {
         holders.len()
     }
 
-    /// The memory of `model`@`version` is about to be let go of while the sessions `holders`,
-    /// being revoked, may still map it: counted as held by workers while their processes live
-    /// (kinds whose mappings outlive the server's handle only).
-    fn note_orphan(&mut self, model: &str, version: u32, holders: &[String]) {
+    /// The memory of `model`@`version` (its arena on `device`; `None`: all of them) is about
+    /// to be let go of while the sessions `holders`, being revoked, may still map it: counted
+    /// as held by workers while their processes live (kinds whose mappings outlive the
+    /// server's handle only).
+    fn note_orphan(&mut self, model: &str, version: u32, device: Option<&str>, holders: &[String]) {
         let Some(v) = self
             .models
             .get(model)
@@ -340,6 +370,7 @@ impl State {
                     .filter(|r| r.arena.is_some())
                     .map(|r| r.device.clone()),
             )
+            .filter(|d| device.is_none_or(|only| only == d))
             .collect();
         for device in devices {
             self.orphan_ids += 1;
