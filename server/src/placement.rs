@@ -68,6 +68,18 @@ pub fn place(
     if let [all] = wanted.devices.as_slice()
         && all.eq_ignore_ascii_case("all")
     {
+        if wanted.replicas != 0 && wanted.replicas as usize != devices.len() {
+            return Err(ServerError::InvalidArgument {
+                field: "replicas".into(),
+                reason: format!(
+                    "{} replicas asked for with devices 'all', and this server has {} ({}): \
+                     give one of the two",
+                    wanted.replicas,
+                    devices.len(),
+                    names()
+                ),
+            });
+        }
         let every = Wanted {
             devices: devices.iter().map(|d| d.uuid.clone()).collect(),
             replicas: 0,
@@ -216,6 +228,11 @@ mod tests {
         );
         let e = place(&want(&["all"], 0), &three(), 1_500).unwrap_err();
         assert!(matches!(e, ServerError::NoDeviceRoom(_)), "{e}");
+        // With as many replicas as devices, the same; with another count, which one was meant?
+        assert_eq!(place(&want(&["all"], 3), &three(), 10).unwrap().len(), 3);
+        let e = place(&want(&["all"], 2), &three(), 10).unwrap_err();
+        assert!(matches!(e, ServerError::InvalidArgument { .. }), "{e}");
+        assert!(e.to_string().contains("0=GPU-a, 1=GPU-b, 2=GPU-c"), "{e}");
     }
 
     /// Bad requests are refused with the server's devices named, never half-placed.

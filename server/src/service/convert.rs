@@ -70,6 +70,8 @@ pub fn device(d: &DeviceInfo) -> pb::DeviceInfo {
 
 /// The protobuf version info.
 pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
+    // A freed or failed version holds no arena anywhere.
+    let held = v.state.holds_arena();
     pb::VersionInfo {
         version: v.version,
         state: state(v.state).into(),
@@ -84,11 +86,12 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
         bytes_total: v.bytes_total,
         devices: std::iter::once(v.device.clone())
             .chain(v.replicas.iter().filter(|r| r.1).map(|r| r.0.clone()))
+            .filter(|_| held)
             .collect(),
         devices_copying: v
             .replicas
             .iter()
-            .filter(|r| !r.1)
+            .filter(|r| held && !r.1)
             .map(|r| r.0.clone())
             .collect(),
     }

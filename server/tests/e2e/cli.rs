@@ -254,6 +254,25 @@ async fn load_and_stats_name_every_device() {
         assert!(d["arena_bytes"].as_u64() > Some(0), "{v}");
         assert_eq!(d["used_bytes"], d["arena_bytes"], "{v}");
     }
+    // `all` with another count of replicas: which was meant?
+    let stderr = fails(
+        &server.address,
+        &[
+            "load",
+            "other",
+            "tiny",
+            "--devices",
+            "all",
+            "--replicas",
+            "1",
+        ],
+    )
+    .await;
+    assert!(stderr.contains("devices 'all'"), "{stderr}");
+    // Freed, the version is on no device any more.
+    let u = json(&server.address, &["unload", "tiny"]).await;
+    assert_eq!(u["versions"][0]["state"], "freed", "{u}");
+    assert_eq!(u["versions"][0]["devices"], serde_json::json!([]), "{u}");
 }
 
 /// `unload --version` would unload the wrong version.
