@@ -235,7 +235,8 @@ mod tests {
 /// A version asked for on a device that holds no arena of it ([`ServerError::NotOnDevice`]).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "model '{model}' version {version} has no replica on device {wanted}; it is on {}",
+    "model '{model}' version {version} has no replica on device {wanted}{}; it is on {}",
+    if *served { "" } else { " (a device this server does not serve)" },
     holders.join(", ")
 )]
 pub struct NotOnDevice {
@@ -247,4 +248,7 @@ pub struct NotOnDevice {
     pub wanted: String,
     /// The devices that hold it.
     pub holders: Vec<String>,
+    /// Whether `wanted` is one of the server's devices (else the worker runs on a GPU this
+    /// server was not started for: `--devices`).
+    pub served: bool,
 }

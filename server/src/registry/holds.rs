@@ -195,6 +195,7 @@ impl Registry {
                 version,
                 wanted: device.unwrap_or_default().to_owned(),
                 holders,
+                served: true,
             }))
         })?;
         let on = on.to_owned();

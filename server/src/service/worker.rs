@@ -251,6 +251,17 @@ impl WorkerApi {
             .then_some(req.device_uuid.as_str());
         let att = registry
             .attach_on(caller, &req.session_id, &req.model, req.version, device)
+            .map_err(|e| match e {
+                ServerError::NotOnDevice(mut not) => {
+                    not.served = self
+                        .app
+                        .devices
+                        .threads()
+                        .any(|d| d.uuid().eq_ignore_ascii_case(&not.wanted));
+                    ServerError::NotOnDevice(not)
+                }
+                e => e,
+            })
             .map_err(|e| {
                 self.app
                     .refuse(self.restoring_or(caller, &req.model, req.version, e))

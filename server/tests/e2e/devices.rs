@@ -124,7 +124,8 @@ async fn a_full_device_is_skipped_or_refused() {
 }
 
 /// A worker attaches to the arena on its own device; on another device it gets
-/// FAILED_PRECONDITION naming where the version is. The welcome lists every device.
+/// FAILED_PRECONDITION naming where the version is (and saying so when the server does not
+/// serve the worker's device at all). The welcome lists every device.
 #[tokio::test]
 async fn workers_attach_on_their_device() {
     let server = Server::start_with(&["--host-devices", "2"], two_models).await;
@@ -150,6 +151,13 @@ async fn workers_attach_on_their_device() {
     assert!(e.contains("not in a state required"), "{e}");
     assert!(
         e.contains("no replica on device host; it is on host-1"),
+        "{e}"
+    );
+    // A GPU the server was not started for is named as such.
+    let unserved = open("GPU-not-here").await.expect("session");
+    let e = unserved.attach("a").await.unwrap_err().to_string();
+    assert!(
+        e.contains("GPU-not-here (a device this server does not serve); it is on host-1"),
         "{e}"
     );
 
