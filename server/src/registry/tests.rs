@@ -377,21 +377,7 @@ fn replicas_are_accounted_and_attached_by_device() {
     let device = probe_device(&Arc::new(Probe::default()));
     let registry = Registry::new(RegistryLimits::default());
     let admin = Caller::Admin;
-    let mut manifest = empty_manifest("m");
-    manifest.arena_bytes = 1000;
-    let devices = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
-    let r = registry
-        .reserve(
-            &admin,
-            &LoadFor::default(),
-            &|_| Quota::default(),
-            manifest,
-            "m",
-            0,
-            &devices,
-            false,
-        )
-        .expect("reserve");
+    let r = reserve_on(&registry, "m", &["a", "b", "c"]).expect("reserve");
     let key = r.key();
     let stats = registry.stats(&admin);
     assert_eq!((stats.arena_bytes, stats.arenas), (3000, 3));
@@ -448,6 +434,27 @@ fn replicas_are_accounted_and_attached_by_device() {
     assert!(registry.by_device().is_empty());
 }
 
+/// Reserves a load of `model` (1000 bytes) on `devices`, the first named first.
+fn reserve_on(
+    registry: &Registry,
+    model: &str,
+    devices: &[&str],
+) -> Result<Reservation, ServerError> {
+    let mut manifest = empty_manifest(model);
+    manifest.arena_bytes = 1000;
+    let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
+    registry.reserve(
+        &Caller::Admin,
+        &LoadFor::default(),
+        &|_| Quota::default(),
+        manifest,
+        "m",
+        0,
+        &devices,
+        false,
+    )
+}
+
 /// Reserves `model` (1000 bytes) on `devices`, gives its first arena and ends its load.
 fn loaded_on(
     registry: &Registry,
@@ -455,21 +462,7 @@ fn loaded_on(
     model: &str,
     devices: &[&str],
 ) -> Reservation {
-    let mut manifest = empty_manifest(model);
-    manifest.arena_bytes = 1000;
-    let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
-    let r = registry
-        .reserve(
-            &Caller::Admin,
-            &LoadFor::default(),
-            &|_| Quota::default(),
-            manifest,
-            "m",
-            0,
-            &devices,
-            false,
-        )
-        .expect("reserve");
+    let r = reserve_on(registry, model, devices).expect("reserve");
     let arena = device.allocate(0, model).wait().expect("arena");
     registry.set_arena(model, r.version, arena);
     registry.finish_load(model, r.version, Ok(r.manifest.clone()));
@@ -579,21 +572,7 @@ fn the_device_cap_is_held_when_loads_are_reserved() {
         ..RegistryLimits::default()
     });
     loaded_on(&registry, &device, "m1", &["a"]);
-    let mut manifest = empty_manifest("m2");
-    manifest.arena_bytes = 1000;
-    let reserve = |devices: &[&str]| {
-        let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
-        registry.reserve(
-            &Caller::Admin,
-            &LoadFor::default(),
-            &|_| Quota::default(),
-            manifest.clone(),
-            "m",
-            0,
-            &devices,
-            false,
-        )
-    };
+    let reserve = |devices: &[&str]| reserve_on(&registry, "m2", devices);
     let e = reserve(&["a"]).unwrap_err();
     assert!(matches!(e, ServerError::NoDeviceRoom(_)), "{e:?}");
     assert!(e.to_string().contains("max_device_bytes 1500"), "{e}");
