@@ -60,6 +60,20 @@ pub enum ServerError {
         /// Version number.
         version: u32,
     },
+    /// A copy of the version is being made on the worker's device for it
+    /// (`replicate_on_attach`); retry shortly.
+    #[error(
+        "version {version} of model '{model}' is being copied to device {device} for this \
+         worker; retry shortly"
+    )]
+    Replicating {
+        /// Model name.
+        model: String,
+        /// Version number.
+        version: u32,
+        /// The worker's device.
+        device: String,
+    },
     /// A load that cannot fit in the memory the device (or host) has free now.
     #[error(
         "model '{model}' needs {needed} bytes ({:.2} GiB) of {memory}; {available} bytes \

@@ -9,14 +9,93 @@
 //! stays ready on its other devices. The version is named by [`VersionKey`] throughout: if
 //! its name is unloaded and loaded again meanwhile, the copy touches nothing of the new load.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use modelshare_device::{ArenaHandle, DeviceThread};
 use tracing::{info, warn};
 
+use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-use crate::registry::{Registry, VersionKey};
+use crate::registry::{Registry, ReplicaOnAttach, VersionKey};
+use crate::tenants::{Caller, Quota};
+
+/// What [`for_worker`] needs of the server.
+pub struct Replicator<'a> {
+    /// The registry, shared with the copy.
+    pub registry: &'a Arc<Registry>,
+    /// The metrics, shared with the copy.
+    pub metrics: &'a Arc<Metrics>,
+    /// The server's devices.
+    pub devices: &'a Devices,
+    /// A tenant's quota.
+    pub quota_of: &'a (dyn Fn(&str) -> Quota + Sync),
+}
+
+impl std::fmt::Debug for Replicator<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicator").finish_non_exhaustive()
+    }
+}
+
+/// `replicate_on_attach`: a worker of `caller` on `device` attached to `model`@`version`,
+/// which has no arena there. Starts a copy there when the version is ready and it fits (the
+/// device's `max_device_bytes` and free memory, `max_total_bytes`, the owner's quota), in the
+/// background. `Ok(true)`: a copy is being made (or the version is still loading, or a copy
+/// was already under way), so the worker should retry; `Ok(false)`: none will be (`device` is
+/// none of the server's, or the version is ending).
+pub async fn for_worker(
+    server: &Replicator<'_>,
+    caller: &Caller,
+    model: &str,
+    version: u32,
+    device: &str,
+) -> Result<bool, ServerError> {
+    let Some(target) = server
+        .devices
+        .threads()
+        .find(|d| d.uuid().eq_ignore_ascii_case(device))
+        .cloned()
+    else {
+        return Ok(false);
+    };
+    let (key, source) =
+        match server
+            .registry
+            .add_replica(caller, model, version, target.uuid(), server.quota_of)?
+        {
+            ReplicaOnAttach::Copy { key, source } => (key, source),
+            ReplicaOnAttach::Pending => return Ok(true),
+            ReplicaOnAttach::Refused => return Ok(false),
+        };
+    // Reserved; refused now when the device has not the memory free (unknown: the allocation
+    // says what went wrong).
+    if let Ok(Some(free)) = target.free_bytes().await
+        && free < source.len()
+    {
+        let why = ServerError::NoDeviceRoom(format!(
+            "{}: {} bytes > {free} free",
+            target.uuid(),
+            source.len()
+        ));
+        server
+            .registry
+            .drop_replica(&key, target.uuid(), &why.to_string());
+        return Err(why);
+    }
+    info!(
+        model,
+        version = key.version,
+        device = target.uuid(),
+        "copying a replica for a worker on this device"
+    );
+    let (registry, metrics) = (server.registry.clone(), server.metrics.clone());
+    tokio::task::spawn_blocking(move || {
+        copy_all(&registry, &metrics, &key, &source, &[target]);
+    });
+    Ok(true)
+}
 
 /// Copies `source`, the ready arena of the version `key`, to each of `targets` at once;
 /// returns when every copy has ended (done or dropped).

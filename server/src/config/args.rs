@@ -102,6 +102,13 @@ pub struct ServeArgs {
     /// device anyway (ms64): about 1.9 GB/s per load thread of CPU. Always on for host memory.
     #[arg(long, env = "MODELSHARE_LOAD_CPU_HASH")]
     pub load_cpu_hash: bool,
+    /// On a server of several devices, a worker that attaches from a device holding no copy of
+    /// the version starts one there: copied device to device from the version's first arena
+    /// (counted against `max_device_bytes`, `max_total_bytes` and the model owner's quota), the
+    /// worker told to retry (UNAVAILABLE) meanwhile. Without it, the worker is told which
+    /// devices hold the version (FAILED_PRECONDITION).
+    #[arg(long, env = "MODELSHARE_REPLICATE_ON_ATTACH")]
+    pub replicate_on_attach: bool,
     /// Largest arena one model version may have, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_MODEL_BYTES")]
     pub max_model_bytes: Option<u64>,

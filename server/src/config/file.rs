@@ -60,6 +60,7 @@ pub(super) struct FileConfig {
     pub(super) host_devices: Option<usize>,
     pub(super) load_threads: Option<usize>,
     pub(super) load_cpu_hash: Option<bool>,
+    pub(super) replicate_on_attach: Option<bool>,
     pub(super) log_format: Option<LogFormat>,
     pub(super) shutdown_grace_secs: Option<u64>,
     pub(super) heartbeat_interval_ms: Option<u32>,

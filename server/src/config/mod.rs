@@ -87,6 +87,8 @@ pub struct Config {
     pub load_threads: usize,
     /// Hash every loaded byte on the CPU (XXH3) even where the device checksums (ms64).
     pub load_cpu_hash: bool,
+    /// A worker attaching from a device without a copy of the version starts one there.
+    pub replicate_on_attach: bool,
     /// Start-up models.
     pub models: Vec<StartupModel>,
     /// Log format.
@@ -319,6 +321,8 @@ impl Config {
                 None => 1,
             },
             load_cpu_hash: args.load_cpu_hash || file.load_cpu_hash.unwrap_or(false),
+            replicate_on_attach: args.replicate_on_attach
+                || file.replicate_on_attach.unwrap_or(false),
             load_threads: match args.load_threads.or(file.load_threads) {
                 Some(0) => {
                     return Err(ConfigError::Invalid(

@@ -20,6 +20,7 @@ mod graveyard;
 mod holds;
 mod leases;
 mod replicas;
+pub use self::replicas::ReplicaOnAttach;
 mod state;
 #[cfg(test)]
 mod tests;

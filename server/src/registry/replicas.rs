@@ -12,7 +12,28 @@ use std::sync::Arc;
 use modelshare_device::ArenaHandle;
 
 use super::{Registry, VersionKey};
-use crate::model::Manifest;
+use crate::error::ServerError;
+use crate::model::{Manifest, VersionState};
+use crate::tenants::{Caller, Quota, Resource};
+
+/// What a worker's attach from a device without the version gets (`replicate_on_attach`):
+/// see [`Registry::add_replica`].
+#[derive(Debug)]
+pub enum ReplicaOnAttach {
+    /// A replica is reserved there: copy `source`, the version's first arena, to it, as for
+    /// any replica (`replicate::copy_all`), and tell the worker to retry.
+    Copy {
+        /// The version.
+        key: VersionKey,
+        /// Its first arena.
+        source: ArenaHandle,
+    },
+    /// The device holds the version already, a copy there is under way, or the version is
+    /// still loading (a copy follows once it is ready): the worker retries.
+    Pending,
+    /// The version is ending (draining, freed, failed): no copy is made.
+    Refused,
+}
 
 impl Registry {
     /// Hands in the arena allocated for the replica of `key` on `device`. `false` when that
@@ -33,6 +54,75 @@ impl Registry {
             }
             None => false,
         }
+    }
+
+    /// Reserves a further replica of `model`@`version` (0: the latest ready) on `device` for a
+    /// worker of `caller` that attached from there, holding none (`replicate_on_attach`): a
+    /// ready version `caller` may see, within the device's `max_device_bytes`,
+    /// `max_total_bytes` and the model owner's `device_bytes` quota (a replica is the owner's
+    /// memory, whoever's worker asked for it).
+    pub fn add_replica(
+        &self,
+        caller: &Caller,
+        model: &str,
+        version: u32,
+        device: &str,
+        quota_of: &dyn Fn(&str) -> Quota,
+    ) -> Result<ReplicaOnAttach, ServerError> {
+        let mut st = self.lock();
+        let rec = st.visible_model(caller, model)?;
+        let (generation, owner) = (rec.generation, rec.owner.clone());
+        let version = match version {
+            0 => match rec.latest_ready() {
+                Some(v) => v,
+                None => return Ok(ReplicaOnAttach::Pending),
+            },
+            v => v,
+        };
+        let key = VersionKey {
+            model: model.to_owned(),
+            generation,
+            version,
+        };
+        let v = st
+            .version_of(&key)
+            .ok_or_else(|| ServerError::VersionNotFound {
+                model: model.to_owned(),
+                version,
+            })?;
+        let there = v.device.eq_ignore_ascii_case(device)
+            || v.replicas
+                .iter()
+                .any(|r| r.device.eq_ignore_ascii_case(device));
+        match v.state {
+            _ if there => return Ok(ReplicaOnAttach::Pending),
+            VersionState::Loading => return Ok(ReplicaOnAttach::Pending),
+            VersionState::Ready => {}
+            VersionState::Draining | VersionState::Freed | VersionState::Failed => {
+                return Ok(ReplicaOnAttach::Refused);
+            }
+        }
+        let (bytes, source) = (v.arena_bytes, v.arena.clone());
+        let Some(source) = source else {
+            return Ok(ReplicaOnAttach::Pending);
+        };
+        st.device_room(std::iter::once(device), bytes, self.limits.max_device_bytes)?;
+        st.total_room(bytes, self.limits.max_total_bytes)?;
+        if let Some(owner) = &owner {
+            let used = st.usage(owner).device_bytes;
+            quota_of(owner).check(owner, Resource::DeviceBytes, used, bytes)?;
+        }
+        let Some(v) = st.version_of(&key) else {
+            return Err(ServerError::Internal("version record vanished".into()));
+        };
+        v.replicas.push(super::state::ReplicaRecord {
+            device: device.to_owned(),
+            arena: None,
+            ready: false,
+        });
+        st.arena_bytes = st.arena_bytes.saturating_add(bytes);
+        st.arenas = st.arenas.saturating_add(1);
+        Ok(ReplicaOnAttach::Copy { key, source })
     }
 
     /// The manifest a replica of `key` is checked against: the ready version's, with the

@@ -586,3 +586,53 @@ fn the_device_cap_is_held_when_loads_are_reserved() {
     );
     reserve(&["b"]).expect("room on b");
 }
+
+/// `replicate_on_attach` reserves one further replica per device, of a ready version only,
+/// counted like any replica and held to the limits; a device that has it (or a copy under
+/// way) is told to retry, an ending version gets none. Fails if a second worker's attach
+/// reserves a second copy, or the limits are skipped.
+#[test]
+fn a_replica_for_a_worker_is_reserved_once_within_the_limits() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits {
+        max_total_bytes: Some(2500),
+        ..RegistryLimits::default()
+    });
+    let admin = Caller::Admin;
+    let no_quota = |_: &str| Quota::default();
+    let key = loaded_on(&registry, &device, "m", &["a"]).key();
+    let add = |on: &str| registry.add_replica(&admin, "m", 0, on, &no_quota);
+    match add("b").expect("reserved") {
+        ReplicaOnAttach::Copy { key: k, source } => {
+            assert_eq!(k, key);
+            assert_eq!(source.len(), 0, "the version's first arena");
+        }
+        other => panic!("{other:?}"),
+    }
+    let stats = registry.stats(&admin);
+    assert_eq!((stats.arena_bytes, stats.arenas), (2000, 2));
+    assert!(
+        matches!(add("B"), Ok(ReplicaOnAttach::Pending)),
+        "a copy under way"
+    );
+    assert!(
+        matches!(add("a"), Ok(ReplicaOnAttach::Pending)),
+        "the first device"
+    );
+    let e = add("c").unwrap_err();
+    assert!(matches!(e, ServerError::LimitExceeded { .. }), "{e:?}");
+    assert_eq!(registry.stats(&admin).arenas, 2, "nothing reserved");
+
+    // Draining (a worker still holds it): no copy for it.
+    let s = registry
+        .open_session(&admin, WorkerHello::default())
+        .unwrap();
+    registry
+        .attach_on(&admin, &s.id, "m", 1, Some("a"))
+        .unwrap();
+    registry.unload(&admin, "m", None, false).expect("unload");
+    assert!(matches!(
+        registry.add_replica(&admin, "m", 1, "c", &no_quota),
+        Ok(ReplicaOnAttach::Refused)
+    ));
+}

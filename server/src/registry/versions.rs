@@ -67,35 +67,11 @@ impl State {
             return Err(ServerError::ShuttingDown);
         }
         let (owner, new_model) = self.resolve_owner(req.caller, req.load_for, model)?;
-        if let Some(limit) = limits.max_device_bytes {
-            // Placement chose under the cap from a snapshot; loads placed at the same time
-            // saw the same one, so the cap is held here, under the lock.
-            let on = self.device_use();
-            for device in std::iter::once(req.device).chain(req.replicas.iter().map(String::as_str))
-            {
-                let held = on.get(device).map_or(0, |u| u.arena_bytes);
-                let need = manifest.arena_bytes;
-                if held.saturating_add(need) > limit {
-                    return Err(ServerError::NoDeviceRoom(format!(
-                        "{device}: {held} bytes held + {need} > max_device_bytes {limit}"
-                    )));
-                }
-            }
-        }
-        if let Some(limit) = limits.max_total_bytes {
-            // Memory revoked workers may still map is on the device as much as the server's.
-            let requested = self
-                .arena_bytes
-                .saturating_add(self.orphan_bytes())
-                .saturating_add(bytes);
-            if requested > limit {
-                return Err(ServerError::LimitExceeded {
-                    what: "arena bytes held by the server and by revoked workers".into(),
-                    limit,
-                    requested,
-                });
-            }
-        }
+        // Placement chose under the cap from a snapshot; loads placed at the same time saw the
+        // same one, so the cap is held here, under the lock.
+        let devices = std::iter::once(req.device).chain(req.replicas.iter().map(String::as_str));
+        self.device_room(devices, manifest.arena_bytes, limits.max_device_bytes)?;
+        self.total_room(bytes, limits.max_total_bytes)?;
         if let Some(tenant) = &owner {
             let quota = (req.quota_of)(tenant);
             let used = self.usage(tenant);
@@ -163,6 +139,52 @@ impl State {
             },
         );
         Ok((version, rec.generation))
+    }
+
+    /// Refuses an arena of `need` bytes more on any of `devices` past `max_device_bytes`.
+    pub(super) fn device_room<'d>(
+        &self,
+        devices: impl Iterator<Item = &'d str>,
+        need: u64,
+        max_device_bytes: Option<u64>,
+    ) -> Result<(), ServerError> {
+        let Some(limit) = max_device_bytes else {
+            return Ok(());
+        };
+        let on = self.device_use();
+        for device in devices {
+            let held = on.get(device).map_or(0, |u| u.arena_bytes);
+            if held.saturating_add(need) > limit {
+                return Err(ServerError::NoDeviceRoom(format!(
+                    "{device}: {held} bytes held + {need} > max_device_bytes {limit}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses `bytes` more of arenas past `max_total_bytes`.
+    pub(super) fn total_room(
+        &self,
+        bytes: u64,
+        max_total_bytes: Option<u64>,
+    ) -> Result<(), ServerError> {
+        let Some(limit) = max_total_bytes else {
+            return Ok(());
+        };
+        // Memory revoked workers may still map is on the device as much as the server's.
+        let requested = self
+            .arena_bytes
+            .saturating_add(self.orphan_bytes())
+            .saturating_add(bytes);
+        if requested > limit {
+            return Err(ServerError::LimitExceeded {
+                what: "arena bytes held by the server and by revoked workers".into(),
+                limit,
+                requested,
+            });
+        }
+        Ok(())
     }
 
     /// Records the end of a load: `Ok` carries the final manifest, `Err` why it failed.

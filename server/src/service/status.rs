@@ -49,6 +49,7 @@ impl From<ServerError> for Status {
             ServerError::ShuttingDown
             | ServerError::Starting
             | ServerError::Allocating { .. }
+            | ServerError::Replicating { .. }
             | ServerError::Restoring(_) => Code::Unavailable,
             ServerError::Unauthenticated(_) => Code::Unauthenticated,
             ServerError::PermissionDenied(_) => Code::PermissionDenied,

@@ -19,7 +19,7 @@ use tracing::debug;
 use super::convert;
 use crate::app::App;
 use crate::audit;
-use crate::error::ServerError;
+use crate::error::{NotOnDevice, ServerError};
 use crate::registry::WorkerHello;
 use crate::tenants::Caller;
 use crate::tenants::auth::{caller_of, peer_uid};
@@ -61,6 +61,31 @@ impl WorkerApi {
             return ServerError::Restoring(model.to_owned());
         }
         e
+    }
+
+    /// `replicate_on_attach`: the refusal of a worker whose device holds no copy of the
+    /// version (`not`). A copy started there (or under way, or to follow the load) is
+    /// `Replicating` (UNAVAILABLE: retry); no copy (the version is ending) leaves `not`; a copy
+    /// that does not fit says why (RESOURCE_EXHAUSTED).
+    async fn replicate_for(&self, caller: &Caller, not: NotOnDevice) -> ServerError {
+        let quota_of = |t: &str| self.app.tenants.quota_of(t).unwrap_or_default();
+        let server = crate::replicate::Replicator {
+            registry: &self.app.registry,
+            metrics: &self.app.metrics,
+            devices: &self.app.devices,
+            quota_of: &quota_of,
+        };
+        match crate::replicate::for_worker(&server, caller, &not.model, not.version, &not.wanted)
+            .await
+        {
+            Ok(true) => ServerError::Replicating {
+                model: not.model,
+                version: not.version,
+                device: not.wanted,
+            },
+            Ok(false) => ServerError::NotOnDevice(Box::new(not)),
+            Err(e) => e,
+        }
     }
 
     /// The service over `app`.
@@ -261,11 +286,19 @@ impl WorkerApi {
                     ServerError::NotOnDevice(not)
                 }
                 e => e,
-            })
-            .map_err(|e| {
-                self.app
-                    .refuse(self.restoring_or(caller, &req.model, req.version, e))
-            })?;
+            });
+        let att = match att {
+            Err(ServerError::NotOnDevice(not))
+                if not.served && self.app.config.replicate_on_attach =>
+            {
+                Err(self.replicate_for(caller, *not).await)
+            }
+            other => other,
+        }
+        .map_err(|e| {
+            self.app
+                .refuse(self.restoring_or(caller, &req.model, req.version, e))
+        })?;
         // Exported on the device thread; the lease is given back if that fails.
         let mut export = match att.arena.export().await {
             Ok(export) => export,

@@ -403,3 +403,71 @@ async fn an_adopted_start_up_model_gets_its_replicas_back() {
     assert_eq!(list.models[0].versions[0].devices, ["host", "host-1"]);
     drop(keeper);
 }
+
+/// `--replicate-on-attach`: a worker on a device without the version gets a copy there (the
+/// SDK retries while it is made) and reads the same bytes; the next worker there attaches to
+/// that copy; the copy is held to the device's cap; a GPU the server does not serve is still
+/// told where the version is.
+#[tokio::test]
+async fn a_worker_on_a_device_without_the_version_gets_a_copy_there() {
+    // One model is 256 KiB: room for one per device.
+    let server = Server::start_with(
+        &[
+            "--host-devices",
+            "3",
+            "--replicate-on-attach",
+            "--max-device-bytes",
+            "300000",
+        ],
+        two_models,
+    )
+    .await;
+    let mut admin = server.admin().await;
+    load_on(&mut admin, "a", "a", &["host-1"], 0).await.unwrap();
+    load_on(&mut admin, "b", "b", &["host-2"], 0).await.unwrap();
+    let open = |uuid: &str| {
+        Session::open_with(
+            &server.address,
+            SessionOptions {
+                worker_name: format!("on-{uuid}"),
+                device_uuid: Some(uuid.to_owned()),
+                ..SessionOptions::default()
+            },
+        )
+    };
+
+    let first = open("host").await.expect("session");
+    let model = first.attach("a").await.expect("a copy made for it");
+    assert!(
+        model.verify().is_empty(),
+        "the copy's bytes: {:?}",
+        model.verify()
+    );
+    let listed = admin
+        .list_models(pb::ListModelsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let a = listed.models.iter().find(|m| m.name == "a").expect("a");
+    assert_eq!(a.versions[0].devices, ["host-1", "host"]);
+    // The next worker there takes the same copy.
+    let second = open("host").await.expect("session");
+    let again = second.attach("a").await.expect("attach the copy");
+    assert!(again.verify().is_empty());
+    let s = stats(&mut admin).await;
+    let on_host = &s.devices[0];
+    assert_eq!((on_host.arenas, on_host.leases), (1, 2), "{s:?}");
+    assert_eq!(s.arenas, 3, "a twice, b once");
+
+    // host-2 holds b: a copy of a would pass its cap.
+    let full = open("host-2").await.expect("session");
+    let e = full.attach("a").await.unwrap_err().to_string();
+    assert!(e.contains("max_device_bytes 300000"), "{e}");
+    // Not one of the server's devices: where the version is, as without the option.
+    let unserved = open("GPU-not-here").await.expect("session");
+    let e = unserved.attach("a").await.unwrap_err().to_string();
+    assert!(e.contains("does not serve); it is on host-1, host"), "{e}");
+    assert_eq!(stats(&mut admin).await.arenas, 3, "nothing left reserved");
+    drop((model, again));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
