@@ -36,7 +36,7 @@ use tokio::sync::broadcast;
 
 use self::graveyard::Guard;
 pub use self::leases::{TicketError, TicketLimits};
-use self::state::{State, snapshot_model, snapshot_version};
+use self::state::{State, VersionRecord, snapshot_model, snapshot_version};
 pub use self::types::*;
 use self::versions::LoadRequest;
 use crate::error::ServerError;
@@ -446,14 +446,16 @@ impl Registry {
             ),
             Caller::Tenant { name, .. } => {
                 let used = st.usage(name);
-                let arenas = visible
+                // Each version's first arena and its replicas', as its bytes count them.
+                let arenas: u32 = visible
                     .iter()
                     .flat_map(|r| r.versions.values())
                     .filter(|v| v.state.holds_arena())
-                    .count();
+                    .map(VersionRecord::arena_count)
+                    .sum();
                 (
                     visible.iter().map(|r| r.held_bytes()).sum(),
-                    count(arenas),
+                    arenas,
                     used.sessions,
                     used.leases,
                 )

@@ -636,3 +636,37 @@ fn a_replica_for_a_worker_is_reserved_once_within_the_limits() {
         Ok(ReplicaOnAttach::Refused)
     ));
 }
+
+/// A tenant's stats count its model's arenas as its bytes count them: the first and each
+/// replica. Fails if replicas count in the bytes but not in the arenas.
+#[test]
+fn a_tenants_stats_count_replicas_as_arenas() {
+    let registry = Registry::new(RegistryLimits::default());
+    let tenant = Caller::Tenant {
+        name: Arc::from("t"),
+        quota: Quota::default(),
+    };
+    let mut manifest = empty_manifest("m");
+    manifest.arena_bytes = 1000;
+    let devices = ["a", "b", "c"].map(String::from);
+    let load_for = LoadFor {
+        default_owner: Some("t".into()),
+        ..LoadFor::default()
+    };
+    registry
+        .reserve(
+            &tenant,
+            &load_for,
+            &|_| Quota::default(),
+            manifest,
+            "m",
+            0,
+            &devices,
+            false,
+        )
+        .expect("reserve");
+    let own = registry.stats(&tenant);
+    assert_eq!((own.arena_bytes, own.arenas), (3000, 3));
+    let all = registry.stats(&Caller::Admin);
+    assert_eq!((all.arena_bytes, all.arenas), (3000, 3));
+}
