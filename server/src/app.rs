@@ -623,29 +623,15 @@ fn place(
         .collect()
 }
 
-/// Refuses a load of `needed` bytes that the device (or host) has no room for now, saying how
-/// much is free. Unknown free memory admits it (the allocation then says what went wrong).
+/// Refuses a load of `needed` bytes that the device (or host) has no room for now (see
+/// [`crate::devices::admit`]); asks the device (blocking, on its thread).
 fn admit(
     device: &modelshare_device::DeviceThread,
     model: &str,
     needed: u64,
 ) -> Result<(), ServerError> {
-    let Ok(Some(available)) = device.free_bytes().wait() else {
-        return Ok(());
-    };
-    if needed <= available {
-        return Ok(());
-    }
-    let memory = match device.info().backend {
-        BackendKind::Host => "host memory (MemAvailable)".to_owned(),
-        _ => format!("device memory on {}", device.uuid()),
-    };
-    Err(ServerError::NoRoom {
-        model: model.to_owned(),
-        memory,
-        needed,
-        available,
-    })
+    let free = device.free_bytes().wait().ok().flatten();
+    crate::devices::admit(device, model, needed, free)
 }
 
 /// Where the held-memory records go: beside the handle socket (`<socket>.held/`).

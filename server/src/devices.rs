@@ -14,6 +14,7 @@ use modelshare_device::{DeviceInfo, DeviceThread, HostBackend};
 use tracing::info;
 
 use crate::config::{BackendChoice, CudaHandles, DeviceSelection};
+use crate::error::ServerError;
 
 /// How long a stats or metrics call waits for a device's memory figure before reporting the
 /// last one it read.
@@ -155,17 +156,19 @@ impl Devices {
 
     /// The device an ordinal (its place in the server's list) or UUID names.
     pub fn find(&self, name: &str) -> Option<&DeviceThread> {
-        if let Some(d) = self.get(name) {
-            return Some(d);
-        }
-        let by_case = self
-            .order
-            .iter()
-            .find(|u| u.eq_ignore_ascii_case(name))
-            .map(|u| &self.by_uuid[u].thread);
-        by_case.or_else(|| {
+        self.with_uuid(name).or_else(|| {
             let i: usize = name.parse().ok()?;
             self.order.get(i).map(|u| &self.by_uuid[u].thread)
+        })
+    }
+
+    /// The device whose UUID is `uuid`, in any case (a worker's device, say).
+    pub fn with_uuid(&self, uuid: &str) -> Option<&DeviceThread> {
+        self.get(uuid).or_else(|| {
+            self.order
+                .iter()
+                .find(|u| u.eq_ignore_ascii_case(uuid))
+                .map(|u| &self.by_uuid[u].thread)
         })
     }
 
@@ -201,4 +204,31 @@ impl Devices {
             }
         }
     }
+}
+
+/// Refuses an arena of `needed` bytes for `model` that `device` has no room for, given the
+/// memory it has free (`None`: unknown, which admits it; the allocation then says what went
+/// wrong), saying how much is free.
+pub fn admit(
+    device: &DeviceThread,
+    model: &str,
+    needed: u64,
+    available: Option<u64>,
+) -> Result<(), ServerError> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    if needed <= available {
+        return Ok(());
+    }
+    let memory = match device.info().backend {
+        modelshare_device::BackendKind::Host => "host memory (MemAvailable)".to_owned(),
+        _ => format!("device memory on {}", device.uuid()),
+    };
+    Err(ServerError::NoRoom {
+        model: model.to_owned(),
+        memory,
+        needed,
+        available,
+    })
 }

@@ -15,7 +15,6 @@ use std::time::Instant;
 use modelshare_device::{ArenaHandle, DeviceThread};
 use tracing::{info, warn};
 
-use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, ReplicaOnAttach, VersionKey};
@@ -27,8 +26,6 @@ pub struct Replicator<'a> {
     pub registry: &'a Arc<Registry>,
     /// The metrics, shared with the copy.
     pub metrics: &'a Arc<Metrics>,
-    /// The server's devices.
-    pub devices: &'a Devices,
     /// A tenant's quota.
     pub quota_of: &'a (dyn Fn(&str) -> Quota + Sync),
 }
@@ -39,27 +36,19 @@ impl std::fmt::Debug for Replicator<'_> {
     }
 }
 
-/// `replicate_on_attach`: a worker of `caller` on `device` attached to `model`@`version`,
-/// which has no arena there. Starts a copy there when the version is ready and it fits (the
-/// device's `max_device_bytes` and free memory, `max_total_bytes`, the owner's quota), in the
-/// background. `Ok(true)`: a copy is being made (or the version is still loading, or a copy
-/// was already under way), so the worker should retry; `Ok(false)`: none will be (`device` is
-/// none of the server's, or the version is ending).
+/// `replicate_on_attach`: a worker of `caller` on `target`, one of the server's devices,
+/// attached to `model`@`version`, which has no arena there. Starts a copy there when the
+/// version is ready and it fits (the device's `max_device_bytes` and free memory,
+/// `max_total_bytes`, the owner's quota), in the background. `Ok(true)`: a copy is being made
+/// (or the version is still loading, or a copy was already under way), so the worker should
+/// retry; `Ok(false)`: none will be (the version is ending).
 pub async fn for_worker(
     server: &Replicator<'_>,
     caller: &Caller,
     model: &str,
     version: u32,
-    device: &str,
+    target: &DeviceThread,
 ) -> Result<bool, ServerError> {
-    let Some(target) = server
-        .devices
-        .threads()
-        .find(|d| d.uuid().eq_ignore_ascii_case(device))
-        .cloned()
-    else {
-        return Ok(false);
-    };
     let (key, source) =
         match server
             .registry
@@ -69,16 +58,9 @@ pub async fn for_worker(
             ReplicaOnAttach::Pending => return Ok(true),
             ReplicaOnAttach::Refused => return Ok(false),
         };
-    // Reserved; refused now when the device has not the memory free (unknown: the allocation
-    // says what went wrong).
-    if let Ok(Some(free)) = target.free_bytes().await
-        && free < source.len()
-    {
-        let why = ServerError::NoDeviceRoom(format!(
-            "{}: {} bytes > {free} free",
-            target.uuid(),
-            source.len()
-        ));
+    // Reserved; refused now when the device has not the memory free.
+    let free = target.free_bytes().await.ok().flatten();
+    if let Err(why) = crate::devices::admit(target, model, source.len(), free) {
         server
             .registry
             .drop_replica(&key, target.uuid(), &why.to_string());
@@ -90,7 +72,11 @@ pub async fn for_worker(
         device = target.uuid(),
         "copying a replica for a worker on this device"
     );
-    let (registry, metrics) = (server.registry.clone(), server.metrics.clone());
+    let (registry, metrics, target) = (
+        server.registry.clone(),
+        server.metrics.clone(),
+        target.clone(),
+    );
     tokio::task::spawn_blocking(move || {
         copy_all(&registry, &metrics, &key, &source, &[target]);
     });

@@ -20,7 +20,6 @@ mod graveyard;
 mod holds;
 mod leases;
 mod replicas;
-pub use self::replicas::ReplicaOnAttach;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -36,6 +35,7 @@ use tokio::sync::broadcast;
 
 use self::graveyard::Guard;
 pub use self::leases::{TicketError, TicketLimits};
+pub use self::replicas::ReplicaOnAttach;
 use self::state::{State, VersionRecord, snapshot_model, snapshot_version};
 pub use self::types::*;
 use self::versions::LoadRequest;

@@ -90,10 +90,7 @@ impl Registry {
                 model: model.to_owned(),
                 version,
             })?;
-        let there = v.device.eq_ignore_ascii_case(device)
-            || v.replicas
-                .iter()
-                .any(|r| r.device.eq_ignore_ascii_case(device));
+        let there = v.arena_on(Some(device)).is_ok();
         match v.state {
             _ if there => return Ok(ReplicaOnAttach::Pending),
             VersionState::Loading => return Ok(ReplicaOnAttach::Pending),

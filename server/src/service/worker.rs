@@ -8,7 +8,7 @@
 
 use std::pin::Pin;
 
-use modelshare_device::PeerWatch;
+use modelshare_device::{DeviceThread, PeerWatch};
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::worker_service_server::WorkerService;
 use tokio_stream::Stream;
@@ -67,17 +67,19 @@ impl WorkerApi {
     /// version (`not`). A copy started there (or under way, or to follow the load) is
     /// `Replicating` (UNAVAILABLE: retry); no copy (the version is ending) leaves `not`; a copy
     /// that does not fit says why (RESOURCE_EXHAUSTED).
-    async fn replicate_for(&self, caller: &Caller, not: NotOnDevice) -> ServerError {
+    async fn replicate_for(
+        &self,
+        caller: &Caller,
+        target: &DeviceThread,
+        not: NotOnDevice,
+    ) -> ServerError {
         let quota_of = |t: &str| self.app.tenants.quota_of(t).unwrap_or_default();
         let server = crate::replicate::Replicator {
             registry: &self.app.registry,
             metrics: &self.app.metrics,
-            devices: &self.app.devices,
             quota_of: &quota_of,
         };
-        match crate::replicate::for_worker(&server, caller, &not.model, not.version, &not.wanted)
-            .await
-        {
+        match crate::replicate::for_worker(&server, caller, &not.model, not.version, target).await {
             Ok(true) => ServerError::Replicating {
                 model: not.model,
                 version: not.version,
@@ -274,31 +276,25 @@ impl WorkerApi {
         // the one there is.
         let device = (self.app.devices.len() > 1 && !req.device_uuid.is_empty())
             .then_some(req.device_uuid.as_str());
-        let att = registry
-            .attach_on(caller, &req.session_id, &req.model, req.version, device)
-            .map_err(|e| match e {
-                ServerError::NotOnDevice(mut not) => {
-                    not.served = self
-                        .app
-                        .devices
-                        .threads()
-                        .any(|d| d.uuid().eq_ignore_ascii_case(&not.wanted));
-                    ServerError::NotOnDevice(not)
+        // The worker's device among the server's (`None`: one this server does not serve).
+        let served = device.and_then(|d| self.app.devices.with_uuid(d));
+        let att =
+            match registry.attach_on(caller, &req.session_id, &req.model, req.version, device) {
+                Err(ServerError::NotOnDevice(mut not)) => {
+                    not.served = served.is_some();
+                    match served {
+                        Some(target) if self.app.config.replicate_on_attach => {
+                            Err(self.replicate_for(caller, target, *not).await)
+                        }
+                        _ => Err(ServerError::NotOnDevice(not)),
+                    }
                 }
-                e => e,
-            });
-        let att = match att {
-            Err(ServerError::NotOnDevice(not))
-                if not.served && self.app.config.replicate_on_attach =>
-            {
-                Err(self.replicate_for(caller, *not).await)
+                other => other,
             }
-            other => other,
-        }
-        .map_err(|e| {
-            self.app
-                .refuse(self.restoring_or(caller, &req.model, req.version, e))
-        })?;
+            .map_err(|e| {
+                self.app
+                    .refuse(self.restoring_or(caller, &req.model, req.version, e))
+            })?;
         // Exported on the device thread; the lease is given back if that fails.
         let mut export = match att.arena.export().await {
             Ok(export) => export,

@@ -18,6 +18,19 @@ fn two_models(root: &std::path::Path) {
     }
 }
 
+/// A worker session that says it computes on the device `uuid`.
+async fn open_on(address: &str, uuid: &str) -> Result<Session, modelshare_worker::WorkerError> {
+    Session::open_with(
+        address,
+        SessionOptions {
+            worker_name: format!("on-{uuid}"),
+            device_uuid: Some(uuid.to_owned()),
+            ..SessionOptions::default()
+        },
+    )
+    .await
+}
+
 async fn load_on(
     admin: &mut modelshare_proto::v1::admin_service_client::AdminServiceClient<
         tonic::transport::Channel,
@@ -132,21 +145,11 @@ async fn workers_attach_on_their_device() {
     let mut admin = server.admin().await;
     load_on(&mut admin, "a", "a", &["host-1"], 0).await.unwrap();
 
-    let open = |uuid: &str| {
-        Session::open_with(
-            &server.address,
-            SessionOptions {
-                worker_name: format!("on-{uuid}"),
-                device_uuid: Some(uuid.to_owned()),
-                ..SessionOptions::default()
-            },
-        )
-    };
-    let here = open("host-1").await.expect("session");
+    let here = open_on(&server.address, "host-1").await.expect("session");
     let model = here.attach("a").await.expect("attach on host-1");
     assert_eq!(model.manifest().tensors.len(), 1);
 
-    let elsewhere = open("host").await.expect("session");
+    let elsewhere = open_on(&server.address, "host").await.expect("session");
     let e = elsewhere.attach("a").await.unwrap_err().to_string();
     assert!(e.contains("not in a state required"), "{e}");
     assert!(
@@ -154,7 +157,9 @@ async fn workers_attach_on_their_device() {
         "{e}"
     );
     // A GPU the server was not started for is named as such.
-    let unserved = open("GPU-not-here").await.expect("session");
+    let unserved = open_on(&server.address, "GPU-not-here")
+        .await
+        .expect("session");
     let e = unserved.attach("a").await.unwrap_err().to_string();
     assert!(
         e.contains("GPU-not-here (a device this server does not serve); it is on host-1"),
@@ -425,18 +430,8 @@ async fn a_worker_on_a_device_without_the_version_gets_a_copy_there() {
     let mut admin = server.admin().await;
     load_on(&mut admin, "a", "a", &["host-1"], 0).await.unwrap();
     load_on(&mut admin, "b", "b", &["host-2"], 0).await.unwrap();
-    let open = |uuid: &str| {
-        Session::open_with(
-            &server.address,
-            SessionOptions {
-                worker_name: format!("on-{uuid}"),
-                device_uuid: Some(uuid.to_owned()),
-                ..SessionOptions::default()
-            },
-        )
-    };
 
-    let first = open("host").await.expect("session");
+    let first = open_on(&server.address, "host").await.expect("session");
     let model = first.attach("a").await.expect("a copy made for it");
     assert!(
         model.verify().is_empty(),
@@ -451,7 +446,7 @@ async fn a_worker_on_a_device_without_the_version_gets_a_copy_there() {
     let a = listed.models.iter().find(|m| m.name == "a").expect("a");
     assert_eq!(a.versions[0].devices, ["host-1", "host"]);
     // The next worker there takes the same copy.
-    let second = open("host").await.expect("session");
+    let second = open_on(&server.address, "host").await.expect("session");
     let again = second.attach("a").await.expect("attach the copy");
     assert!(again.verify().is_empty());
     let s = stats(&mut admin).await;
@@ -460,11 +455,13 @@ async fn a_worker_on_a_device_without_the_version_gets_a_copy_there() {
     assert_eq!(s.arenas, 3, "a twice, b once");
 
     // host-2 holds b: a copy of a would pass its cap.
-    let full = open("host-2").await.expect("session");
+    let full = open_on(&server.address, "host-2").await.expect("session");
     let e = full.attach("a").await.unwrap_err().to_string();
     assert!(e.contains("max_device_bytes 300000"), "{e}");
     // Not one of the server's devices: where the version is, as without the option.
-    let unserved = open("GPU-not-here").await.expect("session");
+    let unserved = open_on(&server.address, "GPU-not-here")
+        .await
+        .expect("session");
     let e = unserved.attach("a").await.unwrap_err().to_string();
     assert!(e.contains("does not serve); it is on host-1, host"), "{e}");
     assert_eq!(stats(&mut admin).await.arenas, 3, "nothing left reserved");
