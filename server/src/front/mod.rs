@@ -20,6 +20,23 @@ use crate::serving::engine::ModelServing;
 use crate::serving::{InferError, InferRequest, InferResponse};
 use crate::tenants::Caller;
 
+/// Whether `caller` may send requests to `model`: a model it may not see is answered as if it
+/// did not exist. The doors ask this before they parse a request's tensors, so that no work
+/// proportional to the request is done for a model that is not the caller's.
+pub fn check_visible(app: &App, caller: &Caller, model: &str) -> Result<(), InferError> {
+    if app.registry.visible(caller, model) {
+        Ok(())
+    } else {
+        Err(InferError::ModelNotFound(model.to_owned()))
+    }
+}
+
+/// The most items one request may have: what a model's whole queue holds (a larger request
+/// could never be admitted).
+pub fn max_items(app: &App) -> usize {
+    app.config.serving.max_queue_items
+}
+
 /// Computes `items` on `model` for `caller`, answering by `deadline`. A model the caller may
 /// not see is answered as if it did not exist. Dropping the future cancels the request.
 pub async fn infer(
@@ -29,9 +46,7 @@ pub async fn infer(
     items: Vec<pb::Item>,
     deadline: Instant,
 ) -> Result<InferResponse, InferError> {
-    if !app.registry.visible(caller, model) {
-        return Err(InferError::ModelNotFound(model.to_owned()));
-    }
+    check_visible(app, caller, model)?;
     // The tenant's own quota; without one the scheduler applies the server's
     // `max_tenant_requests`, and the admin has none.
     let max_outstanding = match caller {

@@ -331,9 +331,14 @@ pub fn parameter(p: &oip::InferParameter) -> Option<pb::Parameter> {
 /// The request's tensors as items: split along the first dimension of every input (all must
 /// have it, and agree on it). A request of one BYTES input of shape [N] or [N, 1] becomes N
 /// text items (each must be UTF-8). `parameters` go on every item.
+///
+/// The batch dimension is the client's number: a request of more than `max_items` rows is
+/// refused ([`InferError::TooLarge`]) before anything is built per row (a shape such as
+/// `[4294967296, 0]` holds no data at all).
 pub fn to_items(
     inputs: Vec<Tensor>,
     parameters: &HashMap<String, pb::Parameter>,
+    max_items: usize,
 ) -> Result<Vec<pb::Item>, InferError> {
     let Some(first) = inputs.first() else {
         return Err(invalid("the request has no inputs".into()));
@@ -362,6 +367,12 @@ pub fn to_items(
                 first.name, t.name
             )));
         }
+    }
+    if n > max_items {
+        return Err(InferError::TooLarge {
+            items: n,
+            limit: max_items,
+        });
     }
     let item = |input: pb::item::Input| pb::Item {
         input: Some(input),
@@ -718,7 +729,7 @@ mod tests {
                 .collect::<Vec<u8>>()
                 .into(),
         );
-        let items = to_items(vec![x, ids], &HashMap::new()).expect("split");
+        let items = to_items(vec![x, ids], &HashMap::new(), 1 << 20).expect("split");
         assert_eq!(items.len(), 2);
         let Some(pb::item::Input::Tensors(second)) = &items[1].input else {
             panic!("tensors")
@@ -735,7 +746,7 @@ mod tests {
             &[2],
             encode_bytes([&b"hi"[..], "é".as_bytes()]),
         );
-        let items = to_items(vec![texts], &HashMap::new()).expect("texts");
+        let items = to_items(vec![texts], &HashMap::new(), 1 << 20).expect("texts");
         let got: Vec<&str> = items
             .iter()
             .map(|i| match &i.input {
@@ -751,7 +762,7 @@ mod tests {
             &[2, 2],
             encode_bytes([&b"a"[..], b"bb", b"", b"c"]),
         );
-        let items = to_items(vec![pairs], &HashMap::new()).expect("pairs");
+        let items = to_items(vec![pairs], &HashMap::new(), 1 << 20).expect("pairs");
         let Some(pb::item::Input::Tensors(row)) = &items[1].input else {
             panic!("tensors")
         };
@@ -761,13 +772,13 @@ mod tests {
     #[test]
     fn bad_splits_say_why() {
         let scalar = t("s", pb::DType::DtypeF32, &[], f32s(&[1.0]));
-        assert!(to_items(vec![scalar], &HashMap::new()).is_err());
+        assert!(to_items(vec![scalar], &HashMap::new(), 1 << 20).is_err());
         let a = t("a", pb::DType::DtypeF32, &[2], f32s(&[1.0, 2.0]));
         let b = t("b", pb::DType::DtypeF32, &[1], f32s(&[1.0]));
-        let e = to_items(vec![a.clone(), b], &HashMap::new()).expect_err("rows");
+        let e = to_items(vec![a.clone(), b], &HashMap::new(), 1 << 20).expect_err("rows");
         assert!(e.to_string().contains("disagree"), "{e}");
         assert!(
-            to_items(vec![a.clone(), a], &HashMap::new()).is_err(),
+            to_items(vec![a.clone(), a], &HashMap::new(), 1 << 20).is_err(),
             "twice"
         );
         let bad_utf8 = t(
@@ -776,7 +787,28 @@ mod tests {
             &[1],
             encode_bytes([&[0xff_u8][..]]),
         );
-        assert!(to_items(vec![bad_utf8], &HashMap::new()).is_err());
+        assert!(to_items(vec![bad_utf8], &HashMap::new(), 1 << 20).is_err());
+    }
+
+    /// A batch dimension of 2^32 rows with no data at all (zero elements) once aborted the
+    /// server building one item per row; it is refused before anything is built per row.
+    #[test]
+    fn a_batch_past_the_limit_is_refused_before_any_row_is_built() {
+        for shape in [vec![4_294_967_296, 0], vec![16_777_215, 0], vec![5, 0]] {
+            let t = Tensor {
+                name: "x".into(),
+                dtype: pb::DType::DtypeF32,
+                shape: shape.clone(),
+                data: Bytes::new(),
+            };
+            check_data(&t).expect("zero elements, zero bytes");
+            let e = to_items(vec![t], &HashMap::new(), 4).expect_err("too many rows");
+            assert!(
+                matches!(e, InferError::TooLarge { limit: 4, .. }),
+                "{shape:?}: {e:?}"
+            );
+            assert_eq!(e.http_status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+        }
         let e = bytes_elements("t", &[5, 0, 0, 0, b'a'], 1).expect_err("short");
         assert!(e.to_string().contains("past the end"), "{e}");
     }

@@ -17,6 +17,9 @@ use crate::serving::error::{http_status, retry_after};
 use crate::tenants::Caller;
 use crate::tenants::auth::{InflightGuard, admit_http};
 
+/// The header by which the server tells OpenAI's clients whether to retry.
+pub const SHOULD_RETRY: &str = "x-should-retry";
+
 /// Why a REST request got no answer: its status, message and retry hint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DoorError {
@@ -38,13 +41,19 @@ impl DoorError {
         }
     }
 
-    /// Sets the `Retry-After` header of `response` when there is a hint.
+    /// Sets the `Retry-After` header of `response` when there is a hint, and
+    /// `x-should-retry: false` on a client error that a retry cannot pass (the openai client
+    /// reads it; it would otherwise retry a 408, 409 or 429).
     pub fn decorate(&self, mut response: Response) -> Response {
         if let Some(after) = self.retry_after {
             let secs = after.as_secs().max(1).to_string();
             if let Ok(v) = HeaderValue::from_str(&secs) {
                 response.headers_mut().insert(header::RETRY_AFTER, v);
             }
+        } else if self.status.is_client_error() {
+            response
+                .headers_mut()
+                .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         response
     }

@@ -289,11 +289,12 @@ pub async fn infer(
     let arrived = Instant::now();
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v2/models/infer", &headers)?;
-        let body = body?;
         let deadline = door::deadline(&state, &headers, arrived)?;
         version(path.version.as_deref())?;
+        front::check_visible(&state.app, &caller, &path.name)?;
+        let body = body?;
         let (req, tensors, parameters) = parse(&headers, &body)?;
-        let items = oip::to_items(tensors, &parameters)?;
+        let items = oip::to_items(tensors, &parameters, front::max_items(&state.app))?;
         let answer = front::infer(&state.app, &caller, &path.name, items, deadline).await?;
         let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
         let stacked = oip::stack(&path.name, &answer.outputs, &requested)?;

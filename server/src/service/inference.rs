@@ -123,13 +123,14 @@ impl GrpcInferenceService for InferenceApi {
         let deadline = deadline::grpc(request.metadata(), arrived, longest)?;
         let mut req = request.into_inner();
         version(&req.model_version)?;
+        front::check_visible(&self.app, &caller, &req.model_name)?;
         let inputs = tensors::grpc_inputs(&mut req)?;
         let parameters: HashMap<_, _> = req
             .parameters
             .iter()
             .filter_map(|(k, v)| Some((k.clone(), tensors::parameter(v)?)))
             .collect();
-        let items = tensors::to_items(inputs, &parameters)?;
+        let items = tensors::to_items(inputs, &parameters, front::max_items(&self.app))?;
         let answer = front::infer(&self.app, &caller, &req.model_name, items, deadline).await?;
         let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
         let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested)?;

@@ -20,6 +20,16 @@ pub enum InferError {
     /// The request is malformed (shape, dtype, encoding, sizes).
     #[error("{0}")]
     InvalidInput(String),
+    /// The request has more items than the model's whole queue holds: it can never pass.
+    #[error(
+        "the request has {items} items but a model queues at most {limit} (max_queue_items); split it"
+    )]
+    TooLarge {
+        /// The request's items.
+        items: usize,
+        /// The most a model's queue holds.
+        limit: usize,
+    },
     /// Refused at admission: the model's queue or the tenant's quota is full.
     #[error("{0}")]
     Refused(Admission),
@@ -71,8 +81,10 @@ impl InferError {
     pub fn code(&self) -> Code {
         match self {
             Self::ModelNotFound(_) => Code::NotFound,
-            Self::InvalidInput(_) => Code::InvalidArgument,
-            Self::Refused(Admission::NoItems { .. }) => Code::InvalidArgument,
+            Self::InvalidInput(_) | Self::TooLarge { .. } => Code::InvalidArgument,
+            Self::Refused(Admission::NoItems { .. } | Admission::TooLarge { .. }) => {
+                Code::InvalidArgument
+            }
             Self::Refused(_) => Code::ResourceExhausted,
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Self::NoWorker { .. } | Self::WorkersLost { .. } | Self::ShuttingDown => {
@@ -83,9 +95,14 @@ impl InferError {
         }
     }
 
-    /// The HTTP status.
+    /// The HTTP status: 413 for a request that can never fit, else the code's.
     pub fn http_status(&self) -> StatusCode {
-        http_status(self.code())
+        match self {
+            Self::TooLarge { .. } | Self::Refused(Admission::TooLarge { .. }) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            _ => http_status(self.code()),
+        }
     }
 
     /// How long the caller should wait before retrying, for refusals that a retry may pass.

@@ -80,6 +80,18 @@ pub enum Admission {
         /// Its limit, in requests.
         limit: usize,
     },
+    /// The request alone has more items than the model's queue holds: it can never pass.
+    #[error(
+        "the request has {items} items but model '{model}' queues at most {limit} (max_queue_items); split it"
+    )]
+    TooLarge {
+        /// The model.
+        model: String,
+        /// The request's items.
+        items: usize,
+        /// The queue's limit, in items.
+        limit: usize,
+    },
     /// The request has no items.
     #[error("request for model '{model}' has no items")]
     NoItems {
@@ -174,6 +186,14 @@ impl<O> Scheduler<O> {
         }
         let queued = self.queues.get(&model).map_or(0, ModelQueue::len);
         let limit = self.limits.max_queue_items;
+        if item_bytes.len() > limit {
+            let items = item_bytes.len();
+            return Err(Admission::TooLarge {
+                model,
+                items,
+                limit,
+            });
+        }
         if queued.saturating_add(item_bytes.len()) > limit {
             return Err(Admission::QueueFull { model, limit });
         }

@@ -280,6 +280,33 @@ fn queue_full_refuses_and_changes_nothing() {
     ));
 }
 
+/// A request larger than the whole queue was refused as "queue full" (429 + Retry-After)
+/// though no retry could ever pass; it is refused as too large (413 / INVALID_ARGUMENT).
+#[test]
+fn a_request_larger_than_the_queue_is_too_large_not_full() {
+    let t0 = Instant::now();
+    let mut s: Scheduler = Scheduler::new(Limits {
+        max_queue_items: 4,
+        ..Limits::default()
+    });
+    let a = tenant("a");
+    let refused = s.submit(request(&a, &[1, 1, 1, 1, 1], t0));
+    assert_eq!(
+        refused,
+        Err(Admission::TooLarge {
+            model: MODEL.to_owned(),
+            items: 5,
+            limit: 4
+        })
+    );
+    let e = super::InferError::Refused(refused.expect_err("refused"));
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(e.http_status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(e.retry_after(), None);
+    assert_eq!(s.outstanding(), 0);
+    assert!(s.submit(request(&a, &[1, 1, 1, 1], t0)).is_ok(), "4 fit");
+}
+
 /// A tenant passes its request quota, or the refusal counts, or it limits others.
 #[test]
 fn tenant_quota_refuses_and_changes_nothing() {

@@ -58,21 +58,21 @@ async fn grpc(server: &Server) -> GrpcInferenceServiceClient<Channel> {
 
 /// An HTTP answer.
 #[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
                 "status {}: body is not JSON ({e}): {:?}",
@@ -86,7 +86,7 @@ impl Answer {
 /// One HTTP/1.1 request on its own connection. The body is written while the answer is read,
 /// and a failed write is ignored (a server may answer before it has read everything), as a
 /// client that sends its whole body first would still see the answer.
-async fn http(
+pub(crate) async fn http(
     addr: &str,
     method: &str,
     path: &str,

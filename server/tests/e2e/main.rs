@@ -5,6 +5,7 @@
 mod common;
 mod worker_util;
 
+mod attack;
 mod cli;
 mod connections;
 mod devices;
