@@ -46,6 +46,8 @@ pub struct App {
     pub engine: Engine,
     /// Records of memory that can outlive the server, and their adoption after a restart.
     pub held: Arc<HeldStore>,
+    /// The bounded pool for requests' CPU-heavy work (parsing, conversion), off the runtime.
+    pub cpu: crate::front::cpu::CpuPool,
     load_slots: Arc<Semaphore>,
     /// Chunks being loaded at once, over all loads.
     chunk_gate: Arc<loader::ChunkGate>,
@@ -114,6 +116,7 @@ impl App {
             registry: Arc::new(Registry::new(config.registry.clone())),
             devices,
             hub: Arc::new(Hub::new()),
+            cpu: crate::front::cpu::CpuPool::for_this_machine(),
             timer: Arc::new(Timer::new()),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
             chunk_gate: Arc::new(loader::ChunkGate::new(config.load_threads)),

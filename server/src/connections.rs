@@ -214,6 +214,8 @@ struct ConnState {
     started: AtomicBool,
     /// When the last request ended.
     quiet_since: Mutex<Instant>,
+    /// Request-body bytes being received on this connection now (see [`Connection`]).
+    body_bytes: AtomicUsize,
 }
 
 impl ConnState {
@@ -225,6 +227,7 @@ impl ConnState {
             open: AtomicUsize::new(0),
             started: AtomicBool::new(false),
             quiet_since: Mutex::new(now),
+            body_bytes: AtomicUsize::new(0),
         }
     }
 
@@ -441,6 +444,47 @@ impl Drop for Open {
     }
 }
 
+/// The connection a request came on, in the request's extensions (put there by
+/// [`StreamsLayer`]): what its request-body budget is charged to.
+#[derive(Debug, Clone)]
+pub struct Connection(Arc<ConnState>);
+
+impl Connection {
+    /// Reserves `bytes` of request body on this connection, within `limit` bytes for all its
+    /// requests at once (an HTTP/2 connection carries many); `None` when that would pass it.
+    pub fn reserve_body(&self, bytes: usize, limit: usize) -> Option<BodyOnConnection> {
+        let counter = &self.0.body_bytes;
+        let mut now = counter.load(Ordering::Acquire);
+        loop {
+            let next = now.checked_add(bytes).filter(|n| *n <= limit)?;
+            match counter.compare_exchange_weak(now, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Some(BodyOnConnection {
+                        state: self.0.clone(),
+                        bytes,
+                    });
+                }
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
+/// Body bytes reserved on a connection, given back when dropped.
+#[derive(Debug)]
+pub struct BodyOnConnection {
+    state: Arc<ConnState>,
+    bytes: usize,
+}
+
+impl Drop for BodyOnConnection {
+    fn drop(&mut self) {
+        self.state
+            .body_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// Takes the connection state out of the request and puts the plain connection info back.
 fn unwrap_info(ext: &mut http::Extensions) -> Option<Arc<ConnState>> {
     if let Some(info) = ext.remove::<ConnInfo<TcpConnectInfo>>() {
@@ -481,7 +525,11 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let open = unwrap_info(req.extensions_mut()).map(Open::new);
+        let state = unwrap_info(req.extensions_mut());
+        if let Some(state) = &state {
+            req.extensions_mut().insert(Connection(state.clone()));
+        }
+        let open = state.map(Open::new);
         let fut = self.inner.call(req);
         Box::pin(async move {
             let response = fut.await?;

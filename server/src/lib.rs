@@ -36,6 +36,7 @@
 //!   the front doors and the Serve streams hold.
 //! - [`front`]: what the inference front doors share: admission of a caller's request
 //!   (visibility, quota, deadline) and the OIP tensor conversions.
+//! - [`health`]: `grpc.health.v1.Health`, its `Watch` bounded in time and number.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
 //! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`) and
 //!   the inference ones (`embed`, `infer`, through the OIP gRPC front door).
@@ -70,6 +71,7 @@ pub mod error;
 pub mod expiry;
 pub mod front;
 pub mod handles;
+pub mod health;
 pub mod held;
 pub mod http;
 pub mod loader;

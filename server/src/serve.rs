@@ -341,7 +341,13 @@ pub async fn run_notify(
         tokio::spawn(sweep_held_records(app.clone()));
     }
 
-    let (reporter, health) = tonic_health::server::health_reporter();
+    let (reporter, _) = tonic_health::server::health_reporter();
+    // `Watch` ends after the listeners' idle period, so an open one cannot keep a connection
+    // from ever going idle.
+    let health = HealthServer::new(crate::health::BoundedHealth::new(
+        reporter.clone(),
+        config.connections.idle,
+    ));
     reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;
@@ -367,7 +373,7 @@ pub async fn run_notify(
         })?;
         let local = listener.local_addr().ok();
         info!(http = ?local, "http listening (metrics, probes, OIP and OpenAI routes)");
-        let state = HttpState { app: app.clone() };
+        let state = HttpState::new(app.clone());
         let stop = app.shutdown.clone();
         let gate = Gate::new("http", config.connections, metrics.clone());
         tasks.spawn(async move {

@@ -9,6 +9,10 @@
 //! no_worker_wait_ms = 5000      # how long a request waits for a worker to serve its model
 //! max_request_secs = 60         # the longest deadline a request may have (and the default)
 //! max_request_bytes = 67108864  # the largest HTTP request body
+//! max_body_bytes_in_flight = 268435456  # HTTP request bodies being received at once, over
+//!                               # all connections (default 4 x max_request_bytes; one
+//!                               # connection may hold at most 2 x max_request_bytes of them)
+//! request_body_timeout_ms = 30000  # how long an HTTP request's body may take to arrive
 //! [serving.queue_delay_us]      # per model
 //! my-encoder = 0
 //! ```
@@ -28,6 +32,8 @@ pub(super) struct FileServing {
     pub(super) no_worker_wait_ms: Option<u64>,
     pub(super) max_request_secs: Option<u64>,
     pub(super) max_request_bytes: Option<usize>,
+    pub(super) max_body_bytes_in_flight: Option<usize>,
+    pub(super) request_body_timeout_ms: Option<u64>,
     #[serde(default)]
     pub(super) queue_delay_us: HashMap<String, u64>,
 }
@@ -57,6 +63,18 @@ pub struct ServingSettings {
     pub max_request_time: Duration,
     /// The largest HTTP request body, in bytes.
     pub max_request_bytes: usize,
+    /// HTTP request-body bytes being received at once, over all connections.
+    pub max_body_bytes_in_flight: usize,
+    /// How long an HTTP request's body may take to arrive, from the request's start.
+    pub request_body_timeout: Duration,
+}
+
+impl ServingSettings {
+    /// HTTP request-body bytes one connection may be receiving at once (an HTTP/2
+    /// connection carries many requests): two whole bodies.
+    pub fn max_body_bytes_per_connection(&self) -> usize {
+        self.max_request_bytes.saturating_mul(2)
+    }
 }
 
 impl Default for ServingSettings {
@@ -69,6 +87,8 @@ impl Default for ServingSettings {
             no_worker_wait: Duration::from_secs(5),
             max_request_time: Duration::from_secs(60),
             max_request_bytes: 64 << 20,
+            max_body_bytes_in_flight: 256 << 20,
+            request_body_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -129,7 +149,23 @@ impl ServingSettings {
                 1 << 30
             ));
         }
+        let max_body_bytes_in_flight = file
+            .max_body_bytes_in_flight
+            .unwrap_or(max_request_bytes.saturating_mul(4));
+        if max_body_bytes_in_flight < max_request_bytes {
+            return invalid(format!(
+                "serving.max_body_bytes_in_flight ({max_body_bytes_in_flight}) must be at least max_request_bytes ({max_request_bytes})"
+            ));
+        }
+        let body_ms = file.request_body_timeout_ms.unwrap_or(30_000);
+        if !(1..=3_600_000).contains(&body_ms) {
+            return invalid(format!(
+                "serving.request_body_timeout_ms must be between 1 and 3600000, got {body_ms}"
+            ));
+        }
         Ok(Self {
+            max_body_bytes_in_flight,
+            request_body_timeout: Duration::from_millis(body_ms),
             max_queue_items,
             max_tenant_requests,
             max_queue_delay: Duration::from_micros(delay_us),

@@ -5,9 +5,12 @@
 //!
 //! - [`oip`]: the OIP tensors shared by its gRPC and REST doors (datatypes, raw layout, split
 //!   into items, stack of outputs).
+//! - [`cpu`]: the bounded pool a request's heavy parsing and conversion run on, off the async
+//!   runtime.
 //! - [`deadline`]: a request's deadline from `grpc-timeout` or an HTTP timeout header, bounded
 //!   by the server's longest request time.
 
+pub mod cpu;
 pub mod deadline;
 pub mod oip;
 

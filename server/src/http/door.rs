@@ -5,12 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 
+use super::body::BodyHold;
 use super::state::HttpState;
+use crate::connections::Connection;
 use crate::error::ServerError;
+use crate::front::cpu::PoolError;
 use crate::front::deadline;
 use crate::serving::InferError;
 use crate::serving::error::{http_status, retry_after};
@@ -81,17 +84,15 @@ impl From<ServerError> for DoorError {
     }
 }
 
-impl From<BytesRejection> for DoorError {
-    fn from(r: BytesRejection) -> Self {
-        let status = r.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is larger than the server's limit (max_request_bytes)".to_owned()
-        } else {
-            r.body_text()
+impl From<PoolError> for DoorError {
+    fn from(e: PoolError) -> Self {
+        let status = match e {
+            PoolError::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            PoolError::Panicked => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self {
             status,
-            message,
+            message: e.to_string(),
             retry_after: None,
         }
     }
@@ -106,6 +107,26 @@ pub fn admit(
     let app = &state.app;
     let extensions = axum::http::Extensions::new();
     admit_http(&app.tenants, &app.metrics, path, headers, &extensions).map_err(DoorError::from)
+}
+
+/// The body of a request that arrived at `arrived`, read only now that its caller is admitted
+/// (see [`super::body`]), and the reservations to keep while its bytes are in use.
+pub async fn body(
+    state: &HttpState,
+    connection: Option<&Connection>,
+    headers: &HeaderMap,
+    arrived: Instant,
+    body: Body,
+) -> Result<(Bytes, BodyHold), DoorError> {
+    super::body::read(
+        &state.bodies,
+        state.body_limits(),
+        connection,
+        headers,
+        arrived,
+        body,
+    )
+    .await
 }
 
 /// The deadline of a request that arrived at `arrived`.

@@ -11,10 +11,12 @@
 //!   `/v1/models`; [`door`]: what they share (admission by bearer token, deadlines, the error
 //!   value both render in their own shape).
 //!
-//! Request bodies are limited to `max_request_bytes` (413 past it).
+//! Request bodies are read only after the caller is admitted, within `max_request_bytes` (413
+//! past it), the connection's and the listener's budgets and `request_body_timeout` ([`body`]).
 //!
 //! Like the gRPC services, the handlers are thin: they read the shared state and convert.
 
+pub mod body;
 pub mod door;
 pub mod metrics;
 pub mod oip;

@@ -16,9 +16,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use modelshare_proto::v1 as pb;
@@ -27,7 +26,9 @@ use serde_json::{Map, Value, json};
 
 use super::door::{self, DoorError};
 use super::state::HttpState;
+use crate::connections::Connection;
 use crate::front::{self, oip};
+use crate::serving::InferResponse;
 
 /// The header that carries the length of the JSON part of a binary request or response.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -279,12 +280,15 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> Result<Parsed, DoorError> {
     Ok((req, tensors, parameters))
 }
 
-/// `POST /v2/models/{name}[/versions/{version}]/infer`.
+/// `POST /v2/models/{name}[/versions/{version}]/infer`. The caller is admitted and the model's
+/// visibility checked before a byte of the body is read; parsing and rendering run on the
+/// request pool ([`crate::front::cpu`]), off the async runtime.
 pub async fn infer(
     State(state): State<HttpState>,
     Path(path): Path<ModelPath>,
+    connection: Option<Extension<Connection>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let arrived = Instant::now();
     let result = async {
@@ -292,74 +296,97 @@ pub async fn infer(
         let deadline = door::deadline(&state, &headers, arrived)?;
         version(path.version.as_deref())?;
         front::check_visible(&state.app, &caller, &path.name)?;
-        let body = body?;
-        let (req, tensors, parameters) = parse(&headers, &body)?;
-        let items = oip::to_items(tensors, &parameters, front::max_items(&state.app))?;
+        let connection = connection.as_ref().map(|c| &c.0);
+        let (body, _hold) = door::body(&state, connection, &headers, arrived, body).await?;
+        let max_items = front::max_items(&state.app);
+        let (req, items) = state
+            .app
+            .cpu
+            .run_sized(body.len(), deadline, move || {
+                let (req, tensors, parameters) = parse(&headers, &body)?;
+                let items = oip::to_items(tensors, &parameters, max_items)?;
+                Ok::<_, DoorError>((req, items))
+            })
+            .await??;
         let answer = front::infer(&state.app, &caller, &path.name, items, deadline).await?;
-        let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
-        let stacked = oip::stack(&path.name, &answer.outputs, &requested)?;
-        let all_binary = req
-            .parameters
-            .get("binary_data_output")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let binary = |name: &str| {
-            req.outputs
-                .iter()
-                .find(|o| o.name == name)
-                .and_then(|o| o.parameters.get("binary_data").and_then(Value::as_bool))
-                .unwrap_or(all_binary)
-        };
-        let mut outputs = Vec::with_capacity(stacked.len());
-        let mut blobs: Vec<Bytes> = Vec::new();
-        for t in &stacked {
-            if binary(&t.name) {
-                outputs.push(json!({
-                    "name": t.name, "datatype": t.datatype(), "shape": t.shape,
-                    "parameters": { "binary_data_size": t.data.len() },
-                }));
-                blobs.push(t.data.clone());
-            } else {
-                outputs.push(json!({
-                    "name": t.name, "datatype": t.datatype(), "shape": t.shape,
-                    "data": oip::raw_to_json(t.dtype, &t.data),
-                }));
-            }
-        }
-        let mut head = json!({
-            "model_version": answer.version().to_string(),
-            "model_name": answer.model,
-            "outputs": outputs,
-        });
-        if let Some(id) = req.id {
-            head["id"] = json!(id);
-        }
-        Ok::<_, DoorError>((head, blobs))
+        let model = path.name;
+        let render_by = Instant::now() + state.app.config.serving.max_request_time;
+        let size = answer.outputs.iter().map(output_bytes).sum();
+        state
+            .app
+            .cpu
+            .run_sized(size, render_by, move || render(&model, &req, &answer))
+            .await?
     }
     .await;
-    match result {
-        Err(e) => error(e),
-        Ok((head, blobs)) if blobs.is_empty() => Json(head).into_response(),
-        Ok((head, blobs)) => {
-            let json = head.to_string();
-            let mut body =
-                Vec::with_capacity(json.len() + blobs.iter().map(Bytes::len).sum::<usize>());
-            body.extend_from_slice(json.as_bytes());
-            for b in &blobs {
-                body.extend_from_slice(b);
-            }
-            let mut response = body.into_response();
-            let h = response.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            if let Ok(v) = HeaderValue::from_str(&json.len().to_string()) {
-                h.insert(HEADER_LENGTH, v);
-            }
-            response
+    result.unwrap_or_else(error)
+}
+
+/// The bytes of one item's outputs (what rendering them costs is proportional to).
+pub(crate) fn output_bytes(o: &pb::ItemOutput) -> usize {
+    o.tensors.iter().map(|t| t.data.len()).sum()
+}
+
+/// The response to a computed request: outputs as JSON `data`, or as blobs after the JSON
+/// where asked.
+fn render(model: &str, req: &InferBody, answer: &InferResponse) -> Result<Response, DoorError> {
+    let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+    let stacked = oip::stack(model, &answer.outputs, &requested)?;
+    let all_binary = req
+        .parameters
+        .get("binary_data_output")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let binary = |name: &str| {
+        req.outputs
+            .iter()
+            .find(|o| o.name == name)
+            .and_then(|o| o.parameters.get("binary_data").and_then(Value::as_bool))
+            .unwrap_or(all_binary)
+    };
+    let mut outputs = Vec::with_capacity(stacked.len());
+    let mut blobs: Vec<Bytes> = Vec::new();
+    for t in &stacked {
+        if binary(&t.name) {
+            outputs.push(json!({
+                "name": t.name, "datatype": t.datatype(), "shape": t.shape,
+                "parameters": { "binary_data_size": t.data.len() },
+            }));
+            blobs.push(t.data.clone());
+        } else {
+            outputs.push(json!({
+                "name": t.name, "datatype": t.datatype(), "shape": t.shape,
+                "data": oip::raw_to_json(t.dtype, &t.data),
+            }));
         }
     }
+    let mut head = json!({
+        "model_version": answer.version().to_string(),
+        "model_name": answer.model,
+        "outputs": outputs,
+    });
+    if let Some(id) = &req.id {
+        head["id"] = json!(id);
+    }
+    if blobs.is_empty() {
+        return Ok(Json(head).into_response());
+    }
+    let json = head.to_string();
+    let mut body = Vec::with_capacity(json.len() + blobs.iter().map(Bytes::len).sum::<usize>());
+    body.extend_from_slice(json.as_bytes());
+    for b in &blobs {
+        body.extend_from_slice(b);
+    }
+    let mut response = body.into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&json.len().to_string()) {
+        h.insert(HEADER_LENGTH, v);
+    }
+    Ok(response)
 }
 
 #[cfg(test)]

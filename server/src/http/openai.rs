@@ -14,9 +14,8 @@
 use std::time::Instant;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -26,6 +25,7 @@ use serde_json::{Value, json};
 
 use super::door::{self, DoorError};
 use super::state::HttpState;
+use crate::connections::Connection;
 use crate::front;
 use crate::serving::{InferError, InferResponse};
 
@@ -50,9 +50,9 @@ fn error(e: impl Into<DoorError>) -> Response {
     e.decorate(response)
 }
 
-/// What `input` may be.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// What `input` may be, read straight from the body (no intermediate JSON value: a body of
+/// token ids as `serde_json::Value` took 33 times its size), at most [`MAX_INPUTS`] entries.
+#[derive(Debug)]
 enum Input {
     One(String),
     Many(Vec<String>),
@@ -60,9 +60,107 @@ enum Input {
     TokenLists(Vec<Vec<i64>>),
 }
 
+/// The first element of a list decides what the list holds.
+enum First {
+    Text(String),
+    Id(i64),
+    Ids(Vec<i64>),
+}
+
+impl<'de> Deserialize<'de> for First {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = First;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, a token id or a list of token ids")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<First, E> {
+                Ok(First::Text(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<First, E> {
+                Ok(First::Text(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<First, E> {
+                Ok(First::Id(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<First, E> {
+                i64::try_from(v)
+                    .map(First::Id)
+                    .map_err(|_| E::custom("a token id is past i64"))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<First, A::Error> {
+                bounded(seq).map(First::Ids)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A list's remaining elements, refusing more than [`MAX_INPUTS`] in all (`have` taken).
+fn bounded_rest<'de, T: Deserialize<'de>, A: serde::de::SeqAccess<'de>>(
+    mut seq: A,
+    mut out: Vec<T>,
+) -> Result<Vec<T>, A::Error> {
+    while let Some(v) = seq.next_element()? {
+        if out.len() == MAX_INPUTS {
+            return Err(serde::de::Error::custom(format_args!(
+                "'input' has more than {MAX_INPUTS} entries"
+            )));
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// A list of token ids: bounded by the body's size, not by a count (one input may be long).
+fn bounded<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<Vec<i64>, A::Error> {
+    let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+    while let Some(v) = seq.next_element()? {
+        out.push(v);
+    }
+    Ok(out)
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Input;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Input, E> {
+                Ok(Input::One(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Input, E> {
+                Ok(Input::One(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Input, A::Error> {
+                Ok(match seq.next_element::<First>()? {
+                    None => Input::Many(Vec::new()),
+                    Some(First::Text(s)) => Input::Many(bounded_rest(seq, vec![s])?),
+                    Some(First::Id(i)) => {
+                        let mut ids = bounded(seq)?;
+                        ids.insert(0, i);
+                        Input::Tokens(ids)
+                    }
+                    Some(First::Ids(v)) => Input::TokenLists(bounded_rest(seq, vec![v])?),
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct EmbeddingsBody {
-    input: Value,
+    input: Input,
     model: String,
     #[serde(default)]
     encoding_format: Option<String>,
@@ -99,12 +197,7 @@ fn tokens_item(ids: &[i64]) -> pb::Item {
 fn items(body: &[u8]) -> Result<(String, Vec<pb::Item>, bool), DoorError> {
     let req: EmbeddingsBody = serde_json::from_slice(body)
         .map_err(|e| DoorError::bad_request(format!("malformed request JSON: {e}")))?;
-    let input: Input = serde_json::from_value(req.input).map_err(|_| {
-        DoorError::bad_request(
-            "'input' must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
-        )
-    })?;
-    let mut items = match input {
+    let mut items = match req.input {
         Input::One(s) => vec![text_item(s)],
         Input::Many(v) => v.into_iter().map(text_item).collect(),
         Input::Tokens(ids) if ids.is_empty() => Vec::new(),
@@ -243,23 +336,40 @@ fn answer(r: &InferResponse, floats: bool) -> Result<Value, InferError> {
     }))
 }
 
-/// `POST /v1/embeddings`.
+/// `POST /v1/embeddings`. The caller is admitted before a byte of the body is read; parsing
+/// and rendering run on the request pool ([`crate::front::cpu`]), off the async runtime.
 pub async fn embeddings(
     State(state): State<HttpState>,
+    connection: Option<Extension<Connection>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let arrived = Instant::now();
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v1/embeddings", &headers)?;
-        let body = body?;
         let deadline = door::deadline(&state, &headers, arrived)?;
-        let (model, items, floats) = items(&body)?;
+        let connection = connection.as_ref().map(|c| &c.0);
+        let (body, hold) = door::body(&state, connection, &headers, arrived, body).await?;
+        let (model, items, floats) = state
+            .app
+            .cpu
+            .run_sized(body.len(), deadline, move || items(&body))
+            .await??;
+        drop(hold);
         let r = front::infer(&state.app, &caller, &model, items, deadline).await?;
-        Ok::<_, DoorError>(answer(&r, floats)?)
+        let render_by = Instant::now() + state.app.config.serving.max_request_time;
+        let size = r.outputs.iter().map(super::oip::output_bytes).sum();
+        let rendered = state
+            .app
+            .cpu
+            .run_sized(size, render_by, move || {
+                answer(&r, floats).map(|v| Json(v).into_response())
+            })
+            .await??;
+        Ok::<_, DoorError>(rendered)
     }
     .await;
-    result.map_or_else(error, |v| Json(v).into_response())
+    result.unwrap_or_else(error)
 }
 
 fn model_json(m: &crate::registry::ModelSnapshot) -> Value {
@@ -337,6 +447,11 @@ mod tests {
             br#"{"model":"m","input":"x","dimensions":0}"#,
             br#"{"input":"x"}"#,
             br#"{"model":"m","input":"#,
+            br#"{"model":"m","input":["a",1]}"#,
+            br#"{"model":"m","input":[1,"a"]}"#,
+            br#"{"model":"m","input":[[1],"a"]}"#,
+            br#"{"model":"m","input":[1.5]}"#,
+            br#"{"model":"m","input":[18446744073709551615]}"#,
         ] {
             let e = items(bad).expect_err("bad");
             assert_eq!(
@@ -346,6 +461,29 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    /// More than MAX_INPUTS strings or token lists are refused while reading, before the
+    /// rest is read; one long list of token ids is one input.
+    #[test]
+    fn inputs_are_counted_while_read() {
+        let many = format!(
+            r#"{{"model":"m","input":[{}]}}"#,
+            vec![r#""a""#; MAX_INPUTS + 1].join(",")
+        );
+        let e = items(many.as_bytes()).expect_err("too many");
+        assert!(e.message.contains("more than 2048"), "{}", e.message);
+        let lists = format!(
+            r#"{{"model":"m","input":[{}]}}"#,
+            vec!["[1]"; MAX_INPUTS + 1].join(",")
+        );
+        assert!(items(lists.as_bytes()).is_err());
+        let long = format!(
+            r#"{{"model":"m","input":[{}]}}"#,
+            vec!["7"; 100_000].join(",")
+        );
+        let (_, it, _) = items(long.as_bytes()).expect("one long token list");
+        assert_eq!(it.len(), 1);
     }
 
     #[test]

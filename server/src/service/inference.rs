@@ -13,6 +13,7 @@ use modelshare_proto::inference::grpc_inference_service_server::GrpcInferenceSer
 use tonic::{Request, Response, Status};
 
 use crate::app::App;
+use crate::front::cpu::PoolError;
 use crate::front::{self, deadline, oip as tensors};
 use crate::tenants::auth::caller_of;
 
@@ -40,6 +41,14 @@ fn version(text: &str) -> Result<Option<u32>, Status> {
             text.escape_debug()
         ))
     })
+}
+
+/// The status of a request whose conversion did not run.
+fn pool_status(e: PoolError) -> Status {
+    match e {
+        PoolError::DeadlineExceeded => Status::deadline_exceeded(e.to_string()),
+        PoolError::Panicked => Status::internal(e.to_string()),
+    }
 }
 
 fn tensor_metadata(
@@ -124,13 +133,25 @@ impl GrpcInferenceService for InferenceApi {
         let mut req = request.into_inner();
         version(&req.model_version)?;
         front::check_visible(&self.app, &caller, &req.model_name)?;
-        let inputs = tensors::grpc_inputs(&mut req)?;
-        let parameters: HashMap<_, _> = req
-            .parameters
-            .iter()
-            .filter_map(|(k, v)| Some((k.clone(), tensors::parameter(v)?)))
-            .collect();
-        let items = tensors::to_items(inputs, &parameters, front::max_items(&self.app))?;
+        // Converting the tensors is work proportional to the request: on the request pool,
+        // off the runtime.
+        let max_items = front::max_items(&self.app);
+        let size = prost::Message::encoded_len(&req);
+        let (req, items) = self
+            .app
+            .cpu
+            .run_sized(size, deadline, move || {
+                let inputs = tensors::grpc_inputs(&mut req)?;
+                let parameters: HashMap<_, _> = req
+                    .parameters
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), tensors::parameter(v)?)))
+                    .collect();
+                let items = tensors::to_items(inputs, &parameters, max_items)?;
+                Ok::<_, crate::serving::InferError>((req, items))
+            })
+            .await
+            .map_err(pool_status)??;
         let answer = front::infer(&self.app, &caller, &req.model_name, items, deadline).await?;
         let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
         let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested)?;

@@ -335,9 +335,29 @@ impl WorkerApi {
             let _ = registry.release(caller, &req.session_id, &att.lease_id);
         })?;
         debug!(session = %req.session_id, model = %req.model, version = att.manifest.version, lease = %att.lease_id, "attach");
+        // A manifest of many tensors is megabytes of reply: built on the request pool, off
+        // the runtime that carries every session's heartbeats.
+        let manifest = att.manifest.clone();
+        // About 32 bytes of reply per tensor, beside its name.
+        let size = manifest.tensors.len().saturating_mul(32);
+        let build_by = std::time::Instant::now() + self.app.config.serving.max_request_time;
+        let manifest = match self
+            .app
+            .cpu
+            .run_sized(size, build_by, move || convert::manifest(&manifest))
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = registry.release(caller, &req.session_id, &att.lease_id);
+                return Err(Status::unavailable(format!(
+                    "the attach reply could not be built: {e}"
+                )));
+            }
+        };
         Ok(pb::AttachResponse {
             lease_id: att.lease_id,
-            manifest: Some(convert::manifest(&att.manifest)),
+            manifest: Some(manifest),
             device: self
                 .app
                 .devices

@@ -1,9 +1,12 @@
 //! The inference doors under attack: hostile requests that once crashed or starved the server.
 //! Each test asserts what the server does (answers, closes, refuses, stays up), not timings.
 
+use std::time::Duration;
+
 use modelshare_proto::inference as oip;
 use modelshare_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
 use crate::front::http;
@@ -113,4 +116,333 @@ async fn a_batch_dimension_of_billions_of_empty_rows_is_refused_and_the_server_s
         .get_stats(modelshare_proto::v1::GetStatsRequest::default())
         .await
         .expect("the server answers");
+}
+
+/// Sends `head` (request line and headers, with the blank line) and `body_part` on a new
+/// connection, and reads the status line the server answers within `within` (`None`: no
+/// answer). The connection is returned to keep it open.
+async fn send_head(
+    addr: &str,
+    head: &str,
+    body_part: &[u8],
+    within: Duration,
+) -> (tokio::net::TcpStream, Option<u16>) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(body_part).await.expect("body part");
+    let status = read_status(&mut s, within).await;
+    (s, status)
+}
+
+async fn read_status(s: &mut tokio::net::TcpStream, within: Duration) -> Option<u16> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Err(_) | Ok(Err(_)) | Ok(Ok(0)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+        if got.windows(2).any(|w| w == b"\r\n") {
+            break;
+        }
+    }
+    let line = String::from_utf8_lossy(&got).into_owned();
+    line.split_whitespace().nth(1).and_then(|c| c.parse().ok())
+}
+
+/// Whether the server closes `s` within `within` (reads to EOF or a reset).
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn post_head(path: &str, token: Option<&str>, length: usize) -> String {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}Content-Length: {length}\r\n\r\n"
+    )
+}
+
+/// A config file of `text` (kept alive by the returned handle).
+fn config(text: &str) -> (tempfile::NamedTempFile, String) {
+    let file = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(file.path(), text).expect("write config");
+    let path = file.path().to_str().expect("utf-8").to_owned();
+    (file, path)
+}
+
+/// The REST doors read a body whole (64 MiB) before checking its token, and a
+/// `content-length` past the limit with no body got no answer. Now: no token, 401 before a
+/// body byte is sent; past the limit, 413 at once; the listener's budget of bodies in flight
+/// spent by stalled uploads, 503 with Retry-After and no memory; stalled bodies end at the
+/// body timeout (408), and then the budget is free again.
+#[tokio::test]
+async fn bodies_are_read_only_after_the_token_and_within_budgets() {
+    let (_cfg, cfg) = config(
+        "[serving]\nmax_request_bytes = 1048576\nmax_body_bytes_in_flight = 2097152\nrequest_body_timeout_ms = 2000\n",
+    );
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let server = tn::start(
+        &tenants,
+        &["--http-listen", "127.0.0.1:0", "--config", &cfg],
+        &["enc"],
+    )
+    .await;
+    let mut admin_a = tn::admin_as(&server, Some(TA)).await;
+    tn::load_as(&mut admin_a, "enc", "enc", "", None)
+        .await
+        .expect("a loads enc");
+    let addr = server.metrics_address();
+    let quick = Duration::from_secs(5);
+    for path in ["/v1/embeddings", "/v2/models/enc/infer"] {
+        // No token, 64 MiB announced, nothing sent: 401 at once.
+        let (_s, status) = send_head(&addr, &post_head(path, None, 64 << 20), b"", quick).await;
+        assert_eq!(status, Some(401), "{path}");
+        let (_s, status) = send_head(
+            &addr,
+            &post_head(path, Some("wrong"), 64 << 20),
+            b"{",
+            quick,
+        )
+        .await;
+        assert_eq!(status, Some(401), "{path}");
+        // A token, and a length past the limit: 413 at once, without the body.
+        let (_s, status) = send_head(&addr, &post_head(path, Some(TA), 2 << 20), b"", quick).await;
+        assert_eq!(status, Some(413), "{path}");
+    }
+
+    // Two stalled 1 MiB uploads of a's fill the 2 MiB budget: the third is 503, at once.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let (s, status) = send_head(
+            &addr,
+            &post_head("/v1/embeddings", Some(TA), 1 << 20),
+            b"{\"model\":",
+            Duration::from_millis(300),
+        )
+        .await;
+        assert_eq!(status, None, "a stalled body is waited for");
+        stalled.push(s);
+    }
+    let answered = {
+        let body = json!({"model": "enc", "input": "x"}).to_string();
+        send_head(
+            &addr,
+            &post_head("/v1/embeddings", Some(TC), body.len()),
+            body.as_bytes(),
+            quick,
+        )
+        .await
+        .1
+    };
+    assert_eq!(answered, Some(503), "the listener's budget is spent");
+    // The stalled ones end at the body timeout, and their connections close.
+    for s in &mut stalled {
+        assert_eq!(read_status(s, quick).await, Some(408));
+        assert!(closed_within(s, quick).await, "closed after the 408");
+    }
+    let body = json!({"model": "enc", "input": "x"}).to_string();
+    let (_s, status) = send_head(
+        &addr,
+        &post_head("/v1/embeddings", Some(TC), body.len()),
+        body.as_bytes(),
+        quick,
+    )
+    .await;
+    assert_eq!(
+        status,
+        Some(404),
+        "the budget is free again (c may not see enc)"
+    );
+}
+
+/// A connection with an open request was never idle: an unauthenticated Health/Watch never
+/// ended, so a few of them filled the gRPC listener and the admin over TCP was refused. Now a
+/// Watch ends after the idle period, its connection then closes as idle, and the admin over
+/// TCP is answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watches_end_and_their_connections_close_while_the_admin_answers_again() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let (_cfg, cfg) = config(
+        "[limits]\nmax_connections = 4\nmax_connections_per_peer = 4\nconnection_idle_timeout_ms = 1500\n",
+    );
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let server = tn::start(
+        &tenants,
+        &["--listen", &format!("127.0.0.1:{port}"), "--config", &cfg],
+        &[],
+    )
+    .await;
+    let tcp = format!("http://127.0.0.1:{port}");
+    let mut watches = Vec::new();
+    for _ in 0..4 {
+        let ch = tonic::transport::Endpoint::from_shared(tcp.clone())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+        let stream = health
+            .watch(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .expect("watch")
+            .into_inner();
+        watches.push(stream);
+    }
+    // The listener is full of watches: an admin call over TCP is refused now.
+    let full = admin_over_tcp(&tcp).await;
+    assert!(full.is_err(), "the listener is full: {full:?}");
+    // Each watch ends by itself (OK, no more messages).
+    for w in &mut watches {
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(Some(_)) = w.message().await {}
+        })
+        .await;
+        assert!(ended.is_ok(), "a watch outlived its limit");
+    }
+    // Its connections close as idle, and the admin is answered.
+    crate::common::eventually(
+        Duration::from_secs(15),
+        "the admin answers over TCP",
+        || {
+            let tcp = tcp.clone();
+            async move { admin_over_tcp(&tcp).await.is_ok() }
+        },
+    )
+    .await;
+    drop(server);
+}
+
+async fn admin_over_tcp(tcp: &str) -> Result<(), String> {
+    let ch = tonic::transport::Endpoint::from_shared(tcp.to_owned())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut admin =
+        modelshare_proto::v1::admin_service_client::AdminServiceClient::with_interceptor(
+            ch,
+            tn::bearer(Some(crate::tenants::ADMIN)),
+        );
+    admin
+        .get_stats(modelshare_proto::v1::GetStatsRequest::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Large token-id bodies were parsed on the async runtime (as `serde_json::Value`, 33 times
+/// the body): a few at once held its threads for seconds, so another tenant's worker session
+/// was ended by heartbeat timeout and its requests waited. Now parsing runs on the bounded
+/// request pool (and small ones at once): while tenant a sends 8 × 8 MiB bodies at once, tenant b's session (600 ms
+/// of heartbeat slack) stays open and every one of b's one-input requests is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn big_token_bodies_of_one_tenant_do_not_end_another_tenants_session() {
+    let (_cfg, cfg) = config("heartbeat_interval_ms = 200\nheartbeat_misses = 3\n");
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let server = tn::start(
+        &tenants,
+        &["--http-listen", "127.0.0.1:0", "--config", &cfg],
+        &["encb"],
+    )
+    .await;
+    let mut admin_b = tn::admin_as(&server, Some(crate::tenants::TB)).await;
+    tn::load_as(&mut admin_b, "encb", "encb", "", None)
+        .await
+        .expect("b loads encb");
+    let worker = try_serve(
+        &server.address,
+        Some(crate::tenants::TB),
+        "encb",
+        Offer::default(),
+    )
+    .await
+    .expect("b serves encb");
+    let addr = server.metrics_address();
+
+    // 8 MiB of token ids for a model a does not have (parsed, then 404).
+    let ids = vec!["12345"; (8 << 20) / 6].join(",");
+    let big = std::sync::Arc::new(format!(r#"{{"model":"nothing","input":[{ids}]}}"#));
+    let attack: Vec<_> = (0..8)
+        .map(|_| {
+            let (addr, big) = (addr.clone(), big.clone());
+            tokio::spawn(async move {
+                let auth = format!("Bearer {TA}");
+                http(
+                    &addr,
+                    "POST",
+                    "/v1/embeddings",
+                    &[
+                        ("authorization", &auth),
+                        ("content-type", "application/json"),
+                    ],
+                    big.as_bytes(),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let auth_b = format!("Bearer {}", crate::tenants::TB);
+    let one = json!({"model": "encb", "input": "hello"}).to_string();
+    while !attack.iter().all(|a| a.is_finished()) || latencies.len() < 5 {
+        let t = std::time::Instant::now();
+        let r = http(
+            &addr,
+            "POST",
+            "/v1/embeddings",
+            &[
+                ("authorization", &auth_b),
+                ("content-type", "application/json"),
+            ],
+            one.as_bytes(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        latencies.push(t.elapsed());
+    }
+    for a in attack {
+        assert_eq!(
+            a.await.expect("join"),
+            404,
+            "a's bodies were parsed, then not found"
+        );
+    }
+    latencies.sort();
+    println!(
+        "b's one-input requests during the attack: {} answered, p50 {:?}, max {:?}",
+        latencies.len(),
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    // b's session is still the one it opened.
+    let sessions = admin_b
+        .list_sessions(modelshare_proto::v1::ListSessionsRequest {})
+        .await
+        .expect("sessions")
+        .into_inner()
+        .sessions;
+    assert!(
+        sessions.iter().any(|s| s.session_id == worker.session_id),
+        "b's session was ended: {sessions:?}"
+    );
+    assert!(
+        !server.log().contains("heartbeat"),
+        "a session missed its heartbeats:\n{}",
+        server.log()
+    );
 }

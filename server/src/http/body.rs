@@ -1,0 +1,280 @@
+//! Reading a REST request's body, only after its caller is admitted, within budgets and a
+//! timeout.
+//!
+//! The handlers take the body unread ([`axum::body::Body`]) and admit the caller from the
+//! headers first, so no body byte of a caller without a valid token is buffered. Then
+//! [`read`]:
+//! - refuses at once (413) a `content-length` past `max_request_bytes`, without waiting for
+//!   a byte of it;
+//! - reserves the body's bytes (its `content-length`, else the limit) from the connection's
+//!   budget (two whole bodies: an HTTP/2 connection carries many requests) and from the
+//!   listener's [`BodyBudget`] (`max_body_bytes_in_flight`), answering 503 with `Retry-After`
+//!   when either is spent, instead of buffering without end;
+//! - gives the body `request_body_timeout` from the request's start to arrive (408 past it),
+//!   so a POST whose body never comes ends, and its connection can go idle and close.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::door::DoorError;
+use crate::connections::{BodyOnConnection, Connection};
+
+/// Budgets are counted in KiB (a semaphore's permits are counted in `u32`).
+const UNIT: usize = 1024;
+
+/// The request-body bytes being received at once over all of a listener's connections.
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    units: Arc<Semaphore>,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Self {
+        let units = bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS);
+        Self {
+            units: Arc::new(Semaphore::new(units)),
+        }
+    }
+
+    /// Bytes free now.
+    pub fn available(&self) -> usize {
+        self.units.available_permits().saturating_mul(UNIT)
+    }
+
+    fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let units = u32::try_from(bytes.div_ceil(UNIT).max(1)).ok()?;
+        self.units.clone().try_acquire_many_owned(units).ok()
+    }
+}
+
+/// What one body may use.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// The largest body.
+    pub max_bytes: usize,
+    /// What one connection may be receiving at once.
+    pub per_connection: usize,
+    /// How long the body may take, from the request's start.
+    pub timeout: Duration,
+}
+
+/// Holds a body's reservations until the request is answered.
+#[derive(Debug)]
+pub struct BodyHold {
+    _listener: OwnedSemaphorePermit,
+    _connection: Option<BodyOnConnection>,
+}
+
+fn too_large(max: usize) -> DoorError {
+    DoorError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!(
+            "the request body is larger than the server's limit of {max} bytes (max_request_bytes)"
+        ),
+        retry_after: None,
+    }
+}
+
+fn busy(what: &str) -> DoorError {
+    DoorError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("{what}; retry shortly"),
+        retry_after: Some(Duration::from_secs(1)),
+    }
+}
+
+/// The body's declared length, if it has a well-formed one.
+fn content_length(headers: &HeaderMap) -> Result<Option<usize>, DoorError> {
+    match headers.get(header::CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
+            .ok_or_else(|| DoorError::bad_request("malformed content-length header")),
+    }
+}
+
+/// Reads a request's whole body (see the module's text). Call it only once the caller is
+/// admitted; keep the [`BodyHold`] until the body's bytes are no longer needed.
+pub async fn read(
+    budget: &BodyBudget,
+    limits: BodyLimits,
+    connection: Option<&Connection>,
+    headers: &HeaderMap,
+    started: Instant,
+    body: Body,
+) -> Result<(Bytes, BodyHold), DoorError> {
+    let declared = content_length(headers)?;
+    if declared.is_some_and(|n| n > limits.max_bytes) {
+        return Err(too_large(limits.max_bytes));
+    }
+    let reserve = declared.unwrap_or(limits.max_bytes);
+    let connection = match connection {
+        Some(c) => Some(c.reserve_body(reserve, limits.per_connection).ok_or_else(|| {
+            busy("this connection is already sending as many request bodies as it may at once")
+        })?),
+        None => None,
+    };
+    let listener = budget
+        .reserve(reserve)
+        .ok_or_else(|| busy("the server is receiving as many request bodies as it may at once"))?;
+    let hold = BodyHold {
+        _listener: listener,
+        _connection: connection,
+    };
+    let until = tokio::time::Instant::from_std(started + limits.timeout);
+    match tokio::time::timeout_at(until, axum::body::to_bytes(body, limits.max_bytes)).await {
+        Err(_) => Err(DoorError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} ms (request_body_timeout_ms)",
+                limits.timeout.as_millis()
+            ),
+            retry_after: None,
+        }),
+        Ok(Err(e)) => {
+            // A body past the limit without a content-length, or a connection that broke.
+            let source = std::error::Error::source(&e).map(ToString::to_string);
+            if source
+                .as_deref()
+                .is_some_and(|s| s.contains("length limit"))
+            {
+                Err(too_large(limits.max_bytes))
+            } else {
+                Err(DoorError::bad_request(format!(
+                    "the request body could not be read: {e}"
+                )))
+            }
+        }
+        Ok(Ok(bytes)) => Ok((bytes, hold)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> BodyLimits {
+        BodyLimits {
+            max_bytes: 4096,
+            per_connection: 8192,
+            timeout: Duration::from_millis(200),
+        }
+    }
+
+    fn headers(len: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(l) = len {
+            h.insert(header::CONTENT_LENGTH, l.parse().expect("value"));
+        }
+        h
+    }
+
+    #[tokio::test]
+    async fn declared_lengths_budgets_and_slow_bodies_are_refused() {
+        let budget = BodyBudget::new(8192);
+        let now = Instant::now();
+        // Fits.
+        let (b, hold) = read(
+            &budget,
+            limits(),
+            None,
+            &headers(Some("5")),
+            now,
+            Body::from("hello"),
+        )
+        .await
+        .expect("read");
+        assert_eq!(&b[..], b"hello");
+        assert_eq!(budget.available(), 8192 - 1024);
+        drop(hold);
+        assert_eq!(budget.available(), 8192);
+        // Declared past the limit: refused without reading.
+        let e = read(
+            &budget,
+            limits(),
+            None,
+            &headers(Some("999999999")),
+            now,
+            Body::empty(),
+        )
+        .await
+        .expect_err("413");
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        // Undeclared past the limit.
+        let e = read(
+            &budget,
+            limits(),
+            None,
+            &headers(None),
+            now,
+            Body::from(vec![0u8; 5000]),
+        )
+        .await
+        .expect_err("413");
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", e.message);
+        // The budget spent by two held bodies of unknown length: the third waits no memory.
+        let slow = || {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+            (
+                tx,
+                Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            )
+        };
+        let (_tx1, b1) = slow();
+        let (_tx2, b2) = slow();
+        let far = BodyLimits {
+            timeout: Duration::from_secs(30),
+            ..limits()
+        };
+        let budget2 = budget.clone();
+        let r1 =
+            tokio::spawn(
+                async move { read(&budget2, far, None, &HeaderMap::new(), now, b1).await },
+            );
+        let budget3 = budget.clone();
+        let r2 =
+            tokio::spawn(
+                async move { read(&budget3, far, None, &HeaderMap::new(), now, b2).await },
+            );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(budget.available(), 0);
+        let e = read(
+            &budget,
+            limits(),
+            None,
+            &headers(Some("1")),
+            now,
+            Body::from("x"),
+        )
+        .await
+        .expect_err("503");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(e.retry_after.is_some());
+        r1.abort();
+        r2.abort();
+        let _ = (r1.await, r2.await);
+        assert_eq!(budget.available(), 8192, "reservations given back");
+        // A body that never comes: 408 at the timeout.
+        let (_tx, b) = slow();
+        let e = read(
+            &budget,
+            limits(),
+            None,
+            &headers(Some("10")),
+            Instant::now(),
+            b,
+        )
+        .await
+        .expect_err("408");
+        assert_eq!(e.status, StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(budget.available(), 8192);
+    }
+}
