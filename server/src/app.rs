@@ -62,6 +62,7 @@ fn engine_config(config: &Config, tenants: &TenantStore) -> EngineConfig {
             max_tenant_requests: serving.max_tenant_requests,
             max_queue_delay: serving.max_queue_delay,
             quantum: 1,
+            cancel_grace: serving.cancel_grace,
         },
         queue_delays: serving.queue_delays.clone(),
         tenant_weights: tenants

@@ -13,6 +13,9 @@
 //!                               # all connections (default 4 x max_request_bytes; one
 //!                               # connection may hold at most 2 x max_request_bytes of them)
 //! request_body_timeout_ms = 30000  # how long an HTTP request's body may take to arrive
+//! cancel_grace_ms = 5000        # how long past a cancelled request's deadline its workers
+//!                               # may take to answer it; it counts in its tenant's share
+//!                               # until then, and a worker still holding it is ended
 //! [serving.queue_delay_us]      # per model
 //! my-encoder = 0
 //! ```
@@ -34,6 +37,7 @@ pub(super) struct FileServing {
     pub(super) max_request_bytes: Option<usize>,
     pub(super) max_body_bytes_in_flight: Option<usize>,
     pub(super) request_body_timeout_ms: Option<u64>,
+    pub(super) cancel_grace_ms: Option<u64>,
     #[serde(default)]
     pub(super) queue_delay_us: HashMap<String, u64>,
 }
@@ -67,6 +71,8 @@ pub struct ServingSettings {
     pub max_body_bytes_in_flight: usize,
     /// How long an HTTP request's body may take to arrive, from the request's start.
     pub request_body_timeout: Duration,
+    /// How long past a cancelled request's deadline its workers may take to answer it.
+    pub cancel_grace: Duration,
 }
 
 impl ServingSettings {
@@ -89,6 +95,7 @@ impl Default for ServingSettings {
             max_request_bytes: 64 << 20,
             max_body_bytes_in_flight: 256 << 20,
             request_body_timeout: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(5),
         }
     }
 }
@@ -163,7 +170,14 @@ impl ServingSettings {
                 "serving.request_body_timeout_ms must be between 1 and 3600000, got {body_ms}"
             ));
         }
+        let grace_ms = file.cancel_grace_ms.unwrap_or(5000);
+        if grace_ms > 3_600_000 {
+            return invalid(format!(
+                "serving.cancel_grace_ms must be at most 3600000, got {grace_ms}"
+            ));
+        }
         Ok(Self {
+            cancel_grace: Duration::from_millis(grace_ms),
             max_body_bytes_in_flight,
             request_body_timeout: Duration::from_millis(body_ms),
             max_queue_items,

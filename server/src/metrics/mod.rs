@@ -55,6 +55,9 @@ pub struct Metrics {
     pub inference_queue_items: IntGaugeVec,
     /// Inference requests outstanding (queued or in flight), by tenant.
     pub inference_outstanding: IntGaugeVec,
+    /// Serve streams ended because their worker held cancelled items past the request's
+    /// deadline plus the grace, by model.
+    pub cancel_overruns: IntCounterVec,
     /// Serve streams, by model.
     pub serving_workers: IntGaugeVec,
     /// Open connections, by listener.
@@ -232,6 +235,12 @@ impl Metrics {
                 "modelshare_inference_requests_outstanding",
                 "Inference requests queued or in flight, by tenant (admin: the admin).",
                 &["tenant"],
+            )?,
+            cancel_overruns: counter_vec(
+                "modelshare_inference_cancel_overruns_total",
+                "Worker Serve streams ended because the worker neither answered nor acknowledged \
+                 cancelled items within their deadline plus the grace, by model.",
+                &["model"],
             )?,
             serving_workers: gauge_vec(
                 "modelshare_serving_workers",

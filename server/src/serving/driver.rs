@@ -239,6 +239,7 @@ impl Driver {
             self.retry_at,
             self.sched.next_deadline(),
             self.sched.next_no_worker_expiry(self.config.no_worker_wait),
+            self.sched.next_cancel_due(),
         ]
         .into_iter()
         .flatten()
@@ -447,6 +448,25 @@ impl Driver {
         self.finish_all(completed);
     }
 
+    /// Ends the stream of a worker that held cancelled items past their request's deadline
+    /// plus the grace without answering them: the tenant's share they held is given back, and
+    /// the metric counts it. Its other items go back to the queue once.
+    fn overran(&mut self, id: WorkerId) {
+        if let Some(conn) = self.conns.get(&id) {
+            let model = conn.offer.spec.model.clone();
+            warn!(serve = %conn.offer.serve_id, %model,
+                  "worker held cancelled items past their deadline and the grace; its stream is ended");
+            self.metrics
+                .cancel_overruns
+                .with_label_values(&[model.as_str()])
+                .inc();
+            let _ = conn.events.send(Err(Status::deadline_exceeded(
+                "cancelled items were neither answered nor acknowledged within their deadline and the grace; this Serve stream is ended",
+            )));
+        }
+        self.ended(id, StreamEnd::Lost);
+    }
+
     /// Ends a worker's stream for breaking the protocol; its items go back to the queue.
     fn protocol_error(&mut self, id: WorkerId, message: String) {
         if let Some(conn) = self.conns.get(&id) {
@@ -507,6 +527,9 @@ impl Driver {
     fn pump(&mut self, now: Instant) {
         let expired = self.sched.expire_deadlines(now);
         self.finish_all(expired);
+        for id in self.sched.overdue_workers(now) {
+            self.overran(id);
+        }
         let no_worker = self
             .sched
             .expire_without_workers(now, self.config.no_worker_wait);

@@ -2,7 +2,7 @@
 //! reassembly of a request's outcomes in item order once the last one is in.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::ids::{BatchId, ItemId, RequestId, Tenant, WorkerId};
 
@@ -112,15 +112,30 @@ enum Slot<O> {
 struct Record<O> {
     tenant: Tenant,
     model: String,
+    deadline: Instant,
     slots: Vec<Slot<O>>,
     /// Slots not yet `Done`.
     remaining: usize,
 }
 
-/// The outstanding requests, and how many each tenant has.
+/// A cancelled request whose items a worker still computes: it still counts in its tenant's
+/// share until each of those items is answered (its batch's result, or its worker gone), or
+/// until `until` (its deadline plus the grace), when its workers are ended.
+#[derive(Debug)]
+struct Lingering {
+    tenant: Tenant,
+    /// Items still at a worker.
+    items: usize,
+    /// When its workers must have answered.
+    until: Instant,
+}
+
+/// The outstanding requests, and how many each tenant has (cancelled ones whose items a
+/// worker still computes included).
 #[derive(Debug)]
 pub(super) struct Requests<O> {
     records: HashMap<RequestId, Record<O>>,
+    lingering: HashMap<RequestId, Lingering>,
     per_tenant: HashMap<Tenant, usize>,
     next_id: u64,
 }
@@ -129,6 +144,7 @@ impl<O> Default for Requests<O> {
     fn default() -> Self {
         Self {
             records: HashMap::new(),
+            lingering: HashMap::new(),
             per_tenant: HashMap::new(),
             next_id: 0,
         }
@@ -152,7 +168,13 @@ impl<O> Requests<O> {
     }
 
     /// Records a new request of `items` queued items and returns its id.
-    pub(super) fn insert(&mut self, tenant: Tenant, model: String, items: usize) -> RequestId {
+    pub(super) fn insert(
+        &mut self,
+        tenant: Tenant,
+        model: String,
+        items: usize,
+        deadline: Instant,
+    ) -> RequestId {
         self.next_id = self.next_id.wrapping_add(1);
         let id = RequestId(self.next_id);
         *self.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
@@ -162,6 +184,7 @@ impl<O> Requests<O> {
             Record {
                 tenant,
                 model,
+                deadline,
                 slots,
                 remaining: items,
             },
@@ -225,9 +248,15 @@ impl<O> Requests<O> {
     }
 
     /// Removes a request (cancellation): returns its tenant, its model and its items in flight.
-    pub(super) fn cancel(&mut self, id: RequestId) -> Option<(Tenant, String, Vec<InFlightItem>)> {
-        let record = self.remove_record(id)?;
-        let in_flight = record
+    /// While items of it are in flight it still counts in its tenant's share (see
+    /// [`Self::settle`]), until its deadline plus `grace`.
+    pub(super) fn cancel(
+        &mut self,
+        id: RequestId,
+        grace: Duration,
+    ) -> Option<(Tenant, String, Vec<InFlightItem>)> {
+        let record = self.records.remove(&id)?;
+        let in_flight: Vec<InFlightItem> = record
             .slots
             .iter()
             .enumerate()
@@ -240,17 +269,73 @@ impl<O> Requests<O> {
                 Slot::Queued | Slot::Done(_) => None,
             })
             .collect();
+        if in_flight.is_empty() {
+            self.uncount(&record.tenant);
+        } else {
+            self.lingering.insert(
+                id,
+                Lingering {
+                    tenant: record.tenant.clone(),
+                    items: in_flight.len(),
+                    until: record.deadline + grace,
+                },
+            );
+        }
         Some((record.tenant, record.model, in_flight))
+    }
+
+    /// An item of a cancelled request was answered by its worker (or its worker is gone):
+    /// once none is left at a worker, the request stops counting in its tenant's share.
+    pub(super) fn settle(&mut self, item: ItemId) {
+        let Some(l) = self.lingering.get_mut(&item.request) else {
+            return;
+        };
+        l.items = l.items.saturating_sub(1);
+        if l.items == 0 {
+            let tenant = l.tenant.clone();
+            self.lingering.remove(&item.request);
+            self.uncount(&tenant);
+        }
+    }
+
+    /// Whether `request` was cancelled with items still at a worker.
+    pub(super) fn is_lingering(&self, request: RequestId) -> bool {
+        self.lingering.contains_key(&request)
+    }
+
+    /// Cancelled requests whose workers are past their deadline plus the grace.
+    pub(super) fn overdue(&self, now: Instant) -> Vec<RequestId> {
+        self.lingering
+            .iter()
+            .filter(|(_, l)| now >= l.until)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// When the next cancelled request's workers are due.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.lingering.values().map(|l| l.until).min()
+    }
+
+    /// Stops counting a lingering request (its workers were ended).
+    pub(super) fn forget(&mut self, request: RequestId) {
+        if let Some(l) = self.lingering.remove(&request) {
+            self.uncount(&l.tenant);
+        }
+    }
+
+    fn uncount(&mut self, tenant: &Tenant) {
+        if let Some(count) = self.per_tenant.get_mut(tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
     }
 
     fn remove_record(&mut self, id: RequestId) -> Option<Record<O>> {
         let record = self.records.remove(&id)?;
-        if let Some(count) = self.per_tenant.get_mut(&record.tenant) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.per_tenant.remove(&record.tenant);
-            }
-        }
+        self.uncount(&record.tenant);
         Some(record)
     }
 }

@@ -48,6 +48,10 @@ pub struct Limits {
     pub max_queue_delay: Duration,
     /// Items a weight-1 tenant may take per turn of the round robin (0 is taken as 1).
     pub quantum: u32,
+    /// How long past a cancelled request's deadline its workers may take to answer or
+    /// acknowledge the cancel (it counts in its tenant's share until then); past it, their
+    /// streams are ended ([`Scheduler::overdue_workers`]).
+    pub cancel_grace: Duration,
 }
 
 impl Default for Limits {
@@ -57,6 +61,7 @@ impl Default for Limits {
             max_tenant_requests: 256,
             max_queue_delay: Duration::from_millis(1),
             quantum: 1,
+            cancel_grace: Duration::from_secs(5),
         }
     }
 }
@@ -208,7 +213,7 @@ impl<O> Scheduler<O> {
         }
         let id = self
             .requests
-            .insert(tenant.clone(), model.clone(), item_bytes.len());
+            .insert(tenant.clone(), model.clone(), item_bytes.len(), deadline);
         let queue = self.queues.entry(model).or_default();
         for (index, bytes) in item_bytes.into_iter().enumerate() {
             let item = QueuedItem {
@@ -251,7 +256,9 @@ impl<O> Scheduler<O> {
         let mut requeue: Vec<(Tenant, QueuedItem)> = Vec::new();
         for item in worker.in_flight.into_values().flatten() {
             let Some(tenant) = self.requests.tenant_of(item.id.request).cloned() else {
-                continue; // cancelled while in flight
+                // Cancelled while in flight: its worker is gone, so it is answered.
+                self.requests.settle(item.id);
+                continue;
             };
             if item.requeued {
                 let outcome = Outcome::failed(ItemError::Unavailable);
@@ -379,6 +386,11 @@ impl<O> Scheduler<O> {
         let mut results = results.into_iter();
         let mut completed = Vec::new();
         for item in items {
+            if self.requests.is_lingering(item.id.request) {
+                results.next();
+                self.requests.settle(item.id);
+                continue;
+            }
             let result = match results.next() {
                 Some(Ok(output)) => Ok(output),
                 Some(Err(error)) => Err(error.into()),
@@ -395,7 +407,8 @@ impl<O> Scheduler<O> {
     /// items in flight (their results will be ignored; the caller may tell the workers), or
     /// `None` if the request is not outstanding.
     pub fn cancel(&mut self, id: RequestId) -> Option<Vec<InFlightItem>> {
-        let (tenant, model, in_flight) = self.requests.cancel(id)?;
+        let grace = self.limits.cancel_grace;
+        let (tenant, model, in_flight) = self.requests.cancel(id, grace)?;
         if let Some(queue) = self.queues.get_mut(&model) {
             queue.remove_request(&tenant, id);
             if queue.is_empty() {
@@ -403,6 +416,41 @@ impl<O> Scheduler<O> {
             }
         }
         Some(in_flight)
+    }
+
+    /// The workers that hold items of a cancelled request past its deadline plus the grace
+    /// ([`Limits::cancel_grace`]): they neither answered nor acknowledged the cancel, so their
+    /// streams are to be ended (which settles those items). A request none of whose items a
+    /// worker holds any more stops counting.
+    pub fn overdue_workers(&mut self, now: Instant) -> Vec<WorkerId> {
+        let mut out = Vec::new();
+        for request in self.requests.overdue(now) {
+            let holders: Vec<WorkerId> = self
+                .workers
+                .iter()
+                .filter(|(_, w)| {
+                    w.in_flight
+                        .values()
+                        .flatten()
+                        .any(|item| item.id.request == request)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            if holders.is_empty() {
+                self.requests.forget(request);
+            }
+            for h in holders {
+                if !out.contains(&h) {
+                    out.push(h);
+                }
+            }
+        }
+        out
+    }
+
+    /// When the next cancelled request's workers are due to have answered.
+    pub fn next_cancel_due(&self) -> Option<Instant> {
+        self.requests.next_due()
     }
 
     /// Fails the queued items of every model whose deadline has passed.

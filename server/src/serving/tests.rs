@@ -635,7 +635,7 @@ fn a_worker_that_serves_one_tenant_takes_only_that_tenants_items() {
     let batch = s.next_batch(w, t0 + ms(5)).batch.expect("b's items");
     assert_eq!(batch.items.len(), 2);
     assert!(batch.items.iter().all(|i| i.id.request == rb));
-    let done = s.complete(w, batch.id, ok(2));
+    let done = s.complete(w, batch.id, ok(1));
     assert_eq!(done.len(), 1);
     // a's items stay queued: this worker never takes them.
     assert!(s.next_batch(w, t0 + ms(10)).batch.is_none());
@@ -662,4 +662,53 @@ fn items_no_worker_may_receive_expire_even_when_the_model_has_workers() {
     assert_eq!(done[0].outcomes[0].result, Err(ItemError::NoWorker));
     assert_eq!(s.queued_for_tenant(&b), 1);
     assert_eq!(s.next_no_worker_expiry(ms(100)), None);
+}
+
+/// A cancelled request gave its tenant's share back at once while its worker still computed
+/// it: a tenant could keep a worker busy without end by cancelling. It now counts until the
+/// worker answers its batch, or until its deadline plus the grace, when that worker is named
+/// to be ended (and once it is, the share is free).
+#[test]
+fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
+    let t0 = Instant::now();
+    let grace = Duration::from_secs(5);
+    let mut s: Scheduler = Scheduler::new(Limits {
+        max_tenant_requests: 1,
+        max_queue_delay: Duration::ZERO,
+        cancel_grace: grace,
+        ..Limits::default()
+    });
+    let a = tenant("a");
+    let w = WorkerId(1);
+    assert!(s.register_worker(w, spec(1, 4, 8, 0)));
+
+    // Answered after the cancel: the share comes back with the answer.
+    let id = submit(&mut s, &a, &[1], t0);
+    let batch = s.next_batch(w, t0).batch.expect("dispatched");
+    assert_eq!(s.cancel(id).expect("outstanding").len(), 1, "in flight");
+    assert_eq!(s.outstanding_for_tenant(&a), 1, "still at the worker");
+    assert!(matches!(
+        s.submit(request(&a, &[1], t0)),
+        Err(Admission::TenantQuota { .. })
+    ));
+    let done = s.complete(w, batch.id, ok(1));
+    assert!(done.is_empty(), "a cancelled request completes nothing");
+    assert_eq!(s.outstanding_for_tenant(&a), 0);
+    assert!(s.is_drained());
+
+    // Never answered: at its deadline plus the grace its worker is named, and once that
+    // worker is gone the share is free.
+    let id = submit(&mut s, &a, &[1], t0);
+    let _held = s.next_batch(w, t0).batch.expect("dispatched");
+    s.cancel(id).expect("outstanding");
+    let deadline = t0 + Duration::from_secs(60);
+    assert_eq!(s.next_cancel_due(), Some(deadline + grace));
+    assert!(s.overdue_workers(deadline).is_empty(), "within the grace");
+    assert_eq!(s.overdue_workers(deadline + grace), vec![w]);
+    assert_eq!(s.outstanding_for_tenant(&a), 1);
+    let completed = s.unregister_worker(w);
+    assert!(completed.is_empty());
+    assert_eq!(s.outstanding_for_tenant(&a), 0);
+    assert_eq!(s.next_cancel_due(), None);
+    assert!(s.is_drained());
 }
