@@ -55,11 +55,10 @@ type GrpcStack = tower::layer::util::Stack<
     >,
 >;
 
-/// Largest gRPC message accepted or sent (manifests with metadata files can be large).
-const MAX_MESSAGE_BYTES: usize = 128 << 20;
-/// The largest admin request: names, paths and access lists need kilobytes; a client's
-/// megabytes there are refused before they are decoded (answers may still be large).
-const MAX_ADMIN_REQUEST_BYTES: usize = 1 << 20;
+/// Largest gRPC message accepted or sent (`message_limits` refuses larger requests first).
+const MAX_MESSAGE_BYTES: usize = crate::message_limits::PAYLOAD_MESSAGE_BYTES as usize;
+/// The largest admin request (`message_limits` refuses larger ones first).
+const MAX_ADMIN_REQUEST_BYTES: usize = crate::message_limits::ADMIN_REQUEST_BYTES as usize;
 /// Requests served at once on one connection.
 const CONCURRENCY_PER_CONNECTION: usize = 256;
 
@@ -213,7 +212,9 @@ fn router(
         .layer(GrpcMetricsLayer::new(app.metrics.clone()))
         // Bearer token → caller; uid binding; in-flight quota.
         .layer(AuthLayer::new(app.tenants.clone(), app.metrics.clone()))
-        // Kilobytes for the methods that carry no payload (see `message_limits`).
+        // Every request message bounded by its method, refused as RESOURCE_EXHAUSTED from its
+        // length prefix before it is buffered (see `message_limits`): kilobytes for the methods
+        // that carry no payload, 1 MiB for the admin service, 128 MiB for payloads.
         .layer(MessageLimitLayer)
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)

@@ -1,7 +1,11 @@
 //! What was left of the earlier round of attacks on the doors: a SIGHUP in the process's first
-//! moments. Each test asserts what the server does (stays up, exits as told), not timings.
+//! moments, and oversized admin requests. Each test asserts what the server does (answers,
+//! stays up, exits as told), not timings.
 
 use std::time::{Duration, Instant};
+
+use modelshare_proto::v1 as pb;
+use tonic::Code;
 
 use crate::common::{Server, stats};
 
@@ -53,4 +57,51 @@ async fn a_sighup_as_soon_as_the_server_runs_is_not_fatal() {
         let status = server.stop_with("TERM");
         assert!(status.success(), "attempt {attempt}: {status}");
     }
+}
+
+/// Every oversized request is RESOURCE_EXHAUSTED, on the admin service as on the worker
+/// service (and as the README says): a 2 MiB LoadModel name and a SetModelAccess of 2.5 MiB of
+/// tenant names are refused from their length prefix against the admin service's 1 MiB bound.
+/// Fails if tonic's own decoding limit answers first (OUT_OF_RANGE). A small request is served
+/// as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_admin_requests_are_resource_exhausted() {
+    let server = Server::start().await;
+    let mut admin = server.admin().await.max_encoding_message_size(64 << 20);
+    let name = "x".repeat(2 << 20);
+    let refused = admin
+        .load_model(pb::LoadModelRequest {
+            name,
+            path: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a 2 MiB LoadModel");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("exceeds this method's limit of 1048576 bytes"),
+        "{}",
+        refused.message()
+    );
+
+    let shared_with: Vec<String> = (0..40_000).map(|i| format!("{i:0>64}")).collect();
+    let refused = admin
+        .set_model_access(pb::SetModelAccessRequest {
+            name: "m".into(),
+            access: Some(pb::ModelAccess {
+                shared_with,
+                public: false,
+            }),
+        })
+        .await
+        .expect_err("a 2.5 MiB SetModelAccess");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+
+    assert_eq!(
+        stats(&mut admin).await.arenas,
+        0,
+        "a small request is served as before"
+    );
 }
