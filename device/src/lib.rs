@@ -29,6 +29,8 @@
 //!   restarted server, which [`adopt`](DeviceThread::adopt)s the arena.
 //! - [`peer`]: [`PeerWatch`], a pidfd on a worker process, to notice its exit at once.
 //! - [`error`]: [`DeviceError`], the crate's one error type.
+//! - [`ignore_hangup`]: SIGHUP made harmless, first thing in the server's `main` (a wrapper
+//!   over `signal`, as the crate holds the unsafe code).
 //! - `sys`, `cuda::sys` (private): the only `unsafe` code.
 //!
 //! Data flow of a load: `DeviceThread::allocate` → `ArenaHandle::writer` (one per loading
@@ -66,6 +68,7 @@ pub use host::{HostArena, HostBackend, HostMapping};
 pub use mapping::Mapping;
 pub use peer::PeerWatch;
 pub use replica::PeerSource;
+pub use sys::ignore_hangup;
 pub use thread::{Arena, ArenaHandle, Backend, DeviceCtx, DeviceThread, Reply};
 
 #[cfg(test)]

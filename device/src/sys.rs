@@ -1,6 +1,6 @@
 //! The crate's only `unsafe` code outside the CUDA backend: a read-only shared mapping of a
-//! sealed file ([`SealedMapping`]), and the page-cache residency of a file range
-//! ([`resident`]). The checks that make the mapping sound (the file is sealed against writes,
+//! sealed file ([`SealedMapping`]), the page-cache residency of a file range
+//! ([`resident`]), and SIGHUP ignored at a program's start ([`ignore_hangup`]). The checks that make the mapping sound (the file is sealed against writes,
 //! shrinking and growing, and has the expected size) live here, next to the `mmap` they
 //! justify, so that nothing outside this module can build a mapping without them.
 
@@ -194,4 +194,19 @@ pub(crate) fn resident(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<bo
     unsafe { rustix::mm::munmap(ptr, span) }
         .map_err(|e| DeviceError::io("munmap after a residency query", e))?;
     asked
+}
+
+/// Sets SIGHUP's disposition to "ignore": its default action ends the process. For the first
+/// line of a program's `main`, so that a hang-up sent while it starts is harmless; a handler
+/// installed later (tokio's, which the server reloads its tenants by) replaces the disposition
+/// and receives SIGHUP from then on. Children exec'd while it is ignored inherit that.
+pub fn ignore_hangup() -> std::io::Result<()> {
+    // SAFETY: `SIG_IGN` is no function of ours (no code runs in signal context), and `signal`
+    // changes nothing but the process's disposition of SIGHUP, which no code of this process
+    // relies on before its own handler is installed.
+    let previous = unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+    if previous == libc::SIG_ERR {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -145,7 +145,10 @@ impl App {
         let requested = std::time::Instant::now();
         validate_name(name)?;
         let quota_of = |t: &str| self.tenants.quota_of(t).unwrap_or_default();
-        self.registry
+        // The tenant's `loads` and `models` quotas first, counting its loads admitted and not yet
+        // reserved: a tenant at its quota never holds one of the server's load slots.
+        let claim = self
+            .registry
             .authorize_load(caller, &load_for, &quota_of, name)?;
         let permit = self.load_permit()?;
         // A tenant with a model directory loads from under it only (symlinks out of it are
@@ -232,6 +235,7 @@ impl App {
                 plan.payload_bytes,
                 &uuids,
                 keep_previous,
+                claim,
             )?;
             Ok::<_, ServerError>((reservation, src, plan, files, placed))
         })

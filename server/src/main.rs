@@ -107,9 +107,16 @@ fn refuse_client_flags(matches: &ArgMatches) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // First of all, the runtime and the SIGHUP handler: SIGHUP's default action ends the
-    // process, and a reload may be sent to a server still starting. Once installed, the
-    // handler stays for the process (`serve` listens to it later; other commands ignore it).
+    // First of all, SIGHUP ignored: its default action ends the process, and a reload may be
+    // sent to a server still starting; building the runtime takes milliseconds, in which a
+    // SIGHUP was fatal. (One before `main`, in the dynamic loader's moments, still is: nothing
+    // in the process can change that.)
+    if let Err(e) = modelshare_device::ignore_hangup() {
+        eprintln!("warning: cannot ignore SIGHUP while starting: {e}");
+    }
+    // Then the runtime and its SIGHUP handler, which replaces the disposition. Once installed,
+    // the handler stays for the process (`serve` listens to it later; other commands ignore
+    // it), and children the process starts get SIGHUP's default action back.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

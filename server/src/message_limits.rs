@@ -6,6 +6,11 @@
 //! 5-byte prefix of each gRPC message as the request body streams in (`flag`, then a 32-bit
 //! big-endian length) and fails the call with RESOURCE_EXHAUSTED as soon as a message declares
 //! more than its method allows, before the message is buffered.
+//!
+//! Every method of every service has its bound here, the services' own (tonic's
+//! `max_decoding_message_size`, set to the same figures in `serve::router`) included: tonic
+//! answers a message past those with OUT_OF_RANGE, and an oversized request is the same
+//! refusal whichever service it reaches.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -17,19 +22,29 @@ use tower::{Layer, Service};
 /// The bound on a request message of methods that carry no payload (names, ids, heartbeats).
 pub const SMALL_REQUEST_BYTES: u32 = 64 << 10;
 
-/// Methods whose requests carry payloads: bounded by their service's own limit only.
+/// The bound on an admin request: names, paths and access lists need kilobytes; a client's
+/// megabytes there are refused before they are decoded (answers may still be large).
+pub const ADMIN_REQUEST_BYTES: u32 = 1 << 20;
+
+/// The bound on a request of the methods that carry payloads, and on any message the server
+/// sends (manifests with metadata files can be large).
+pub const PAYLOAD_MESSAGE_BYTES: u32 = 128 << 20;
+
+/// Methods whose requests carry payloads.
 const PAYLOAD_METHODS: &[&str] = &[
     "/modelshare.v1.WorkerService/Serve",
     "/inference.GRPCInferenceService/ModelInfer",
 ];
 
-/// The bound for `path` (`/package.Service/Method`), `None` when the service's limit applies.
-pub fn limit_for(path: &str) -> Option<u32> {
-    if PAYLOAD_METHODS.contains(&path) || path.starts_with("/modelshare.v1.AdminService/") {
-        // The admin service has its own (1 MiB) bound, set on the service.
-        return None;
+/// The bound for `path` (`/package.Service/Method`).
+pub fn limit_for(path: &str) -> u32 {
+    if PAYLOAD_METHODS.contains(&path) {
+        PAYLOAD_MESSAGE_BYTES
+    } else if path.starts_with("/modelshare.v1.AdminService/") {
+        ADMIN_REQUEST_BYTES
+    } else {
+        SMALL_REQUEST_BYTES
     }
-    Some(SMALL_REQUEST_BYTES)
 }
 
 /// The layer.
@@ -62,16 +77,14 @@ where
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        match limit_for(req.uri().path()) {
-            None => self.inner.call(req),
-            Some(limit) => self.inner.call(req.map(|body| {
-                tonic::body::Body::new(Bounded {
-                    body,
-                    limit,
-                    scan: Scan::default(),
-                })
-            })),
-        }
+        let limit = limit_for(req.uri().path());
+        self.inner.call(req.map(|body| {
+            tonic::body::Body::new(Bounded {
+                body,
+                limit,
+                scan: Scan::default(),
+            })
+        }))
     }
 }
 
@@ -199,21 +212,29 @@ mod tests {
         }
     }
 
+    /// Every method has a bound, payload methods and the admin service included: a bound left
+    /// to tonic's service limit is answered OUT_OF_RANGE, not RESOURCE_EXHAUSTED.
     #[test]
-    fn payload_methods_keep_their_service_bound() {
-        assert_eq!(limit_for("/modelshare.v1.WorkerService/Serve"), None);
+    fn every_method_is_bounded_here() {
+        assert_eq!(
+            limit_for("/modelshare.v1.WorkerService/Serve"),
+            PAYLOAD_MESSAGE_BYTES
+        );
         assert_eq!(
             limit_for("/inference.GRPCInferenceService/ModelInfer"),
-            None
+            PAYLOAD_MESSAGE_BYTES
         );
-        assert_eq!(limit_for("/modelshare.v1.AdminService/LoadModel"), None);
+        assert_eq!(
+            limit_for("/modelshare.v1.AdminService/LoadModel"),
+            ADMIN_REQUEST_BYTES
+        );
         assert_eq!(
             limit_for("/modelshare.v1.WorkerService/Attach"),
-            Some(SMALL_REQUEST_BYTES)
+            SMALL_REQUEST_BYTES
         );
         assert_eq!(
             limit_for("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
-            Some(SMALL_REQUEST_BYTES)
+            SMALL_REQUEST_BYTES
         );
     }
 }

@@ -55,11 +55,10 @@ type GrpcStack = tower::layer::util::Stack<
     >,
 >;
 
-/// Largest gRPC message accepted or sent (manifests with metadata files can be large).
-const MAX_MESSAGE_BYTES: usize = 128 << 20;
-/// The largest admin request: names, paths and access lists need kilobytes; a client's
-/// megabytes there are refused before they are decoded (answers may still be large).
-const MAX_ADMIN_REQUEST_BYTES: usize = 1 << 20;
+/// Largest gRPC message accepted or sent (`message_limits` refuses larger requests first).
+const MAX_MESSAGE_BYTES: usize = crate::message_limits::PAYLOAD_MESSAGE_BYTES as usize;
+/// The largest admin request (`message_limits` refuses larger ones first).
+const MAX_ADMIN_REQUEST_BYTES: usize = crate::message_limits::ADMIN_REQUEST_BYTES as usize;
 /// Requests served at once on one connection.
 const CONCURRENCY_PER_CONNECTION: usize = 256;
 
@@ -213,7 +212,9 @@ fn router(
         .layer(GrpcMetricsLayer::new(app.metrics.clone()))
         // Bearer token → caller; uid binding; in-flight quota.
         .layer(AuthLayer::new(app.tenants.clone(), app.metrics.clone()))
-        // Kilobytes for the methods that carry no payload (see `message_limits`).
+        // Every request message bounded by its method, refused as RESOURCE_EXHAUSTED from its
+        // length prefix before it is buffered (see `message_limits`): kilobytes for the methods
+        // that carry no payload, 1 MiB for the admin service, 128 MiB for payloads.
         .layer(MessageLimitLayer)
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)
@@ -280,9 +281,10 @@ pub async fn run_notify(
                 open_file_limit = nofile,
                 max_sessions = config.registry.max_sessions,
                 max_tickets = config.registry.tickets.total,
+                max_tickets_per_tenant = config.registry.tickets.per_tenant,
                 max_connections = config.connections.max_per_listener,
                 "sessions, unredeemed tickets and connections per listener lowered to a quarter \
-                 of the open-file limit each"
+                 of the open-file limit each (a tenant's tickets to half of those)"
             );
         }
     }
@@ -636,9 +638,9 @@ async fn sweep_held_records(app: App) {
 }
 
 /// Lowers the most sessions (each holds a pidfd of its worker), the most unredeemed tickets
-/// (each holds a descriptor of an arena) and the most connections of each listener so that
-/// each takes at most a quarter of `nofile`; the rest stays for arenas, model files and the
-/// log. Returns whether it changed any.
+/// (each holds a descriptor of an arena; a tenant's scaled with them, to half at most) and the
+/// most connections of each listener so that each takes at most a quarter of `nofile`; the
+/// rest stays for arenas, model files and the log. Returns whether it changed any.
 pub fn fit_to_fd_limit(
     limits: &mut crate::registry::RegistryLimits,
     connections: &mut crate::connections::ConnLimits,
@@ -647,17 +649,19 @@ pub fn fit_to_fd_limit(
     let share = usize::try_from(nofile / 4).unwrap_or(usize::MAX).max(1);
     let before = (
         limits.max_sessions,
-        limits.tickets.total,
+        limits.tickets,
         connections.max_per_listener,
     );
     limits.max_sessions = limits.max_sessions.min(share);
-    limits.tickets.total = limits.tickets.total.min(share);
+    // A tenant's unredeemed tickets are scaled with the total (half of it at most), so one
+    // tenant cannot take them all.
+    limits.tickets = limits.tickets.lowered_to(share);
     connections.max_per_listener = connections.max_per_listener.min(share);
     connections.max_per_peer = connections.max_per_peer.min(connections.max_per_listener);
     before
         != (
             limits.max_sessions,
-            limits.tickets.total,
+            limits.tickets,
             connections.max_per_listener,
         )
 }
@@ -680,6 +684,10 @@ mod tests {
             "the defaults exceed a quarter of 1024 each"
         );
         assert_eq!((limits.max_sessions, limits.tickets.total), (256, 256));
+        assert_eq!(
+            limits.tickets.per_tenant, 128,
+            "a tenant's ticket cap is scaled with the total: half of it"
+        );
         assert_eq!((conns.max_per_listener, conns.max_per_peer), (256, 256));
     }
 }

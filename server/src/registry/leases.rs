@@ -16,6 +16,13 @@ use super::graveyard::Graveyard;
 /// How many unredeemed tickets (each holding an open descriptor) may be outstanding: per
 /// session, per tenant and in all. An attach past one of them is refused, not served by
 /// dropping someone else's ticket, so one client cannot exhaust the server's descriptors.
+///
+/// A tenant's share is also bounded by what the others leave ([`TicketLimits::tenant_share`]):
+/// it takes at most half of the places other tenants do not hold, so one tenant (or several)
+/// cannot take every place however low `total` is (a quarter of a low open-file limit), and
+/// whoever comes next finds room. There is no renewing a ticket: it expires `ticket_ttl_ms`
+/// after its attach, and attaching again is another lease and another ticket, counted against
+/// the share again, so attaching as fast as places free up does not keep others out either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TicketLimits {
     /// Per session.
@@ -24,6 +31,27 @@ pub struct TicketLimits {
     pub per_tenant: usize,
     /// In all.
     pub total: usize,
+}
+
+impl TicketLimits {
+    /// How many unredeemed tickets one tenant may hold while the other tenants (and callers
+    /// without one) hold `others`: `per_tenant`, and at most half of the places the others
+    /// leave, at least 1.
+    pub fn tenant_share(&self, others: usize) -> usize {
+        let left = self.total.saturating_sub(others);
+        self.per_tenant.min((left / 2).max(1))
+    }
+
+    /// `total` lowered to `total` at most, and `per_tenant` scaled with it: half of it at most
+    /// (at least 1), the share of a tenant when nobody else holds a ticket.
+    pub fn lowered_to(self, total: usize) -> Self {
+        let total = self.total.min(total);
+        Self {
+            per_tenant: self.per_tenant.min((total / 2).max(1)),
+            total,
+            ..self
+        }
+    }
 }
 
 impl Default for TicketLimits {
@@ -181,10 +209,12 @@ impl Leases {
         }
         if let Some(tenant) = &record.tenant {
             let n = self.per_tenant.get(tenant).copied().unwrap_or(0);
-            if over(n, limits.per_tenant) {
+            let others = self.tickets.len().saturating_sub(n);
+            let share = limits.tenant_share(others);
+            if over(n, share) {
                 return Err(IssueError::Limit {
                     scope: format!("of tenant {tenant}"),
-                    limit: limits.per_tenant,
+                    limit: share,
                 });
             }
         }
@@ -403,11 +433,63 @@ mod tests {
         assert_eq!(g.fds.len(), 1, "its descriptor is closed after the lock");
     }
 
+    /// One tenant cannot take every unredeemed-ticket place when the total is low (a quarter
+    /// of a low open-file limit) and its own cap is not: it takes at most half of what the
+    /// other tenants do not hold, so whoever comes next finds room, however often the first
+    /// attaches again as its tickets are redeemed or expire.
+    #[test]
+    fn one_tenant_leaves_room_for_the_others() {
+        let limits = TicketLimits {
+            per_session: 64,
+            per_tenant: 1024,
+            total: 8,
+        };
+        let mut t = Leases::default();
+        let mut g = Graveyard::default();
+        for (tenant, n) in [("a", 8), ("b", 8), ("c", 2)] {
+            for i in 0..n {
+                let lease = format!("{tenant}{i}");
+                t.insert(lease, LeaseRecord::new(tenant, Some(tenant), "m", 1));
+            }
+        }
+        let issue = |t: &mut Leases, g: &mut Graveyard, lease: &str| {
+            t.issue_ticket(lease, some_fd(), None, soon(), &limits, g)
+        };
+        let mut a = Vec::new();
+        for i in 0..8 {
+            match issue(&mut t, &mut g, &format!("a{i}")) {
+                Ok(ticket) => a.push(ticket),
+                Err(e) => {
+                    assert!(e.to_string().contains("of tenant a"), "{e}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(a.len(), 4, "a takes half of the 8 places");
+        // a redeems one and attaches again: back to its share, not past it.
+        t.redeem(&a[0], None, Instant::now(), &mut g)
+            .expect("redeemed");
+        issue(&mut t, &mut g, "a4").expect("a's place again");
+        issue(&mut t, &mut g, "a5").expect_err("still half at most");
+        // b gets half of what a does not hold, and c still finds room after both.
+        issue(&mut t, &mut g, "b0").expect("b's first");
+        issue(&mut t, &mut g, "b1").expect("b's second");
+        issue(&mut t, &mut g, "b2").expect_err("b past half of the 4 a leaves");
+        issue(&mut t, &mut g, "c0").expect("c finds room");
+        assert_eq!(t.tickets(), 7);
+    }
+
     /// Unredeemed tickets are limited per session, per tenant and in all; a refused ticket's
     /// descriptor is closed, a replaced one does not count twice, and a redeemed or expired
-    /// one frees its place.
+    /// one frees its place. A tenant's share is what `per_tenant` allows while nobody else
+    /// holds a ticket, and shrinks to half of what the others leave as they take more.
     #[test]
     fn unredeemed_tickets_are_limited() {
+        let limits = TicketLimits {
+            per_session: 2,
+            per_tenant: 3,
+            total: 6,
+        };
         let mut t = Leases::default();
         let mut g = Graveyard::default();
         for (id, session, tenant) in [
@@ -417,12 +499,14 @@ mod tests {
             ("b1", "sb", Some("t")),
             ("b2", "sb", Some("t")),
             ("c1", "sc", None),
+            ("c2", "sc", None),
             ("d1", "sd", None),
+            ("d2", "sd", None),
         ] {
             t.insert(id.into(), LeaseRecord::new(session, tenant, "m", 1));
         }
         let issue = |t: &mut Leases, g: &mut Graveyard, lease: &str| {
-            t.issue_ticket(lease, some_fd(), None, soon(), &LIMITS, g)
+            t.issue_ticket(lease, some_fd(), None, soon(), &limits, g)
         };
         let first = issue(&mut t, &mut g, "a1").expect("first");
         issue(&mut t, &mut g, "a1").expect("a replacement does not count twice");
@@ -440,10 +524,12 @@ mod tests {
             "{err:?}"
         );
         assert!(err.to_string().contains("of tenant t"), "{err}");
-        issue(&mut t, &mut g, "c1").expect("a caller without a tenant: the fourth in all");
-        let err = issue(&mut t, &mut g, "d1").unwrap_err();
+        for lease in ["c1", "c2", "d1"] {
+            issue(&mut t, &mut g, lease).expect("callers without a tenant: up to 6 in all");
+        }
+        let err = issue(&mut t, &mut g, "d2").unwrap_err();
         assert!(err.to_string().contains("in all"), "{err}");
-        assert_eq!(t.tickets(), 4);
+        assert_eq!(t.tickets(), 6);
         assert_eq!(
             g.fds.len(),
             4,
@@ -461,10 +547,17 @@ mod tests {
             .expect("a1's ticket");
         t.redeem(&live, None, Instant::now(), &mut g)
             .expect("redeemed");
-        issue(&mut t, &mut g, "a3").expect("the session has room again");
-        t.remove("a3", &mut g);
-        issue(&mut t, &mut g, "d1").expect("removing a lease frees its ticket's place");
-        assert_eq!(t.per_session.get("sa"), Some(&1));
-        assert_eq!(t.per_tenant.get("t"), Some(&2));
+        // The session has room again, but the others hold 3 of 6: t's share is 1 now.
+        let err = issue(&mut t, &mut g, "a3").unwrap_err();
+        assert!(
+            matches!(&err, IssueError::Limit { limit: 1, .. }),
+            "{err:?}"
+        );
+        for lease in ["c1", "c2", "d1"] {
+            t.remove(lease, &mut g);
+        }
+        issue(&mut t, &mut g, "a3").expect("removing leases frees their tickets' places");
+        assert_eq!(t.per_session.get("sa"), Some(&2));
+        assert_eq!(t.per_tenant.get("t"), Some(&3));
     }
 }

@@ -13,9 +13,11 @@
 //! - `versions`: the version state machine (reserve, end, retire, unload, free, revoke).
 //! - `holds`: the registry's calls about sessions, leases and tickets.
 //! - `leases`: leases and their one-time tickets, in one store.
+//! - `claims`: loads admitted and not yet reserved, counted against their owner's quotas.
 //! - `graveyard`: what a section releases (arena handles, ticket descriptors), dropped after
 //!   the lock is.
 
+mod claims;
 mod graveyard;
 mod holds;
 mod leases;
@@ -33,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use modelshare_device::ArenaHandle;
 use tokio::sync::broadcast;
 
+pub use self::claims::LoadClaim;
 use self::graveyard::Guard;
 pub use self::leases::{TicketError, TicketLimits};
 pub use self::replicas::ReplicaOnAttach;
@@ -100,6 +103,7 @@ impl Registry {
         payload_bytes: u64,
         devices: &[String],
         keep_previous: bool,
+        claim: LoadClaim,
     ) -> Result<Reservation, ServerError> {
         let Some((device, replicas)) = devices.split_first() else {
             return Err(ServerError::Internal("a load placed on no device".into()));
@@ -129,10 +133,16 @@ impl Registry {
             device,
             replicas,
             keep_previous,
+            claim: &claim,
         };
-        let (version, generation) =
-            self.lock()
-                .reserve(&req, &manifest, &progress, &self.limits)?;
+        let (version, generation) = {
+            let mut st = self.lock();
+            let reserved = st.reserve(&req, &manifest, &progress, &self.limits);
+            // Its version counts from now on (or it was refused): the claim goes in the same
+            // section.
+            drop(claim);
+            reserved?
+        };
         let mut manifest = manifest;
         manifest.version = version;
         Ok(Reservation {
@@ -307,31 +317,37 @@ impl Registry {
         ended
     }
 
-    /// Whether `caller` may load a version of `model` for `load_for` now (checked again, under
-    /// the same lock as the reservation, by [`Registry::reserve`]). Lets a load be refused
-    /// before its files are read.
+    /// Admits a load of `model` by `caller` for `load_for` (checked again, under the same lock
+    /// as the reservation, by [`Registry::reserve`]). Lets a load be refused before its files
+    /// are read.
     ///
     /// The owner's `loads` and `models` quotas are checked here too, before the load takes one
-    /// of the server's load slots: a tenant at its limit must not hold slots that others'
-    /// loads need while its files are read, only to be refused afterwards.
+    /// of the server's load slots, counting the loads admitted and not yet reserved: a tenant
+    /// at its limit must not hold slots that others' loads need while its files are read, only
+    /// to be refused afterwards. The claim returned counts this load so until it is handed to
+    /// [`Registry::reserve`] or dropped.
     pub fn authorize_load(
         &self,
         caller: &Caller,
         load_for: &LoadFor,
         quota_of: &dyn Fn(&str) -> Quota,
         model: &str,
-    ) -> Result<(), ServerError> {
-        let st = self.lock();
+    ) -> Result<LoadClaim, ServerError> {
+        let mut st = self.lock();
         let (owner, new_model) = st.resolve_owner(caller, load_for, model)?;
-        if let Some(tenant) = &owner {
-            let quota = quota_of(tenant);
-            let used = st.usage(tenant);
-            quota.check(tenant, Resource::Loads, u64::from(used.loads), 1)?;
-            if new_model {
-                quota.check(tenant, Resource::Models, u64::from(used.models), 1)?;
-            }
+        let Some(tenant) = owner else {
+            return Ok(LoadClaim::default());
+        };
+        let quota = quota_of(&tenant);
+        let used = st.usage(&tenant);
+        let (loads, models) = st.claims.of(&tenant, None);
+        let loads = used.loads.saturating_add(loads);
+        quota.check(&tenant, Resource::Loads, u64::from(loads), 1)?;
+        if new_model {
+            let models = used.models.saturating_add(models);
+            quota.check(&tenant, Resource::Models, u64::from(models), 1)?;
         }
-        Ok(())
+        Ok(st.claims.take(&tenant, new_model))
     }
 
     /// Whether `caller` could attach `version` of `model` now (0: the latest).

@@ -158,6 +158,8 @@ pub(super) struct State {
     pub(super) models: BTreeMap<String, ModelRecord>,
     pub(super) sessions: BTreeMap<String, SessionRecord>,
     pub(super) leases: Leases,
+    /// Loads admitted and not yet reserved, by owner.
+    pub(super) claims: super::claims::Claims,
     /// Bytes of arenas held or reserved.
     pub(super) arena_bytes: u64,
     /// Arenas held or reserved.

@@ -113,6 +113,7 @@ fn begin(
         0,
         &[device.uuid().to_owned()],
         false,
+        LoadClaim::default(),
     )?;
     let arena = device.allocate(0, model).wait().expect("allocate");
     registry.set_arena(&r.model, r.version, arena);
@@ -230,6 +231,69 @@ fn the_loads_quota_counts_running_loads() {
         .expect("under the quota again");
     assert_eq!(registry.usage("t").loads, 0);
     begin(&registry, &device, &tenant, &load_for, quota, "b").expect("a slot is free again");
+}
+
+/// A load admitted under the `loads` quota counts against it from then on, while its files
+/// are read and before its version is reserved: a tenant whose quota is 1 that sends three
+/// loads at once gets one admitted (and one of the server's load slots) and two refused, not
+/// three slots held until validation ends. Giving the admission up frees its place.
+#[test]
+fn a_load_counts_against_the_loads_quota_from_its_admission() {
+    let registry = Registry::new(RegistryLimits::default());
+    let quota = Quota {
+        loads: Some(1),
+        ..Quota::default()
+    };
+    let tenant = Caller::Tenant {
+        name: Arc::from("t"),
+        quota,
+    };
+    let load_for = LoadFor {
+        default_owner: Some("t".into()),
+        ..LoadFor::default()
+    };
+    let first = registry
+        .authorize_load(&tenant, &load_for, &|_| quota, "a")
+        .expect("the first load");
+    for model in ["b", "c"] {
+        match registry.authorize_load(&tenant, &load_for, &|_| quota, model) {
+            Err(ServerError::QuotaExceeded { quota: "loads", .. }) => {}
+            other => panic!("expected the loads quota while 'a' is validated, got {other:?}"),
+        }
+    }
+    assert!(
+        registry
+            .authorize_load(&Caller::Admin, &LoadFor::default(), &|_| quota, "d")
+            .is_ok(),
+        "the admin's own load is not the tenant's"
+    );
+    drop(first);
+    let second = registry
+        .authorize_load(&tenant, &load_for, &|_| quota, "b")
+        .expect("the place is free once the first admission is given up");
+    // Reserved, the load counts as its loading version, and its claim no more.
+    let device = probe_device(&Arc::new(Probe::default()));
+    let b = registry
+        .reserve(
+            &tenant,
+            &load_for,
+            &|_| quota,
+            empty_manifest("b"),
+            "m",
+            0,
+            &[device.uuid().to_owned()],
+            false,
+            second,
+        )
+        .expect("b reserved under its own admission");
+    assert_eq!(registry.usage("t").loads, 1);
+    registry
+        .authorize_load(&tenant, &load_for, &|_| quota, "c")
+        .expect_err("b is loading");
+    registry.finish_load(&b.model, b.version, Ok(b.manifest.clone()));
+    registry
+        .authorize_load(&tenant, &load_for, &|_| quota, "c")
+        .expect("b's claim went with its reservation");
 }
 
 /// Ending a lease ends its ticket in the same step: a session's end closes the descriptors
@@ -452,6 +516,7 @@ fn reserve_on(
         0,
         &devices,
         false,
+        LoadClaim::default(),
     )
 }
 
@@ -663,6 +728,7 @@ fn a_tenants_stats_count_replicas_as_arenas() {
             0,
             &devices,
             false,
+            LoadClaim::default(),
         )
         .expect("reserve");
     let own = registry.stats(&tenant);

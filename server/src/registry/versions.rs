@@ -30,6 +30,8 @@ pub(super) struct LoadRequest<'a> {
     /// Devices of further replicas, copied from the first once it is ready.
     pub(super) replicas: &'a [String],
     pub(super) keep_previous: bool,
+    /// The load's admission ([`super::Registry::authorize_load`]), not counted twice.
+    pub(super) claim: &'a super::LoadClaim,
 }
 
 impl std::fmt::Debug for LoadRequest<'_> {
@@ -76,9 +78,13 @@ impl State {
             let quota = (req.quota_of)(tenant);
             let used = self.usage(tenant);
             quota.check(tenant, Resource::DeviceBytes, used.device_bytes, bytes)?;
-            quota.check(tenant, Resource::Loads, u64::from(used.loads), 1)?;
+            // Other loads admitted and not yet reserved count too.
+            let (loads, models) = self.claims.of(tenant, Some(req.claim));
+            let loads = used.loads.saturating_add(loads);
+            quota.check(tenant, Resource::Loads, u64::from(loads), 1)?;
             if new_model {
-                quota.check(tenant, Resource::Models, u64::from(used.models), 1)?;
+                let models = used.models.saturating_add(models);
+                quota.check(tenant, Resource::Models, u64::from(models), 1)?;
             }
         }
         self.arena_bytes += bytes;

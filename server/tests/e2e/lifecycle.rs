@@ -1125,19 +1125,20 @@ async fn memory_a_revoked_worker_keeps_is_counted_until_it_exits() {
     server.stop_with("TERM");
 }
 
-/// Whether process `pid` catches SIGHUP (bit 0 of `SigCgt` in `/proc/<pid>/status`).
+/// Whether process `pid` ignores or catches SIGHUP (bit 0 of `SigIgn` or `SigCgt` in
+/// `/proc/<pid>/status`): the server ignores it first thing, then catches it.
 fn catches_sighup(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            let hex = s
-                .lines()
-                .find_map(|l| l.strip_prefix("SigCgt:"))?
-                .trim()
-                .to_owned();
-            u64::from_str_radix(&hex, 16).ok()
-        })
-        .is_some_and(|mask| mask & 1 != 0)
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let mask = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    (mask("SigIgn:") | mask("SigCgt:")) & 1 != 0
 }
 
 /// A SIGHUP (tenants reload) sent while the server is still starting must not kill it: the
