@@ -75,6 +75,17 @@ impl Item {
         self.cancel.cancelled().await;
     }
 
+    /// A handle that tells whether the server has cancelled the item, for work that runs
+    /// away from the item (a compute thread checking between groups).
+    pub fn cancellation(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Cancels the item as the server would (for tests of a handler).
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
     /// Converts a wire item, checking its input against the kinds the worker accepts;
     /// `cancel` is cancelled when the server cancels it.
     pub(super) fn from_pb(

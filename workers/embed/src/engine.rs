@@ -2,11 +2,14 @@
 //! stream and buffers), so that no device work runs on the async runtime or under a lock.
 //! Handlers send it whole batches of sequences; it sorts them by length, cuts them into
 //! groups that fit the encoder's limits (padding only to each group's longest), runs them
-//! and answers in the caller's order.
+//! and answers in the caller's order. Between groups it looks at each sequence's cancellation
+//! (the server cancelled its item: the caller went away or its deadline passed): a cancelled
+//! sequence is not encoded, and a group left with none is skipped.
 
 use std::sync::mpsc;
 use std::thread;
 
+use modelshare_worker::CancellationToken;
 use tokio::sync::oneshot;
 use tracing::error;
 
@@ -15,7 +18,18 @@ use crate::tokenize::Sequence;
 
 struct Job {
     seqs: Vec<Sequence>,
-    reply: oneshot::Sender<Result<Vec<f32>, EncodeError>>,
+    cancels: Vec<CancellationToken>,
+    reply: oneshot::Sender<Result<Encoded, EncodeError>>,
+}
+
+/// What a job computed: `[seqs, hidden]` row-major, and which sequences were cancelled
+/// before their group ran (their rows are zeros).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    /// The rows, in the caller's order.
+    pub vectors: Vec<f32>,
+    /// Per sequence: cancelled before it was encoded.
+    pub cancelled: Vec<bool>,
 }
 
 /// A handle on the compute thread; the thread ends when the last handle is dropped.
@@ -49,7 +63,7 @@ impl Engine {
                 };
                 while let Ok(job) = rx.recv() {
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run(encoder.as_mut(), &job.seqs)
+                        run(encoder.as_mut(), &job.seqs, &job.cancels)
                     }));
                     match result {
                         Ok(r) => {
@@ -77,11 +91,20 @@ impl Engine {
         self.hidden
     }
 
-    /// The sentence vectors of `seqs`, `[seqs.len(), hidden]` row-major, in their order.
-    pub async fn encode(&self, seqs: Vec<Sequence>) -> Result<Vec<f32>, EncodeError> {
+    /// The sentence vectors of `seqs`, `[seqs.len(), hidden]` row-major, in their order;
+    /// `cancels` (one per sequence, or none) are looked at between groups.
+    pub async fn encode(
+        &self,
+        seqs: Vec<Sequence>,
+        cancels: Vec<CancellationToken>,
+    ) -> Result<Encoded, EncodeError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job { seqs, reply })
+            .send(Job {
+                seqs,
+                cancels,
+                reply,
+            })
             .map_err(|_| EncodeError::Device("the compute thread has ended".into()))?;
         answer.await.unwrap_or_else(|_| {
             error!("the compute thread dropped a job");
@@ -90,11 +113,17 @@ impl Engine {
     }
 }
 
-/// Runs one job: groups by length, encodes each group, puts rows back in order.
-fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeError> {
+/// Runs one job: groups by length, encodes each group's members not cancelled by then, puts
+/// rows back in order.
+fn run(
+    encoder: &mut dyn Encoder,
+    seqs: &[Sequence],
+    cancels: &[CancellationToken],
+) -> Result<Encoded, EncodeError> {
     let hidden = encoder.hidden();
     let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
     let mut out = vec![0.0f32; seqs.len() * hidden];
+    let mut cancelled = vec![false; seqs.len()];
     let waste = if encoder.pads() { MAX_PADDING } else { 1.0 };
     for group in plan(
         &lengths,
@@ -102,6 +131,17 @@ fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeE
         encoder.max_sequences(),
         waste,
     ) {
+        let group: Vec<usize> = group
+            .into_iter()
+            .filter(|&i| {
+                let gone = cancels.get(i).is_some_and(CancellationToken::is_cancelled);
+                cancelled[i] = gone;
+                !gone
+            })
+            .collect();
+        if group.is_empty() {
+            continue;
+        }
         let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
         let vectors = encoder.encode(&members)?;
         if vectors.len() != group.len() * hidden {
@@ -115,7 +155,10 @@ fn run(encoder: &mut dyn Encoder, seqs: &[Sequence]) -> Result<Vec<f32>, EncodeE
             out[i * hidden..(i + 1) * hidden].copy_from_slice(row);
         }
     }
-    Ok(out)
+    Ok(Encoded {
+        vectors: out,
+        cancelled,
+    })
 }
 
 /// The most padding a group of a padding encoder may carry, as a fraction of its first
@@ -157,6 +200,78 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records the groups it is given; each vector is the sequence's length.
+    struct Counting {
+        calls: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+        cancel_after_first: Option<CancellationToken>,
+    }
+
+    impl Encoder for Counting {
+        fn hidden(&self) -> usize {
+            1
+        }
+        fn max_tokens(&self) -> usize {
+            1 << 20
+        }
+        fn max_sequences(&self) -> usize {
+            2
+        }
+        fn pads(&self) -> bool {
+            false
+        }
+        fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
+            self.calls.lock().expect("calls").push(seqs.len());
+            if let Some(t) = self.cancel_after_first.take() {
+                t.cancel();
+            }
+            Ok(seqs.iter().map(|s| s.len() as f32).collect())
+        }
+    }
+
+    /// A cancelled item's sequence was encoded to the end with the rest of its batch; now the
+    /// compute thread stops encoding it at the next group, and skips a group left empty.
+    #[test]
+    fn cancelled_sequences_are_not_encoded_past_the_current_group() {
+        let seqs: Vec<Sequence> = [6, 5, 4, 3]
+            .iter()
+            .map(|&n| Sequence {
+                ids: vec![1; n],
+                type_ids: vec![0; n],
+            })
+            .collect();
+        let tokens: Vec<CancellationToken> = (0..4).map(|_| CancellationToken::new()).collect();
+        // Groups of two, longest first: [0, 1] then [2, 3]; items 2 and 3 are cancelled
+        // while the first group runs.
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let shared = CancellationToken::new();
+        let tokens2: Vec<CancellationToken> = vec![
+            tokens[0].clone(),
+            tokens[1].clone(),
+            shared.clone(),
+            shared.clone(),
+        ];
+        let mut enc = Counting {
+            calls: calls.clone(),
+            cancel_after_first: Some(shared),
+        };
+        let got = run(&mut enc, &seqs, &tokens2).expect("run");
+        assert_eq!(
+            *calls.lock().expect("calls"),
+            vec![2],
+            "the second group was skipped"
+        );
+        assert_eq!(got.cancelled, vec![false, false, true, true]);
+        assert_eq!(got.vectors, vec![6.0, 5.0, 0.0, 0.0]);
+        // Nothing cancelled: every group runs.
+        let mut enc = Counting {
+            calls: calls.clone(),
+            cancel_after_first: None,
+        };
+        let got = run(&mut enc, &seqs, &tokens).expect("run");
+        assert_eq!(got.cancelled, vec![false; 4]);
+        assert_eq!(got.vectors, vec![6.0, 5.0, 4.0, 3.0]);
+    }
 
     /// Groups would exceed the encoder's limits, lose a sequence, or pad short ones to long.
     #[test]

@@ -14,7 +14,7 @@ use modelshare_worker::serve::{
 };
 use modelshare_worker::{Handler, Model};
 
-use crate::engine::Engine;
+use crate::engine::{Encoded, Engine};
 use crate::tokenize::{Sequence, TextEncoder, TokenizeError};
 
 /// The name of the output tensor.
@@ -47,6 +47,7 @@ impl Handler for Embedder {
         let text = self.text.clone();
         let items = batch.items;
         let count = items.len();
+        let cancels: Vec<_> = items.iter().map(Item::cancellation).collect();
         let hidden = self.engine.hidden();
         let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items, hidden)).await;
         let Ok(tokenized) = tokenized else {
@@ -67,21 +68,30 @@ impl Handler for Embedder {
             }
         }
         let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
-        let vectors = if seqs.is_empty() {
-            Ok(Vec::new())
+        let cancels = ok.iter().map(|&i| cancels[i].clone()).collect();
+        let encoded = if seqs.is_empty() {
+            Ok(Encoded {
+                vectors: Vec::new(),
+                cancelled: Vec::new(),
+            })
         } else {
-            self.engine.encode(seqs).await
+            self.engine.encode(seqs, cancels).await
         };
-        match vectors {
-            Ok(vectors) => {
-                for ((i, row), tokens) in ok
+        match encoded {
+            Ok(encoded) => {
+                for (((i, row), tokens), cancelled) in ok
                     .into_iter()
-                    .zip(vectors.chunks_exact(hidden.max(1)))
+                    .zip(encoded.vectors.chunks_exact(hidden.max(1)))
                     .zip(lengths)
+                    .zip(encoded.cancelled)
                 {
-                    outcomes[i] = Ok(Output::new()
-                        .with_tensor(OutputTensor::f32(OUTPUT, vec![hidden as i64], row))
-                        .with_parameter("prompt_tokens", tokens as i64));
+                    outcomes[i] = if cancelled {
+                        Err(ItemFailure::cancelled("the server cancelled the item"))
+                    } else {
+                        Ok(Output::new()
+                            .with_tensor(OutputTensor::f32(OUTPUT, vec![hidden as i64], row))
+                            .with_parameter("prompt_tokens", tokens as i64))
+                    };
                 }
             }
             Err(e) => {
