@@ -354,8 +354,9 @@ pub async fn run_notify(
     set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     {
         let (app, stop) = (app.clone(), app.shutdown.clone());
+        let gate = Gate::new("handles", config.connections, metrics.clone());
         tasks.spawn(async move {
-            handles::serve(handle_listener, app, stop).await;
+            handles::serve(handle_listener, gate, app, stop).await;
             Ok(())
         });
     }
