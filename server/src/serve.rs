@@ -287,14 +287,7 @@ pub async fn run_notify(
         }
     }
     let config = Arc::new(config);
-    let devices = Devices::open(
-        config.backend,
-        &config.devices,
-        config.host_devices,
-        config.load_threads,
-        config.cuda_handles,
-    )
-    .map_err(|e| ServeError::Backend(e.to_string()))?;
+    let devices = Devices::open(&config).map_err(|e| ServeError::Backend(e.to_string()))?;
     for device in devices.infos() {
         info!(backend = ?device.backend, device = %device.name, uuid = %device.uuid, "device ready");
     }
