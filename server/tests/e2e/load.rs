@@ -443,11 +443,62 @@ fn fake_proc_root(version: u8, limit_mib: u64, usage_mib: u64) -> tempfile::Temp
     dir
 }
 
-/// Two 64 MiB loads at once against a 100 MiB cgroup limit (10 GiB `MemAvailable`): exactly
-/// one is admitted, the other refused RESOURCE_EXHAUSTED naming the bytes reserved by the load
-/// in progress; once that load is done its reservation is given back and the refused model
-/// loads. Fails if admission reads `MemAvailable` only or does not count loads in progress
-/// (both were admitted: two 12.9 GiB loads with 21.5 GiB available).
+/// Plays the kernel's part for a fake v2 cgroup: every 2 ms writes the bytes of the memfds
+/// (arenas) process `pid` holds to `current` (`memory.current`), until dropped.
+struct Charging {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Charging {
+    fn start(pid: u32, current: std::path::PathBuf) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let tmp = current.with_extension("tmp");
+            while !stopped.load(Ordering::Relaxed) {
+                let bytes: u64 = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                    .map(|dir| {
+                        dir.filter_map(Result::ok)
+                            .filter(|e| {
+                                std::fs::read_link(e.path())
+                                    .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"))
+                            })
+                            .filter_map(|e| std::fs::metadata(e.path()).ok())
+                            .map(|m| m.len())
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                // Replaced whole, so the server never reads half a figure.
+                if std::fs::write(&tmp, bytes.to_string()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &current);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Charging {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Two 64 MiB loads at once against a 100 MiB cgroup limit (10 GiB `MemAvailable`), the
+/// cgroup charged with the server's arenas as the kernel would: exactly one is admitted, the
+/// other refused RESOURCE_EXHAUSTED naming the cgroup (and, when it came while the first was
+/// loading, the bytes that load reserved); once the first is unloaded the refused model loads.
+/// Fails if admission reads `MemAvailable` only or does not count loads in progress (both
+/// were admitted: two 12.9 GiB loads with 21.5 GiB available).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_loads_are_admitted_against_memory_less_loads_in_progress() {
     let fake = fake_proc_root(2, 100, 0);
@@ -464,29 +515,48 @@ async fn concurrent_loads_are_admitted_against_memory_less_loads_in_progress() {
         },
     )
     .await;
+    let _charging = Charging::start(
+        server.pid(),
+        fake.path()
+            .join("sys/fs/cgroup/system.slice/modelshare.service/memory.current"),
+    );
     let (mut a, mut b) = (server.admin().await, server.admin().await);
     let (ra, rb) = tokio::join!(
         common::load(&mut a, "a", "a"),
         common::load(&mut b, "b", "b")
     );
-    let (refused, loaded) = match (ra, rb) {
-        (Ok(_), Err(e)) => (("b", e), "a"),
-        (Err(e), Ok(_)) => (("a", e), "b"),
+    let (refused, err, loaded) = match (ra, rb) {
+        (Ok(_), Err(e)) => ("b", e, "a"),
+        (Err(e), Ok(_)) => ("a", e, "b"),
         (ra, rb) => panic!("expected exactly one admitted, got a: {ra:?}, b: {rb:?}"),
     };
-    let (name, err) = refused;
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     assert!(
-        err.message().contains("cgroup") && err.message().contains("reserved by loads in progress"),
+        err.message().contains("cgroup memory limit"),
         "{}",
         err.message()
     );
-    let s = common::stats(&mut a).await;
-    assert_eq!(s.models, 1, "only {loaded} is loaded");
-    // The finished load's reservation is back (this fake cgroup's usage does not grow).
-    common::load(&mut a, name, name)
+    assert_eq!(
+        common::stats(&mut a).await.models,
+        1,
+        "only {loaded} is loaded"
+    );
+    a.unload_model(pb::UnloadModelRequest {
+        name: loaded.into(),
+        version: 0,
+        ..Default::default()
+    })
+    .await
+    .expect("unload");
+    let pid = server.pid();
+    common::eventually(Duration::from_secs(5), "the arena freed", || async {
+        common::memfd_fds(pid) == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    common::load(&mut a, refused, refused)
         .await
-        .expect("admitted once the first load is done");
+        .expect("admitted once the first load's memory is back");
 }
 
 /// A cgroup memory limit below `MemAvailable` bounds admission, v2 (`memory.max` less
