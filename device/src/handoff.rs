@@ -28,6 +28,15 @@
 //! `SCM_RIGHTS`, and the server answers `OK\n` (adopted; no descriptor) or `ERR <reason>\n`.
 //! Server: [`read_ticket_and_fd`], then [`send_ok`] or [`send_refusal`]. Client: [`offer`].
 //! A ticket line carrying more than one descriptor is a protocol error (all are closed).
+//!
+//! # Descriptors a peer did not owe
+//!
+//! Neither side holds a descriptor the protocol has no place for. A line is read keeping at
+//! most one descriptor (the offer's, or the `OK` reply's); a second one ends the read at once
+//! with a protocol error, and every descriptor received so far is closed as the error
+//! returns, before the rest of the line is awaited. A client sending its ticket a byte at a
+//! time, each byte with descriptors attached, so pins at most one of the server's descriptors
+//! (besides its socket) until its line ends or its time is up.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -56,7 +65,7 @@ pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest reply line the client accepts: `ERR `, the reason, `\n`.
 const MAX_REPLY_LEN: usize = 4 + MAX_REASON_LEN + 1;
 
-/// Room for this many descriptors in the client's ancillary buffer, so that a reply with too
+/// Room for this many descriptors in one `recvmsg`'s ancillary buffer, so that a line with too
 /// many is seen (and its descriptors closed) rather than silently truncated.
 const RECV_FD_ROOM: usize = 4;
 
@@ -94,37 +103,33 @@ pub async fn read_ticket(stream: &mut UnixStream) -> Result<String> {
 /// Server side: reads the ticket line and the descriptor sent with it, if any (an offer).
 /// Errors as [`read_ticket`]; more than one descriptor is a protocol error.
 pub async fn read_ticket_and_fd(stream: &mut UnixStream) -> Result<(String, Option<OwnedFd>)> {
-    let (line, mut fds, truncated) = with_timeout(
+    let (line, fd) = with_timeout(
         "reading the ticket",
         recv_line(stream, MAX_TICKET_LEN + 1, "ticket"),
     )
     .await?;
     validate_ticket(&line)?;
-    if truncated || fds.len() > 1 {
-        return Err(protocol(format!(
-            "the ticket line carried {}{} descriptors, at most one is allowed",
-            fds.len(),
-            if truncated { " or more" } else { "" }
-        )));
-    }
-    Ok((line.iter().map(|&b| char::from(b)).collect(), fds.pop()))
+    Ok((line.iter().map(|&b| char::from(b)).collect(), fd))
 }
 
-/// Reads one `\n`-terminated line of at most `max` bytes (the `\n` included), with the
-/// descriptors that came with it; `what` names the line in errors ("ticket", "reply").
+/// Reads one `\n`-terminated line of at most `max` bytes (the `\n` included), with the one
+/// descriptor that may come with it; `what` names the line in errors ("ticket", "reply").
+///
+/// A second descriptor (or more than the ancillary buffer holds) is a protocol error at once:
+/// the read stops there and every descriptor received is closed as the error returns (see the
+/// module docs), so a peer cannot make this side hold descriptors by trickling its line.
 async fn recv_line(
     stream: &UnixStream,
     max: usize,
     what: &'static str,
-) -> Result<(Vec<u8>, Vec<OwnedFd>, bool)> {
+) -> Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut buf = vec![0u8; max];
     let mut filled = 0;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut truncated = false;
+    let mut kept: Option<OwnedFd> = None;
     loop {
         if let Some(end) = buf[..filled].iter().position(|&b| b == b'\n') {
             buf.truncate(end);
-            return Ok((buf, fds, truncated));
+            return Ok((buf, kept));
         }
         if filled == buf.len() {
             return Err(protocol(format!(
@@ -132,7 +137,7 @@ async fn recv_line(
                 max - 1
             )));
         }
-        let n = stream
+        let (n, received, truncated) = stream
             .async_io(Interest::READABLE, || {
                 let mut space =
                     [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(RECV_FD_ROOM))];
@@ -140,13 +145,13 @@ async fn recv_line(
                 let mut iov = [IoSliceMut::new(&mut buf[filled..])];
                 let msg =
                     rustix::net::recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+                let mut received: Vec<OwnedFd> = Vec::new();
                 for message in control.drain() {
-                    if let RecvAncillaryMessage::ScmRights(received) = message {
-                        fds.extend(received);
+                    if let RecvAncillaryMessage::ScmRights(fds) = message {
+                        received.extend(fds);
                     }
                 }
-                truncated |= msg.flags.contains(ReturnFlags::CTRUNC);
-                Ok(msg.bytes)
+                Ok((msg.bytes, received, msg.flags.contains(ReturnFlags::CTRUNC)))
             })
             .await
             .map_err(|source| DeviceError::Io {
@@ -157,6 +162,17 @@ async fn recv_line(
                 },
                 source,
             })?;
+        let count = received.len() + usize::from(kept.is_some());
+        if truncated || count > 1 {
+            // `received` and `kept` close here, before anything else is read.
+            return Err(protocol(format!(
+                "the {what} line carried {count}{} descriptors, at most one is allowed",
+                if truncated { " or more" } else { "" }
+            )));
+        }
+        if let Some(fd) = received.into_iter().next() {
+            kept = Some(fd);
+        }
         if n == 0 {
             return Err(protocol(match (what, filled) {
                 ("ticket", 0) => "the client closed the connection without sending a ticket",
@@ -267,7 +283,7 @@ pub async fn offer(socket: &Path, ticket: &str, fd: BorrowedFd<'_>) -> Result<()
         send_with_fd(&stream, line.as_bytes(), fd),
     )
     .await?;
-    let (reply, _fds, _) = with_timeout(
+    let (reply, _fd) = with_timeout(
         "receiving the answer",
         recv_line(&stream, MAX_REPLY_LEN, "reply"),
     )
@@ -305,24 +321,16 @@ pub async fn redeem(socket: &Path, ticket: &str) -> Result<OwnedFd> {
 }
 
 async fn receive_reply(stream: &UnixStream) -> Result<OwnedFd> {
-    let (line, mut fds, truncated) = recv_line(stream, MAX_REPLY_LEN, "reply").await?;
+    // A reply with several descriptors is a protocol error in `recv_line`.
+    let (line, fd) = recv_line(stream, MAX_REPLY_LEN, "reply").await?;
     let line = &line[..];
     if line == b"OK" {
-        if truncated || fds.len() > 1 {
-            return Err(protocol(format!(
-                "the OK reply carried {}{} descriptors, expected one",
-                fds.len(),
-                if truncated { " or more" } else { "" }
-            )));
-        }
-        return fds
-            .pop()
-            .ok_or_else(|| protocol("the OK reply carried no descriptor"));
+        return fd.ok_or_else(|| protocol("the OK reply carried no descriptor"));
     }
     if let Some(rest) = line.strip_prefix(b"ERR") {
         let reason = rest.strip_prefix(b" ").unwrap_or(rest);
         if rest.is_empty() || rest.starts_with(b" ") {
-            // Descriptors sent with a refusal are closed as `fds` drops.
+            // A descriptor sent with a refusal is closed as `fd` drops.
             return Err(DeviceError::HandoffRefused {
                 reason: String::from_utf8_lossy(reason).into_owned(),
             });
@@ -386,7 +394,7 @@ fn protocol(reason: impl Into<String>) -> DeviceError {
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
-    use std::os::unix::net::UnixListener as StdListener;
+    use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
     use std::path::PathBuf;
 
     use rustix::io::FdFlags;
@@ -669,6 +677,42 @@ mod tests {
             assert!(
                 matches!(result, Err(DeviceError::Protocol { .. })),
                 "reply {reply:?} with {nfds} fds gave {result:?}"
+            );
+        }
+    }
+
+    /// A ticket sent a byte at a time, each byte with descriptors attached, no longer ends the
+    /// read at the second descriptor (the server held every one until the line ended or its
+    /// time ran out: 512 descriptors a connection).
+    #[tokio::test]
+    async fn a_trickled_line_stuffed_with_descriptors_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = socket_path(&dir);
+        let listener = UnixListener::bind(&path).unwrap();
+        for per_byte in [1, 4, 8] {
+            let client = StdStream::connect(&path).unwrap();
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let fds: Vec<OwnedFd> = (0..per_byte).map(|_| some_fd()).collect();
+            let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
+            // Two bytes of a longer ticket, no newline: the line is not over.
+            for byte in [b"a", b"b"] {
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                assert!(control.push(SendAncillaryMessage::ScmRights(&borrowed)));
+                rustix::net::sendmsg(
+                    &client,
+                    &[IoSlice::new(byte)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                )
+                .unwrap();
+            }
+            let read = tokio::time::timeout(Duration::from_secs(2), read_ticket(&mut stream))
+                .await
+                .unwrap_or_else(|_| panic!("{per_byte} fds a byte: still reading after 2 s"));
+            assert!(
+                matches!(&read, Err(DeviceError::Protocol { reason }) if reason.contains("at most one")),
+                "{per_byte} fds a byte: {read:?}"
             );
         }
     }

@@ -17,6 +17,7 @@ use rustix::io::Errno;
 use crate::backend::{ArenaWriter, BackendKind, BufferedWriter, DeviceInfo, Mapped, check_range};
 use crate::error::{DeviceError, Result};
 use crate::export::{Export, Import};
+use crate::host_memory::HostMemory;
 use crate::sys::SealedMapping;
 use crate::thread::{Arena, ArenaHandle, Backend, DeviceThread};
 
@@ -27,19 +28,29 @@ const MEMFD_NAME_MAX: usize = 249;
 #[derive(Debug, Clone)]
 pub struct HostBackend {
     info: DeviceInfo,
+    memory: HostMemory,
 }
 
 impl HostBackend {
-    /// A host backend; its total is `MemTotal` from `/proc/meminfo` (0 where unreadable).
+    /// A host backend; its total is `MemTotal` from `/proc/meminfo`, bounded by this process's
+    /// cgroup memory limit (0 where unreadable), and its free memory `MemAvailable` bounded by
+    /// the cgroup's room (see [`crate::host_memory`]).
     pub fn new() -> Self {
+        Self::reading(HostMemory::default())
+    }
+
+    /// A host backend whose memory figures are read from `memory` (a fake `/proc` and cgroup
+    /// tree in tests).
+    pub fn reading(memory: HostMemory) -> Self {
         HostBackend {
             info: DeviceInfo {
                 backend: BackendKind::Host,
                 uuid: "host".into(),
                 name: "host memory".into(),
-                total_bytes: mem_total().unwrap_or(0),
+                total_bytes: memory.total().unwrap_or(0),
                 numa_node: None,
             },
+            memory,
         }
     }
 }
@@ -48,7 +59,12 @@ impl HostBackend {
     /// Host memory standing in for one of several devices, under its own `uuid` (placement
     /// and replicas run without a GPU). `"host"` is [`HostBackend::new`]'s.
     pub fn named(uuid: &str) -> Self {
-        let mut backend = HostBackend::new();
+        Self::named_reading(uuid, HostMemory::default())
+    }
+
+    /// [`HostBackend::named`], its memory figures read from `memory`.
+    pub fn named_reading(uuid: &str, memory: HostMemory) -> Self {
+        let mut backend = HostBackend::reading(memory);
         if uuid != backend.info.uuid {
             backend.info.name = format!("host memory ({uuid})");
             backend.info.uuid = uuid.to_owned();
@@ -64,9 +80,14 @@ impl HostBackend {
 
     /// A device thread serving host memory as the device `uuid` (see [`HostBackend::named`]).
     pub fn thread_named(uuid: &str) -> Result<DeviceThread> {
+        Self::thread_reading(uuid, HostMemory::default())
+    }
+
+    /// [`HostBackend::thread_named`], its memory figures read from `memory`.
+    pub fn thread_reading(uuid: &str, memory: HostMemory) -> Result<DeviceThread> {
         let uuid = uuid.to_owned();
         DeviceThread::start(&format!("{uuid}-mem"), move || {
-            Ok(Box::new(HostBackend::named(&uuid)) as Box<dyn Backend>)
+            Ok(Box::new(HostBackend::named_reading(&uuid, memory)) as Box<dyn Backend>)
         })
     }
 }
@@ -93,7 +114,7 @@ impl Backend for HostBackend {
     }
 
     fn free_bytes(&mut self) -> Option<u64> {
-        meminfo("MemAvailable:")
+        self.memory.available()
     }
 
     fn adopt(&mut self, fd: OwnedFd, _alloc_len: u64, len: u64) -> Result<Box<dyn Arena>> {
@@ -101,25 +122,6 @@ impl Backend for HostBackend {
             HostArena::adopt(fd, len)?.on_device(&self.info.uuid),
         ))
     }
-}
-
-/// `MemTotal` from `/proc/meminfo`, in bytes.
-fn mem_total() -> Option<u64> {
-    meminfo("MemTotal:")
-}
-
-/// A `/proc/meminfo` field (`key` with its colon), in bytes.
-fn meminfo(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    let mut words = line[key.len()..].split_whitespace();
-    let n: u64 = words.next()?.parse().ok()?;
-    let scale = match words.next() {
-        Some("kB") => 1024,
-        None => 1,
-        Some(_) => return None,
-    };
-    n.checked_mul(scale)
 }
 
 /// An arena of shared host memory: one sealable memfd.

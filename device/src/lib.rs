@@ -17,7 +17,9 @@
 //! - [`mapping`]: [`Mapping`], a worker's view of an attached arena whatever its kind (base
 //!   address, length, read-only or not; unmapped when the last clone goes).
 //! - [`host`]: the host backend: a sealable memfd written with `pwrite`; mapped read-only by
-//!   workers ([`HostMapping`]).
+//!   workers ([`HostMapping`]). Its free memory is [`host_memory`]'s: `MemAvailable` bounded
+//!   by the room left under this process's cgroup memory limit (v1 or v2), read under a root
+//!   tests can point at a fake `/proc` and cgroup tree.
 //! - [`cuda`]: the CUDA backend (VMM descriptors or legacy IPC handles), one module per
 //!   concern: contexts, arenas and their writer, the gated ready event, the ms64 kernel, the
 //!   worker-side imports of each kind.
@@ -52,6 +54,7 @@ pub mod error;
 pub mod export;
 pub mod handoff;
 pub mod host;
+pub mod host_memory;
 pub mod mapping;
 pub mod numa;
 pub mod pagecache;
@@ -65,6 +68,7 @@ pub use backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, PAGE};
 pub use error::{DeviceError, Result};
 pub use export::{Export, Import};
 pub use host::{HostArena, HostBackend, HostMapping};
+pub use host_memory::HostMemory;
 pub use mapping::Mapping;
 pub use peer::PeerWatch;
 pub use replica::PeerSource;

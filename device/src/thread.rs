@@ -48,7 +48,8 @@ pub trait Backend: std::fmt::Debug {
     fn used_bytes(&mut self) -> Option<u64>;
 
     /// Memory a new arena could take now (CUDA: the device's free memory; host: the kernel's
-    /// `MemAvailable`); `None` where unknown.
+    /// `MemAvailable`, bounded by the cgroup's limit: [`crate::host_memory`]); `None` where
+    /// unknown.
     fn free_bytes(&mut self) -> Option<u64> {
         None
     }

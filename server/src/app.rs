@@ -186,66 +186,77 @@ impl App {
         let mut load_for = load_for;
         // Validation reads files, and placement asks the devices for their free memory: it
         // blocks.
-        let (reservation, src, plan, files, placed) = tokio::task::spawn_blocking(move || {
-            // Other tenants' directories count as missing for every file the load reads (the
-            // path asked for, the index, shards, metadata files, and links among them), before
-            // anything there is opened: the answer is exactly that of a missing path.
-            let mut src = source::resolve_denying(&root, &rel, &limits, &reserved)?;
-            if let Some(dir) = &tenant_dir {
-                // Reported relative to the model root, like every other source.
-                src.source = format!("{dir}/{}", src.source);
-            }
-            let plan = layout::plan(&src)?;
-            if plan.tensors.is_empty() {
-                return Err(ServerError::InvalidArgument {
-                    field: "path".into(),
-                    reason: format!("'{rel}' holds no tensors: nothing to share"),
-                });
-            }
-            let manifest = loader::manifest(&model, &src, &plan);
-            let files = record::file_ids(&src);
-            let hint = held.version_hint(&model, &src.source);
-            if load_for.resume_version.is_none() {
-                load_for.resume_version = hint;
-            }
-            // A load that may adopt memory workers kept needs no free memory: those bytes are
-            // on the device already, and count as used there (as they do for `admit` below).
-            let placed = place(
-                &devices,
-                &registry,
-                &load_for.placement,
-                max_device_bytes,
-                manifest.arena_bytes,
-                hint.is_none(),
-            )?;
-            let uuids: Vec<String> = placed.iter().map(|d| d.uuid().to_owned()).collect();
-            let device = &placed[0];
-            // Refused before anything is allocated when the memory is not there (a load that
-            // may adopt memory workers kept needs none).
-            if hint.is_none() {
-                admit(device, &model, manifest.arena_bytes)?;
-            }
-            let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
-            let reservation = registry.reserve(
-                &caller,
-                &load_for,
-                &quota_of,
-                manifest,
-                &src.source,
-                plan.payload_bytes,
-                &uuids,
-                keep_previous,
-                claim,
-            )?;
-            Ok::<_, ServerError>((reservation, src, plan, files, placed))
-        })
-        .await
-        .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
+        let (reservation, src, plan, files, placed, memory) =
+            tokio::task::spawn_blocking(move || {
+                // Other tenants' directories count as missing for every file the load reads (the
+                // path asked for, the index, shards, metadata files, and links among them), before
+                // anything there is opened: the answer is exactly that of a missing path.
+                let mut src = source::resolve_denying(&root, &rel, &limits, &reserved)?;
+                if let Some(dir) = &tenant_dir {
+                    // Reported relative to the model root, like every other source.
+                    src.source = format!("{dir}/{}", src.source);
+                }
+                let plan = layout::plan(&src)?;
+                if plan.tensors.is_empty() {
+                    return Err(ServerError::InvalidArgument {
+                        field: "path".into(),
+                        reason: format!("'{rel}' holds no tensors: nothing to share"),
+                    });
+                }
+                let manifest = loader::manifest(&model, &src, &plan);
+                let files = record::file_ids(&src);
+                let hint = held.version_hint(&model, &src.source);
+                if load_for.resume_version.is_none() {
+                    load_for.resume_version = hint;
+                }
+                // A load that may adopt memory workers kept needs no free memory: those bytes are
+                // on the device already, and count as used there (as they do for `admit` below).
+                let placed = place(
+                    &devices,
+                    &registry,
+                    &load_for.placement,
+                    max_device_bytes,
+                    manifest.arena_bytes,
+                    hint.is_none(),
+                )?;
+                let uuids: Vec<String> = placed.iter().map(|d| d.uuid().to_owned()).collect();
+                // Refused before anything is allocated when the memory is not there, counting the
+                // loads in progress (a load that may adopt memory workers kept needs none). Each
+                // device placed is reserved: the host's stand-ins are one memory.
+                let memory = if hint.is_none() {
+                    placed
+                        .iter()
+                        .map(|device| devices.reserve(device, &model, manifest.arena_bytes))
+                        .collect::<Result<Vec<_>, _>>()?
+                } else {
+                    Vec::new()
+                };
+                let quota_of = |t: &str| tenants.quota_of(t).unwrap_or_default();
+                let reservation = registry.reserve(
+                    &caller,
+                    &load_for,
+                    &quota_of,
+                    manifest,
+                    &src.source,
+                    plan.payload_bytes,
+                    &uuids,
+                    keep_previous,
+                    claim,
+                )?;
+                Ok::<_, ServerError>((reservation, src, plan, files, placed, memory))
+            })
+            .await
+            .map_err(|e| ServerError::Internal(format!("validation task failed: {e}")))??;
         let mut placed = placed.into_iter();
         let device = placed
             .next()
             .ok_or_else(|| ServerError::Internal("a load placed on no device".into()))?;
         let replicas: Vec<modelshare_device::DeviceThread> = placed.collect();
+        // The first device's reservation, and the replicas'; given back as the load ends (on
+        // every path of the task below, as they drop).
+        let mut memory = memory.into_iter();
+        let first_memory = memory.next();
+        let replica_memory: Vec<crate::devices::MemoryReservation> = memory.collect();
 
         let (tx, done) = oneshot::channel();
         let running = RunningLoad {
@@ -345,6 +356,13 @@ impl App {
                     return;
                 }
             };
+            // Memory that allocation takes at once (CUDA) is in the device's free figure now;
+            // a host arena's pages are taken as the copy writes them, so its reservation
+            // stays until the load ends.
+            let first_memory = match copy.backend {
+                BackendKind::Host => first_memory,
+                BackendKind::CudaVmm | BackendKind::CudaIpc => None,
+            };
             let mut copy = copy;
             copy.allocate_seconds = allocating.elapsed().as_secs_f64();
             let r = &copy.reservation;
@@ -364,8 +382,9 @@ impl App {
                     }
                 }
                 // The loader's handle goes before the reply, so a failed load's arena is
-                // released by the time its caller hears of it.
+                // released by the time its caller hears of it; so does the memory reserved.
                 drop(arena);
+                drop((first_memory, replica_memory));
                 let _ = tx.send(reply);
             })
             .await;
@@ -613,7 +632,11 @@ fn place(
             held_bytes: held.get(d.uuid()).copied().unwrap_or(0),
             // One device: `admit` says it better (NoRoom names the model and the memory).
             free_bytes: if ask_free && devices.len() > 1 {
-                d.free_bytes().wait().ok().flatten()
+                d.free_bytes()
+                    .wait()
+                    .ok()
+                    .flatten()
+                    .map(|free| free.saturating_sub(devices.reserved_bytes(d.uuid())))
             } else {
                 None
             },
@@ -629,17 +652,6 @@ fn place(
                 .ok_or_else(|| ServerError::Internal(format!("placement chose unknown {uuid}")))
         })
         .collect()
-}
-
-/// Refuses a load of `needed` bytes that the device (or host) has no room for now (see
-/// [`crate::devices::admit`]); asks the device (blocking, on its thread).
-fn admit(
-    device: &modelshare_device::DeviceThread,
-    model: &str,
-    needed: u64,
-) -> Result<(), ServerError> {
-    let free = device.free_bytes().wait().ok().flatten();
-    crate::devices::admit(device, model, needed, free)
 }
 
 /// Where the held-memory records go: beside the handle socket (`<socket>.held/`).

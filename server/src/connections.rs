@@ -4,7 +4,9 @@
 //!
 //! - **Caps.** A [`Gate`] per listener admits at most `max_per_listener` connections, and at
 //!   most `max_per_peer` from one peer (a TCP peer is its IP address; a Unix-socket peer is
-//!   its uid, from `SO_PEERCRED`). A connection past a cap is closed at once.
+//!   its uid, from `SO_PEERCRED`). A connection past a cap is closed at once. The handle
+//!   socket ([`crate::handles`]) has its gate too: it takes a bare [`Permit`] per connection
+//!   and reads its one exchange within the handshake time itself.
 //! - **Timeouts.** Each admitted connection is a [`Tracked`] stream. One that has not started
 //!   a request within `handshake` of being accepted (TLS and HTTP/2 handshakes included), or
 //!   that has had no request open for `idle`, reads as closed by its peer, which ends it.
@@ -122,6 +124,22 @@ impl Gate {
 
     /// Admits `io` from `peer`, or closes it (by dropping it) when a cap is reached.
     pub fn admit<IO>(&self, io: IO, peer: PeerKey) -> Option<Tracked<IO>> {
+        let permit = self.permit(peer)?;
+        let limits = self.inner.limits;
+        Some(Tracked {
+            io,
+            state: Arc::new(ConnState::new(limits)),
+            timer: Box::pin(tokio::time::sleep(limits.handshake)),
+            expired: false,
+            _permit: permit,
+        })
+    }
+
+    /// A place for one connection from `peer`, held until the [`Permit`] drops; `None` (and
+    /// the refusal counted and logged) when a cap is reached. For a listener whose exchange
+    /// reads the raw socket (the handle socket) and so times itself out, where [`Gate::admit`]
+    /// would wrap the stream.
+    pub fn permit(&self, peer: PeerKey) -> Option<Permit> {
         let g = &self.inner;
         let refused = {
             let mut c = g.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -142,16 +160,15 @@ impl Gate {
             return None;
         }
         g.metrics.connections.with_label_values(&[g.listener]).inc();
-        Some(Tracked {
-            io,
-            state: Arc::new(ConnState::new(g.limits)),
-            timer: Box::pin(tokio::time::sleep(g.limits.handshake)),
-            expired: false,
-            _permit: Permit {
-                gate: self.clone(),
-                peer,
-            },
+        Some(Permit {
+            gate: self.clone(),
+            peer,
         })
+    }
+
+    /// The caps and timeouts this gate applies.
+    pub fn limits(&self) -> ConnLimits {
+        self.inner.limits
     }
 
     fn closed(&self, reason: &str) {
@@ -180,9 +197,9 @@ impl Gate {
     }
 }
 
-/// Gives a connection's place back when it closes.
+/// A connection's place in its [`Gate`], given back when it drops (as the connection closes).
 #[derive(Debug)]
-struct Permit {
+pub struct Permit {
     gate: Gate,
     peer: PeerKey,
 }

@@ -84,7 +84,8 @@ pub enum ServerError {
     NoRoom {
         /// Model name.
         model: String,
-        /// "device memory on GPU-…" or "host memory (MemAvailable)".
+        /// "device memory on GPU-…" or "host memory (MemAvailable) under …", and the bytes
+        /// reserved by loads in progress where there are some.
         memory: String,
         /// Bytes the arena needs.
         needed: u64,

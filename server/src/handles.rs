@@ -9,6 +9,14 @@
 //! The same socket takes **offers** the other way: a worker presenting an offer ticket (from
 //! `OfferHeld`) with a descriptor attached hands memory it kept across a restart to the server
 //! ([`crate::adopt`]); it is answered `OK` once the memory is checked and adopted.
+//!
+//! Hostile clients: connections pass a [`Gate`] like every listener's (the same
+//! `max_connections`, `max_connections_per_peer` by uid, and handshake time, from
+//! [`crate::connections`]); one past a cap is closed at once. The ticket must arrive within
+//! the handshake time (at most [`READ_TIMEOUT`]), and a line carrying a descriptor it has no
+//! place for is refused as soon as that descriptor arrives, the descriptor closed
+//! ([`modelshare_device::handoff`]), so a connection holds at most its socket and one offered
+//! descriptor.
 
 use std::time::Duration;
 
@@ -18,14 +26,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::app::App;
+use crate::connections::{Gate, PeerKey, Permit};
 use crate::held::HeldStore;
 
-/// How long a connection may take to send its ticket.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection may take to send its ticket (less when the listener's handshake
+/// time is shorter).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Accepts handle-socket connections until `shutdown` is cancelled.
-pub async fn serve(listener: UnixListener, app: App, shutdown: CancellationToken) {
+/// Accepts handle-socket connections through `gate` until `shutdown` is cancelled.
+pub async fn serve(listener: UnixListener, gate: Gate, app: App, shutdown: CancellationToken) {
     let warned = std::sync::Mutex::new(None);
+    let read_timeout = gate.limits().handshake.min(READ_TIMEOUT);
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -37,17 +48,27 @@ pub async fn serve(listener: UnixListener, app: App, shutdown: CancellationToken
                 }
             },
         };
+        // Past a cap the stream drops here: closed before anything is read from it.
+        let Some(permit) = gate.permit(PeerKey::of_unix(&stream)) else {
+            continue;
+        };
         let app = app.clone();
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, &app).await {
+            if let Err(e) = answer(stream, permit, read_timeout, &app).await {
                 debug!(error = %e, "handle socket: connection ended with an error");
             }
         });
     }
 }
 
-async fn answer(mut stream: UnixStream, app: &App) -> Result<(), modelshare_device::DeviceError> {
-    let read = tokio::time::timeout(READ_TIMEOUT, handoff::read_ticket_and_fd(&mut stream)).await;
+/// One exchange; `_permit` keeps the connection's place in the gate until it ends.
+async fn answer(
+    mut stream: UnixStream,
+    _permit: Permit,
+    read_timeout: Duration,
+    app: &App,
+) -> Result<(), modelshare_device::DeviceError> {
+    let read = tokio::time::timeout(read_timeout, handoff::read_ticket_and_fd(&mut stream)).await;
     let (ticket, offered) = match read {
         Ok(r) => r?,
         Err(_) => {

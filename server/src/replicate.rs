@@ -15,6 +15,7 @@ use std::time::Instant;
 use modelshare_device::{ArenaHandle, DeviceThread};
 use tracing::{info, warn};
 
+use crate::devices::Devices;
 use crate::error::ServerError;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, ReplicaOnAttach, VersionKey};
@@ -26,6 +27,8 @@ pub struct Replicator<'a> {
     pub registry: &'a Arc<Registry>,
     /// The metrics, shared with the copy.
     pub metrics: &'a Arc<Metrics>,
+    /// The devices, whose memory the copy is admitted against ([`Devices::reserve`]).
+    pub devices: &'a Arc<Devices>,
     /// A tenant's quota.
     pub quota_of: &'a (dyn Fn(&str) -> Quota + Sync),
 }
@@ -58,14 +61,28 @@ pub async fn for_worker(
             ReplicaOnAttach::Pending => return Ok(true),
             ReplicaOnAttach::Refused => return Ok(false),
         };
-    // Reserved; refused now when the device has not the memory free.
-    let free = target.free_bytes().await.ok().flatten();
-    if let Err(why) = crate::devices::admit(target, model, source.len(), free) {
-        server
-            .registry
-            .drop_replica(&key, target.uuid(), &why.to_string());
-        return Err(why);
-    }
+    // Reserved; refused now when the device has not the memory free (loads and copies in
+    // progress counted), else that memory is reserved until the copy ends.
+    let admitted = {
+        let (devices, device, model, bytes) = (
+            server.devices.clone(),
+            target.clone(),
+            model.to_owned(),
+            source.len(),
+        );
+        tokio::task::spawn_blocking(move || devices.reserve(&device, &model, bytes))
+            .await
+            .unwrap_or_else(|e| Err(ServerError::Internal(format!("admission task failed: {e}"))))
+    };
+    let memory = match admitted {
+        Ok(memory) => memory,
+        Err(why) => {
+            server
+                .registry
+                .drop_replica(&key, target.uuid(), &why.to_string());
+            return Err(why);
+        }
+    };
     info!(
         model,
         version = key.version,
@@ -79,6 +96,7 @@ pub async fn for_worker(
     );
     tokio::task::spawn_blocking(move || {
         copy_all(&registry, &metrics, &key, &source, &[target]);
+        drop(memory);
     });
     Ok(true)
 }

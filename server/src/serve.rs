@@ -289,14 +289,7 @@ pub async fn run_notify(
         }
     }
     let config = Arc::new(config);
-    let devices = Devices::open(
-        config.backend,
-        &config.devices,
-        config.host_devices,
-        config.load_threads,
-        config.cuda_handles,
-    )
-    .map_err(|e| ServeError::Backend(e.to_string()))?;
+    let devices = Devices::open(&config).map_err(|e| ServeError::Backend(e.to_string()))?;
     for device in devices.infos() {
         info!(backend = ?device.backend, device = %device.name, uuid = %device.uuid, "device ready");
     }
@@ -362,8 +355,9 @@ pub async fn run_notify(
     set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     {
         let (app, stop) = (app.clone(), app.shutdown.clone());
+        let gate = Gate::new("handles", config.connections, metrics.clone());
         tasks.spawn(async move {
-            handles::serve(handle_listener, app, stop).await;
+            handles::serve(handle_listener, gate, app, stop).await;
             Ok(())
         });
     }

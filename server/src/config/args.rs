@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// backend: placement and replicas run without a GPU (tests, demos). Default 1.
     #[arg(long, env = "MODELSHARE_HOST_DEVICES")]
     pub host_devices: Option<usize>,
+    /// Where host memory figures are read: `<root>/proc/meminfo`, `<root>/proc/self/cgroup` and
+    /// the cgroup tree under `<root>/sys/fs/cgroup` (v1 or v2). Default `/`; another root is
+    /// for tests (a fake tree) or for a host's `/proc` and `/sys` mounted elsewhere.
+    #[arg(long, env = "MODELSHARE_PROC_ROOT")]
+    pub proc_root: Option<PathBuf>,
     /// Threads one load reads and copies with (default: the cores, at most 32).
     #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
     pub load_threads: Option<usize>,

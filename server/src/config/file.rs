@@ -58,6 +58,7 @@ pub(super) struct FileConfig {
     /// The old name of `devices` (one device).
     pub(super) device: Option<String>,
     pub(super) host_devices: Option<usize>,
+    pub(super) proc_root: Option<PathBuf>,
     pub(super) load_threads: Option<usize>,
     pub(super) load_cpu_hash: Option<bool>,
     pub(super) replicate_on_attach: Option<bool>,

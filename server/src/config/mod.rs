@@ -83,6 +83,9 @@ pub struct Config {
     pub devices: DeviceSelection,
     /// Host memory standing in for this many devices (host backend).
     pub host_devices: usize,
+    /// The root host memory figures are read under (`/`; see
+    /// [`modelshare_device::host_memory`]).
+    pub proc_root: PathBuf,
     /// Threads per load.
     pub load_threads: usize,
     /// Hash every loaded byte on the CPU (XXH3) even where the device checksums (ms64).
@@ -320,6 +323,10 @@ impl Config {
                 }
                 None => 1,
             },
+            proc_root: args
+                .proc_root
+                .or(file.proc_root)
+                .unwrap_or_else(|| PathBuf::from("/")),
             load_cpu_hash: args.load_cpu_hash || file.load_cpu_hash.unwrap_or(false),
             replicate_on_attach: args.replicate_on_attach
                 || file.replicate_on_attach.unwrap_or(false),

@@ -326,3 +326,19 @@ fn device_selection_and_placement_keys() {
     assert_eq!(c.models[0].devices, ["1"]);
     assert_eq!(c.models[1].replicas, 2);
 }
+
+/// Host memory figures are read under `/` unless the flag (or its variable) or the file names
+/// another root; the flag wins.
+#[test]
+fn proc_root_defaults_to_slash_and_the_flag_wins() {
+    let c = Config::merge(ServeArgs::default(), parse("")).expect("config");
+    assert_eq!(c.proc_root, PathBuf::from("/"));
+    let c = Config::merge(ServeArgs::default(), parse(r#"proc_root = "/fake""#)).expect("config");
+    assert_eq!(c.proc_root, PathBuf::from("/fake"));
+    let args = ServeArgs {
+        proc_root: Some("/flag".into()),
+        ..ServeArgs::default()
+    };
+    let c = Config::merge(args, parse(r#"proc_root = "/fake""#)).expect("config");
+    assert_eq!(c.proc_root, PathBuf::from("/flag"));
+}

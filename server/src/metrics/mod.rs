@@ -209,7 +209,7 @@ impl Metrics {
             grpc_seconds,
             connections: gauge_vec(
                 "modelshare_connections",
-                "Open connections, by listener (grpc_tcp, grpc_unix, http).",
+                "Open connections, by listener (grpc_tcp, grpc_unix, http, handles).",
                 &["listener"],
             )?,
             connections_closed: counter_vec(

@@ -77,6 +77,7 @@ impl WorkerApi {
         let server = crate::replicate::Replicator {
             registry: &self.app.registry,
             metrics: &self.app.metrics,
+            devices: &self.app.devices,
             quota_of: &quota_of,
         };
         match crate::replicate::for_worker(&server, caller, &not.model, not.version, target).await {

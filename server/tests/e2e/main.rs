@@ -6,6 +6,7 @@ mod common;
 mod worker_util;
 
 mod attack;
+mod attack_handles;
 mod attack_leftovers;
 mod cli;
 mod connections;
