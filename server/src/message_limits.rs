@@ -7,13 +7,20 @@
 //! big-endian length) and fails the call with RESOURCE_EXHAUSTED as soon as a message declares
 //! more than its method allows, before the message is buffered.
 //!
+//! The request of a method whose caller sends one message (every method but the workers'
+//! `Session` and `Serve` streams) must arrive whole within the layer's body timeout
+//! (`request_body_timeout_ms`), else the call fails with DEADLINE_EXCEEDED: a stalled request
+//! body would otherwise keep its stream, and so its connection, open for ever.
+//!
 //! Every method of every service has its bound here, the services' own (tonic's
 //! `max_decoding_message_size`, set to the same figures in `serve::router`) included: tonic
 //! answers a message past those with OUT_OF_RANGE, and an oversized request is the same
 //! refusal whichever service it reaches.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tonic::codegen::Bytes;
 use tonic::codegen::http;
@@ -36,6 +43,12 @@ const PAYLOAD_METHODS: &[&str] = &[
     "/inference.GRPCInferenceService/ModelInfer",
 ];
 
+/// Methods whose callers stream messages for as long as they live (no body timeout).
+const STREAMING_METHODS: &[&str] = &[
+    "/modelshare.v1.WorkerService/Session",
+    "/modelshare.v1.WorkerService/Serve",
+];
+
 /// The bound for `path` (`/package.Service/Method`).
 pub fn limit_for(path: &str) -> u32 {
     if PAYLOAD_METHODS.contains(&path) {
@@ -47,14 +60,26 @@ pub fn limit_for(path: &str) -> u32 {
     }
 }
 
-/// The layer.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct MessageLimitLayer;
+/// The layer: message bounds by method, and the time a one-message request may take.
+#[derive(Debug, Clone, Copy)]
+pub struct MessageLimitLayer {
+    body_timeout: Duration,
+}
+
+impl MessageLimitLayer {
+    /// Bounds by method; a one-message request's body must end within `body_timeout`.
+    pub fn new(body_timeout: Duration) -> Self {
+        Self { body_timeout }
+    }
+}
 
 impl<S> Layer<S> for MessageLimitLayer {
     type Service = MessageLimit<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        MessageLimit { inner }
+        MessageLimit {
+            inner,
+            body_timeout: self.body_timeout,
+        }
     }
 }
 
@@ -62,6 +87,7 @@ impl<S> Layer<S> for MessageLimitLayer {
 #[derive(Debug, Clone)]
 pub struct MessageLimit<S> {
     inner: S,
+    body_timeout: Duration,
 }
 
 impl<S> Service<http::Request<tonic::body::Body>> for MessageLimit<S>
@@ -77,12 +103,16 @@ where
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let limit = limit_for(req.uri().path());
+        let path = req.uri().path();
+        let limit = limit_for(path);
+        let until = (!STREAMING_METHODS.contains(&path))
+            .then(|| (Box::pin(tokio::time::sleep(self.body_timeout)), self.body_timeout));
         self.inner.call(req.map(|body| {
             tonic::body::Body::new(Bounded {
                 body,
                 limit,
                 scan: Scan::default(),
+                until,
             })
         }))
     }
@@ -143,12 +173,14 @@ impl Scan {
     }
 }
 
-/// A request body that fails once a message declares more than `limit` bytes.
+/// A request body that fails once a message declares more than `limit` bytes, or (`until`)
+/// when it has not ended by its timeout.
 #[derive(Debug)]
 struct Bounded {
     body: tonic::body::Body,
     limit: u32,
     scan: Scan,
+    until: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
 }
 
 impl http_body::Body for Bounded {
@@ -162,6 +194,18 @@ impl http_body::Body for Bounded {
         let this = &mut *self;
         let frame = match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Pending => {
+                if let Some((sleep, after)) = &mut this.until
+                    && sleep.as_mut().poll(cx).is_ready()
+                {
+                    let ms = after.as_millis();
+                    this.until = None;
+                    return Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(format!(
+                        "the request message did not arrive within {ms} ms (request_body_timeout_ms)"
+                    )))));
+                }
+                return Poll::Pending;
+            }
             other => return other,
         };
         if let Some(data) = frame.data_ref()

@@ -580,3 +580,117 @@ async fn a_cancel_reaches_the_worker_and_the_share_is_held_until_it_answers() {
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     drop(stuck);
 }
+
+/// A gRPC request whose message never arrives kept its stream, and so its connection, open
+/// for ever (a stream with a request open is never idle). Now a one-message request must
+/// arrive within `request_body_timeout_ms`: the call ends with DEADLINE_EXCEEDED, and the
+/// workers' long-lived streams are not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_request_whose_message_never_arrives_ends_at_the_body_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let (_cfg, cfg) = config("[serving]\nrequest_body_timeout_ms = 1000\n");
+    let server = crate::common::Server::start_with(
+        &[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--unauthenticated-tcp",
+            "--config",
+            &cfg,
+            "--model",
+            "enc=enc",
+        ],
+        |root| tn::models(root, &["enc"]),
+    )
+    .await;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = tonic::codegen::http::Request::post(format!(
+        "http://127.0.0.1:{port}/inference.GRPCInferenceService/ModelInfer"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (response, mut body) = client.send_request(request, false).expect("send");
+    // A message of 100 bytes announced; none of them sent, the stream left open.
+    body.send_data(
+        tonic::codegen::Bytes::from_static(&[0, 0, 0, 0, 100]),
+        false,
+    )
+    .expect("prefix");
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("answered within 10 s")
+        .expect("response");
+    let in_headers = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap_or("").to_owned());
+    let status = match in_headers {
+        Some(s) => s,
+        None => {
+            let mut recv = response.into_body();
+            while let Some(chunk) = recv.data().await {
+                drop(chunk);
+            }
+            let trailers = tokio::time::timeout(Duration::from_secs(10), recv.trailers())
+                .await
+                .expect("trailers within 10 s")
+                .expect("trailers")
+                .expect("some trailers");
+            trailers
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        }
+    };
+    assert_eq!(status, "4", "DEADLINE_EXCEEDED");
+    drop(server);
+}
+
+/// The same over HTTP/2 (h2c, what one connection of 100 stalled 60 MiB uploads used): a
+/// POST without a token that announces 64 MiB and sends none of it is answered 401 at once,
+/// and one with a token past the limit 413, each on its own stream of one connection.
+#[tokio::test]
+async fn over_http2_too_bodies_wait_for_the_token() {
+    let (_cfg, cfg) = config("[serving]\nmax_request_bytes = 1048576\n");
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let server = tn::start(
+        &tenants,
+        &["--http-listen", "127.0.0.1:0", "--config", &cfg],
+        &[],
+    )
+    .await;
+    let addr = server.metrics_address();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2c handshake");
+    tokio::spawn(connection);
+    let mut streams = Vec::new();
+    for (token, length) in [(None, 64usize << 20), (Some(TA), 2 << 20)] {
+        let mut client = client.clone().ready().await.expect("ready");
+        let mut request = tonic::codegen::http::Request::post(format!("http://{addr}/v1/embeddings"))
+            .header("content-type", "application/json")
+            .header("content-length", length.to_string());
+        if let Some(t) = token {
+            request = request.header("authorization", format!("Bearer {t}"));
+        }
+        let (response, body) = client
+            .send_request(request.body(()).expect("request"), false)
+            .expect("send");
+        let response = tokio::time::timeout(Duration::from_secs(5), response)
+            .await
+            .expect("answered before the body")
+            .expect("response");
+        streams.push((response.status().as_u16(), body));
+    }
+    assert_eq!(streams[0].0, 401);
+    assert_eq!(streams[1].0, 413);
+}
