@@ -125,6 +125,8 @@ raw_openai = {
     "huge_number_skipped": b'{"model":"m","input":"x","zz":8e755}',
     "deep": b'{"model":"m","input":' + b"[" * 200 + b"]" * 200 + b"}",
     "not_json": b"\x00\x01",
+    # serde reads a struct from an array of its fields in order too (see README.md).
+    "positional": b'["hi","m",null,4]',
 }
 
 
@@ -191,6 +193,7 @@ raw_kserve = {
     "long_name": kserve_body({"inputs": [inp("n" * 9000, [1], "UINT8", [1, 2])]}),
     "long_datatype": kserve_body({"inputs": [inp("x", [1], "X" * 9000, [1])]}),
     "short": b"\x01\x00",
+    "positional": kserve_body(j(["7", {}, [["x", [1], "INT32", {}, [1]]], []]), header=False),
 }
 
 

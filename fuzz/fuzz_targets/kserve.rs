@@ -2,6 +2,8 @@
 //! through `http::oip::parse_inputs` and `front::oip::to_items`; see `request_checks.rs`.
 #![no_main]
 
+// Each target runs one of the checks.
+#[allow(dead_code)]
 #[path = "../request_checks.rs"]
 mod request_checks;
 

@@ -1,6 +1,8 @@
 //! One `/v1/embeddings` body through `http::openai::items`; see `request_checks.rs`.
 #![no_main]
 
+// Each target runs one of the checks.
+#[allow(dead_code)]
 #[path = "../request_checks.rs"]
 mod request_checks;
 

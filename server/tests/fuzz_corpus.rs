@@ -81,7 +81,8 @@ fn oip_grpc_corpus_replays() {
 #[test]
 fn well_formed_request_seeds_are_accepted() {
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
-    let cases: [(&str, fn(&[u8]) -> bool, &[&str]); 3] = [
+    type Check = fn(&[u8]) -> bool;
+    let cases: [(&str, Check, &[&str]); 3] = [
         (
             "openai",
             request_checks::openai,
