@@ -389,6 +389,16 @@ fn render(model: &str, req: &InferBody, answer: &InferResponse) -> Result<Respon
     Ok(response)
 }
 
+/// A request body's inputs as tensors in the raw layout and its parameters for the items, as
+/// [`infer`] reads them from `headers` and `body`. Public for the fuzz target `kserve`
+/// (`fuzz/request_checks.rs`).
+pub fn parse_inputs(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Vec<oip::Tensor>, HashMap<String, pb::Parameter>), DoorError> {
+    parse(headers, body).map(|(_, tensors, parameters)| (tensors, parameters))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

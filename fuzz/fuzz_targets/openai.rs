@@ -1,0 +1,11 @@
+//! One `/v1/embeddings` body through `http::openai::items`; see `request_checks.rs`.
+#![no_main]
+
+// Each target runs one of the checks.
+#[allow(dead_code)]
+#[path = "../request_checks.rs"]
+mod request_checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    request_checks::openai(data);
+});
