@@ -105,8 +105,12 @@ where
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let path = req.uri().path();
         let limit = limit_for(path);
-        let until = (!STREAMING_METHODS.contains(&path))
-            .then(|| (Box::pin(tokio::time::sleep(self.body_timeout)), self.body_timeout));
+        let until = (!STREAMING_METHODS.contains(&path)).then(|| {
+            (
+                Box::pin(tokio::time::sleep(self.body_timeout)),
+                self.body_timeout,
+            )
+        });
         self.inner.call(req.map(|body| {
             tonic::body::Body::new(Bounded {
                 body,

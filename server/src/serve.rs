@@ -215,7 +215,9 @@ fn router(
         // Every request message bounded by its method, refused as RESOURCE_EXHAUSTED from its
         // length prefix before it is buffered (see `message_limits`): kilobytes for the methods
         // that carry no payload, 1 MiB for the admin service, 128 MiB for payloads.
-        .layer(MessageLimitLayer::new(app.config.serving.request_body_timeout))
+        .layer(MessageLimitLayer::new(
+            app.config.serving.request_body_timeout,
+        ))
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)
         // Detect dead peers on idle connections (a worker host that vanished).

@@ -18,6 +18,7 @@
 
 pub mod body;
 pub mod door;
+pub mod json;
 pub mod metrics;
 pub mod oip;
 pub mod openai;

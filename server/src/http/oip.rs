@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::door::{self, DoorError};
+use super::json;
 use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front::{self, oip};
@@ -144,8 +145,9 @@ struct InferBody {
     id: Option<String>,
     #[serde(default)]
     parameters: Map<String, Value>,
+    #[serde(deserialize_with = "json::objects")]
     inputs: Vec<InputBody>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::objects")]
     outputs: Vec<OutputBody>,
 }
 
@@ -218,7 +220,7 @@ type Parsed = (InferBody, Vec<oip::Tensor>, HashMap<String, pb::Parameter>);
 /// A request body's inputs as tensors in the raw layout, and what it asks of the outputs.
 fn parse(headers: &HeaderMap, body: &Bytes) -> Result<Parsed, DoorError> {
     let (json_part, mut binary) = split_body(headers, body)?;
-    let mut req: InferBody = serde_json::from_slice(json_part)
+    let json::Object(mut req) = serde_json::from_slice::<json::Object<InferBody>>(json_part)
         .map_err(|e| DoorError::bad_request(format!("malformed inference request JSON: {e}")))?;
     let mut tensors = Vec::with_capacity(req.inputs.len());
     for input in &mut req.inputs {

@@ -196,8 +196,9 @@ fn tokens_item(ids: &[i64]) -> pb::Item {
 /// The body's model, its items, and whether floats (not base64) are asked. Public for the
 /// fuzz target `openai` (`fuzz/request_checks.rs`).
 pub fn items(body: &[u8]) -> Result<(String, Vec<pb::Item>, bool), DoorError> {
-    let req: EmbeddingsBody = serde_json::from_slice(body)
-        .map_err(|e| DoorError::bad_request(format!("malformed request JSON: {e}")))?;
+    let super::json::Object(req) =
+        serde_json::from_slice::<super::json::Object<EmbeddingsBody>>(body)
+            .map_err(|e| DoorError::bad_request(format!("malformed request JSON: {e}")))?;
     let mut items = match req.input {
         Input::One(s) => vec![text_item(s)],
         Input::Many(v) => v.into_iter().map(text_item).collect(),

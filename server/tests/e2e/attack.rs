@@ -670,15 +670,18 @@ async fn over_http2_too_bodies_wait_for_the_token() {
     )
     .await;
     let addr = server.metrics_address();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
     let (client, connection) = h2::client::handshake(tcp).await.expect("h2c handshake");
     tokio::spawn(connection);
     let mut streams = Vec::new();
     for (token, length) in [(None, 64usize << 20), (Some(TA), 2 << 20)] {
         let mut client = client.clone().ready().await.expect("ready");
-        let mut request = tonic::codegen::http::Request::post(format!("http://{addr}/v1/embeddings"))
-            .header("content-type", "application/json")
-            .header("content-length", length.to_string());
+        let mut request =
+            tonic::codegen::http::Request::post(format!("http://{addr}/v1/embeddings"))
+                .header("content-type", "application/json")
+                .header("content-length", length.to_string());
         if let Some(t) = token {
             request = request.header("authorization", format!("Bearer {t}"));
         }
