@@ -17,11 +17,38 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::door::DoorError;
 use crate::connections::{BodyOnConnection, Connection};
+
+/// Why a body was not read (each door renders it: [`super::door::DoorError`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// Past `max_request_bytes` (declared, or as it arrived): 413.
+    #[error(
+        "the request body is larger than the server's limit of {max} bytes (max_request_bytes)"
+    )]
+    TooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// The connection's or the listener's budget is spent: 503, retry.
+    #[error("{0}; retry shortly")]
+    Busy(&'static str),
+    /// It did not arrive in time: 408.
+    #[error("the request body did not arrive within {ms} ms (request_body_timeout_ms)")]
+    Timeout {
+        /// The timeout.
+        ms: u128,
+    },
+    /// A `content-length` that is not a number: 400.
+    #[error("malformed content-length header")]
+    BadLength,
+    /// The connection broke while it was read: 400.
+    #[error("the request body could not be read: {0}")]
+    Broken(String),
+}
 
 /// Budgets are counted in KiB (a semaphore's permits are counted in `u32`).
 const UNIT: usize = 1024;
@@ -70,26 +97,8 @@ pub struct BodyHold {
     _connection: Option<BodyOnConnection>,
 }
 
-fn too_large(max: usize) -> DoorError {
-    DoorError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        message: format!(
-            "the request body is larger than the server's limit of {max} bytes (max_request_bytes)"
-        ),
-        retry_after: None,
-    }
-}
-
-fn busy(what: &str) -> DoorError {
-    DoorError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: format!("{what}; retry shortly"),
-        retry_after: Some(Duration::from_secs(1)),
-    }
-}
-
 /// The body's declared length, if it has a well-formed one.
-fn content_length(headers: &HeaderMap) -> Result<Option<usize>, DoorError> {
+fn content_length(headers: &HeaderMap) -> Result<Option<usize>, BodyError> {
     match headers.get(header::CONTENT_LENGTH) {
         None => Ok(None),
         Some(v) => v
@@ -97,7 +106,7 @@ fn content_length(headers: &HeaderMap) -> Result<Option<usize>, DoorError> {
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
             .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
-            .ok_or_else(|| DoorError::bad_request("malformed content-length header")),
+            .ok_or(BodyError::BadLength),
     }
 }
 
@@ -110,34 +119,34 @@ pub async fn read(
     headers: &HeaderMap,
     started: Instant,
     body: Body,
-) -> Result<(Bytes, BodyHold), DoorError> {
+) -> Result<(Bytes, BodyHold), BodyError> {
     let declared = content_length(headers)?;
     if declared.is_some_and(|n| n > limits.max_bytes) {
-        return Err(too_large(limits.max_bytes));
+        return Err(BodyError::TooLarge {
+            max: limits.max_bytes,
+        });
     }
     let reserve = declared.unwrap_or(limits.max_bytes);
     let connection = match connection {
-        Some(c) => Some(c.reserve_body(reserve, limits.per_connection).ok_or_else(|| {
-            busy("this connection is already sending as many request bodies as it may at once")
-        })?),
+        Some(c) => Some(
+            c.reserve_body(reserve, limits.per_connection)
+                .ok_or(BodyError::Busy(
+                    "this connection is already sending as many request bodies as it may at once",
+                ))?,
+        ),
         None => None,
     };
-    let listener = budget
-        .reserve(reserve)
-        .ok_or_else(|| busy("the server is receiving as many request bodies as it may at once"))?;
+    let listener = budget.reserve(reserve).ok_or(BodyError::Busy(
+        "the server is receiving as many request bodies as it may at once",
+    ))?;
     let hold = BodyHold {
         _listener: listener,
         _connection: connection,
     };
     let until = tokio::time::Instant::from_std(started + limits.timeout);
     match tokio::time::timeout_at(until, axum::body::to_bytes(body, limits.max_bytes)).await {
-        Err(_) => Err(DoorError {
-            status: StatusCode::REQUEST_TIMEOUT,
-            message: format!(
-                "the request body did not arrive within {} ms (request_body_timeout_ms)",
-                limits.timeout.as_millis()
-            ),
-            retry_after: None,
+        Err(_) => Err(BodyError::Timeout {
+            ms: limits.timeout.as_millis(),
         }),
         Ok(Err(e)) => {
             // A body past the limit without a content-length, or a connection that broke.
@@ -146,11 +155,11 @@ pub async fn read(
                 .as_deref()
                 .is_some_and(|s| s.contains("length limit"))
             {
-                Err(too_large(limits.max_bytes))
+                Err(BodyError::TooLarge {
+                    max: limits.max_bytes,
+                })
             } else {
-                Err(DoorError::bad_request(format!(
-                    "the request body could not be read: {e}"
-                )))
+                Err(BodyError::Broken(e.to_string()))
             }
         }
         Ok(Ok(bytes)) => Ok((bytes, hold)),
@@ -207,7 +216,7 @@ mod tests {
         )
         .await
         .expect_err("413");
-        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(e, BodyError::TooLarge { max: 4096 });
         // Undeclared past the limit.
         let e = read(
             &budget,
@@ -219,7 +228,7 @@ mod tests {
         )
         .await
         .expect_err("413");
-        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", e.message);
+        assert_eq!(e, BodyError::TooLarge { max: 4096 });
         // The budget spent by two held bodies of unknown length: the third waits no memory.
         let slow = || {
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
@@ -256,8 +265,7 @@ mod tests {
         )
         .await
         .expect_err("503");
-        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(e.retry_after.is_some());
+        assert!(matches!(e, BodyError::Busy(_)), "{e}");
         r1.abort();
         r2.abort();
         let _ = (r1.await, r2.await);
@@ -274,7 +282,7 @@ mod tests {
         )
         .await
         .expect_err("408");
-        assert_eq!(e.status, StatusCode::REQUEST_TIMEOUT);
+        assert!(matches!(e, BodyError::Timeout { ms: 200 }), "{e}");
         assert_eq!(budget.available(), 8192);
     }
 }

@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 
-use super::body::BodyHold;
+use super::body::{BodyError, BodyHold};
 use super::state::HttpState;
 use crate::connections::Connection;
 use crate::error::ServerError;
@@ -84,6 +84,25 @@ impl From<ServerError> for DoorError {
     }
 }
 
+impl From<BodyError> for DoorError {
+    fn from(e: BodyError) -> Self {
+        let (status, retry_after) = match e {
+            BodyError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, None),
+            BodyError::Busy(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(Duration::from_secs(1)),
+            ),
+            BodyError::Timeout { .. } => (StatusCode::REQUEST_TIMEOUT, None),
+            BodyError::BadLength | BodyError::Broken(_) => (StatusCode::BAD_REQUEST, None),
+        };
+        Self {
+            status,
+            message: crate::error::bounded_message(e.to_string()),
+            retry_after,
+        }
+    }
+}
+
 impl From<PoolError> for DoorError {
     fn from(e: PoolError) -> Self {
         let status = match e {
@@ -127,6 +146,7 @@ pub async fn body(
         body,
     )
     .await
+    .map_err(DoorError::from)
 }
 
 /// The deadline of a request that arrived at `arrived`.
