@@ -48,6 +48,8 @@ pub struct App {
     pub held: Arc<HeldStore>,
     /// The bounded pool for requests' CPU-heavy work (parsing, conversion), off the runtime.
     pub cpu: crate::front::cpu::CpuPool,
+    /// Request-body bytes being received at once over every door.
+    pub bodies: crate::bodies::BodyBudget,
     load_slots: Arc<Semaphore>,
     /// Chunks being loaded at once, over all loads.
     chunk_gate: Arc<loader::ChunkGate>,
@@ -118,6 +120,7 @@ impl App {
             devices,
             hub: Arc::new(Hub::new()),
             cpu: crate::front::cpu::CpuPool::for_this_machine(),
+            bodies: crate::bodies::BodyBudget::new(config.serving.max_body_bytes_in_flight),
             timer: Arc::new(Timer::new()),
             load_slots: Arc::new(Semaphore::new(config.max_concurrent_loads)),
             chunk_gate: Arc::new(loader::ChunkGate::new(config.load_threads)),

@@ -36,6 +36,7 @@
 //!   the front doors and the Serve streams hold.
 //! - [`front`]: what the inference front doors share: admission of a caller's request
 //!   (visibility, quota, deadline) and the OIP tensor conversions.
+//! - [`bodies`]: the server-wide budget of request-body bytes being received, over every door.
 //! - [`health`]: `grpc.health.v1.Health`, its `Watch` bounded in time and number.
 //! - [`serve`]: listeners, health and reflection, start-up models, graceful shutdown.
 //! - [`cli`]: the admin client commands (`load`, `unload`, `ls`, `describe`, `stats`, `ps`) and
@@ -62,6 +63,7 @@ pub mod accept;
 pub mod adopt;
 pub mod app;
 pub mod audit;
+pub mod bodies;
 pub mod cli;
 pub mod config;
 pub mod connections;

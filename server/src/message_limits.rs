@@ -12,6 +12,12 @@
 //! (`request_body_timeout_ms`), else the call fails with DEADLINE_EXCEEDED: a stalled request
 //! body would otherwise keep its stream, and so its connection, open for ever.
 //!
+//! The messages of the inference door's `ModelInfer` reserve their declared size from the
+//! server's [`BodyBudget`] (`max_body_bytes_in_flight`, shared with the REST doors) as their
+//! prefix arrives, before tonic buffers them, and give it back when the request body is
+//! dropped; when it is spent the call fails at once with UNAVAILABLE (retry), so that many
+//! slow or stalled large messages cannot grow the server's memory without end.
+//!
 //! Every method of every service has its bound here, the services' own (tonic's
 //! `max_decoding_message_size`, set to the same figures in `serve::router`) included: tonic
 //! answers a message past those with OUT_OF_RANGE, and an oversized request is the same
@@ -23,6 +29,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tonic::codegen::Bytes;
+
+use crate::bodies::{BodyBudget, BodyPermit};
 use tonic::codegen::http;
 use tower::{Layer, Service};
 
@@ -43,6 +51,10 @@ const PAYLOAD_METHODS: &[&str] = &[
     "/inference.GRPCInferenceService/ModelInfer",
 ];
 
+/// Methods whose messages are charged to the server's budget of request bodies (clients'
+/// payloads; a worker's results are the server's own requests coming back).
+const BUDGETED_METHODS: &[&str] = &["/inference.GRPCInferenceService/ModelInfer"];
+
 /// Methods whose callers stream messages for as long as they live (no body timeout).
 const STREAMING_METHODS: &[&str] = &[
     "/modelshare.v1.WorkerService/Session",
@@ -60,16 +72,22 @@ pub fn limit_for(path: &str) -> u32 {
     }
 }
 
-/// The layer: message bounds by method, and the time a one-message request may take.
-#[derive(Debug, Clone, Copy)]
+/// The layer: message bounds by method, the time a one-message request may take, and the
+/// server's budget of request bodies.
+#[derive(Debug, Clone)]
 pub struct MessageLimitLayer {
     body_timeout: Duration,
+    bodies: BodyBudget,
 }
 
 impl MessageLimitLayer {
-    /// Bounds by method; a one-message request's body must end within `body_timeout`.
-    pub fn new(body_timeout: Duration) -> Self {
-        Self { body_timeout }
+    /// Bounds by method; a one-message request's body must end within `body_timeout`; clients'
+    /// payload messages are charged to `bodies`.
+    pub fn new(body_timeout: Duration, bodies: BodyBudget) -> Self {
+        Self {
+            body_timeout,
+            bodies,
+        }
     }
 }
 
@@ -79,6 +97,7 @@ impl<S> Layer<S> for MessageLimitLayer {
         MessageLimit {
             inner,
             body_timeout: self.body_timeout,
+            bodies: self.bodies.clone(),
         }
     }
 }
@@ -88,6 +107,7 @@ impl<S> Layer<S> for MessageLimitLayer {
 pub struct MessageLimit<S> {
     inner: S,
     body_timeout: Duration,
+    bodies: BodyBudget,
 }
 
 impl<S> Service<http::Request<tonic::body::Body>> for MessageLimit<S>
@@ -111,12 +131,17 @@ where
                 self.body_timeout,
             )
         });
+        let budget = BUDGETED_METHODS
+            .contains(&path)
+            .then(|| self.bodies.clone());
         self.inner.call(req.map(|body| {
             tonic::body::Body::new(Bounded {
                 body,
                 limit,
                 scan: Scan::default(),
                 until,
+                budget,
+                held: Vec::new(),
             })
         }))
     }
@@ -140,8 +165,14 @@ impl Default for Scan {
 }
 
 impl Scan {
-    /// Walks `chunk`; the first declared length over `limit`, if any.
-    fn feed(&mut self, mut chunk: &[u8], limit: u32) -> Result<(), u32> {
+    /// Walks `chunk`, calling `declared` with each message length read; the first declared
+    /// length over `limit`, if any.
+    fn feed(
+        &mut self,
+        mut chunk: &[u8],
+        limit: u32,
+        mut declared: impl FnMut(u32),
+    ) -> Result<(), u32> {
         while !chunk.is_empty() {
             match self {
                 Scan::Prefix { seen, bytes } => {
@@ -154,6 +185,7 @@ impl Scan {
                         if len > limit {
                             return Err(len);
                         }
+                        declared(len);
                         *self = Scan::Payload {
                             left: u64::from(len),
                         };
@@ -177,14 +209,17 @@ impl Scan {
     }
 }
 
-/// A request body that fails once a message declares more than `limit` bytes, or (`until`)
-/// when it has not ended by its timeout.
+/// A request body that fails once a message declares more than `limit` bytes, (`until`)
+/// when it has not ended by its timeout, or (`budget`) when the server's budget of request
+/// bodies cannot hold a message it declares; what it reserved is `held` until it drops.
 #[derive(Debug)]
 struct Bounded {
     body: tonic::body::Body,
     limit: u32,
     scan: Scan,
     until: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+    budget: Option<BodyBudget>,
+    held: Vec<BodyPermit>,
 }
 
 impl http_body::Body for Bounded {
@@ -212,13 +247,28 @@ impl http_body::Body for Bounded {
             }
             other => return other,
         };
-        if let Some(data) = frame.data_ref()
-            && let Err(len) = this.scan.feed(data, this.limit)
-        {
-            return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(format!(
-                "a request message of {len} bytes exceeds this method's limit of {} bytes",
-                this.limit
-            )))));
+        if let Some(data) = frame.data_ref() {
+            let mut refused = false;
+            let (budget, held) = (&this.budget, &mut this.held);
+            let scanned = this.scan.feed(data, this.limit, |len| {
+                if let Some(budget) = budget {
+                    match budget.reserve(len as usize) {
+                        Some(permit) => held.push(permit),
+                        None => refused = true,
+                    }
+                }
+            });
+            if let Err(len) = scanned {
+                return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(format!(
+                    "a request message of {len} bytes exceeds this method's limit of {} bytes",
+                    this.limit
+                )))));
+            }
+            if refused {
+                return Poll::Ready(Some(Err(tonic::Status::unavailable(
+                    "the server is receiving as many request bodies as it may at once (max_body_bytes_in_flight); retry shortly",
+                ))));
+            }
         }
         Poll::Ready(Some(Ok(frame)))
     }
@@ -251,11 +301,19 @@ mod tests {
         stream.extend(message(3));
         for split in 1..stream.len() {
             let mut scan = Scan::default();
+            let mut lengths = Vec::new();
             for chunk in stream.chunks(split) {
-                assert_eq!(scan.feed(chunk, 100), Ok(()), "split {split}");
+                assert_eq!(
+                    scan.feed(chunk, 100, |l| lengths.push(l)),
+                    Ok(()),
+                    "split {split}"
+                );
             }
+            assert_eq!(lengths, [10, 0, 100, 3], "split {split}");
             let mut over = Scan::default();
-            let found = stream.chunks(split).find_map(|c| over.feed(c, 99).err());
+            let found = stream
+                .chunks(split)
+                .find_map(|c| over.feed(c, 99, |_| {}).err());
             assert_eq!(found, Some(100), "split {split}");
         }
     }

@@ -217,6 +217,7 @@ fn router(
         // that carry no payload, 1 MiB for the admin service, 128 MiB for payloads.
         .layer(MessageLimitLayer::new(
             app.config.serving.request_body_timeout,
+            app.bodies.clone(),
         ))
         // Bound the work one connection can put on the server, instead of queueing without end.
         .concurrency_limit_per_connection(CONCURRENCY_PER_CONNECTION)

@@ -8,18 +8,17 @@
 //!   a byte of it;
 //! - reserves the body's bytes (its `content-length`, else the limit) from the connection's
 //!   budget (two whole bodies: an HTTP/2 connection carries many requests) and from the
-//!   listener's [`BodyBudget`] (`max_body_bytes_in_flight`), answering 503 with `Retry-After`
-//!   when either is spent, instead of buffering without end;
+//!   server's [`BodyBudget`] (`max_body_bytes_in_flight`, shared with the gRPC doors),
+//!   answering 503 with `Retry-After` when either is spent, instead of buffering without end;
 //! - gives the body `request_body_timeout` from the request's start to arrive (408 past it),
 //!   so a POST whose body never comes ends, and its connection can go idle and close.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::bodies::{BodyBudget, BodyPermit};
 use crate::connections::{BodyOnConnection, Connection};
 
 /// Why a body was not read (each door renders it: [`super::door::DoorError`]).
@@ -50,35 +49,6 @@ pub enum BodyError {
     Broken(String),
 }
 
-/// Budgets are counted in KiB (a semaphore's permits are counted in `u32`).
-const UNIT: usize = 1024;
-
-/// The request-body bytes being received at once over all of a listener's connections.
-#[derive(Debug, Clone)]
-pub struct BodyBudget {
-    units: Arc<Semaphore>,
-}
-
-impl BodyBudget {
-    /// A budget of `bytes`.
-    pub fn new(bytes: usize) -> Self {
-        let units = bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS);
-        Self {
-            units: Arc::new(Semaphore::new(units)),
-        }
-    }
-
-    /// Bytes free now.
-    pub fn available(&self) -> usize {
-        self.units.available_permits().saturating_mul(UNIT)
-    }
-
-    fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let units = u32::try_from(bytes.div_ceil(UNIT).max(1)).ok()?;
-        self.units.clone().try_acquire_many_owned(units).ok()
-    }
-}
-
 /// What one body may use.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimits {
@@ -93,7 +63,7 @@ pub struct BodyLimits {
 /// Holds a body's reservations until the request is answered.
 #[derive(Debug)]
 pub struct BodyHold {
-    _listener: OwnedSemaphorePermit,
+    _server: BodyPermit,
     _connection: Option<BodyOnConnection>,
 }
 
@@ -136,11 +106,11 @@ pub async fn read(
         ),
         None => None,
     };
-    let listener = budget.reserve(reserve).ok_or(BodyError::Busy(
+    let server = budget.reserve(reserve).ok_or(BodyError::Busy(
         "the server is receiving as many request bodies as it may at once",
     ))?;
     let hold = BodyHold {
-        _listener: listener,
+        _server: server,
         _connection: connection,
     };
     let until = tokio::time::Instant::from_std(started + limits.timeout);

@@ -138,7 +138,7 @@ pub async fn body(
     body: Body,
 ) -> Result<(Bytes, BodyHold), DoorError> {
     super::body::read(
-        &state.bodies,
+        &state.app.bodies,
         state.body_limits(),
         connection,
         headers,

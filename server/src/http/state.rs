@@ -1,23 +1,20 @@
 //! [`HttpState`]: what every HTTP handler may read, cloned into each request.
 
-use super::body::{BodyBudget, BodyLimits};
+use super::body::BodyLimits;
 use crate::app::App;
 
 /// What the HTTP handlers read: the application (its metrics, registry, devices, readiness,
-/// engine, tenants and configuration) and the listener's budget of request bodies.
+/// engine, tenants, configuration and the server's budget of request bodies).
 #[derive(Debug, Clone)]
 pub struct HttpState {
     /// The whole application.
     pub app: App,
-    /// Request-body bytes being received at once over the listener's connections.
-    pub bodies: BodyBudget,
 }
 
 impl HttpState {
-    /// The state of a listener of `app`, its body budget from the configuration.
+    /// The state of a listener of `app`.
     pub fn new(app: App) -> Self {
-        let bodies = BodyBudget::new(app.config.serving.max_body_bytes_in_flight);
-        Self { app, bodies }
+        Self { app }
     }
 
     /// What one request body may use.

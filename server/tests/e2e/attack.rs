@@ -645,53 +645,10 @@ async fn a_grpc_request_whose_message_never_arrives_ends_at_the_body_timeout() {
         |root| tn::models(root, &["enc"]),
     )
     .await;
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let stalled = stalled_model_infer(port, 100).await;
+    let status = tokio::time::timeout(Duration::from_secs(10), stalled.status())
         .await
-        .expect("connect");
-    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(connection);
-    let mut client = client.ready().await.expect("ready");
-    let request = tonic::codegen::http::Request::post(format!(
-        "http://127.0.0.1:{port}/inference.GRPCInferenceService/ModelInfer"
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .expect("request");
-    let (response, mut body) = client.send_request(request, false).expect("send");
-    // A message of 100 bytes announced; none of them sent, the stream left open.
-    body.send_data(
-        tonic::codegen::Bytes::from_static(&[0, 0, 0, 0, 100]),
-        false,
-    )
-    .expect("prefix");
-    let response = tokio::time::timeout(Duration::from_secs(10), response)
-        .await
-        .expect("answered within 10 s")
-        .expect("response");
-    let in_headers = response
-        .headers()
-        .get("grpc-status")
-        .map(|v| v.to_str().unwrap_or("").to_owned());
-    let status = match in_headers {
-        Some(s) => s,
-        None => {
-            let mut recv = response.into_body();
-            while let Some(chunk) = recv.data().await {
-                drop(chunk);
-            }
-            let trailers = tokio::time::timeout(Duration::from_secs(10), recv.trailers())
-                .await
-                .expect("trailers within 10 s")
-                .expect("trailers")
-                .expect("some trailers");
-            trailers
-                .get("grpc-status")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned()
-        }
-    };
+        .expect("answered within 10 s");
     assert_eq!(status, "4", "DEADLINE_EXCEEDED");
     drop(server);
 }
@@ -736,4 +693,106 @@ async fn over_http2_too_bodies_wait_for_the_token() {
     }
     assert_eq!(streams[0].0, 401);
     assert_eq!(streams[1].0, 413);
+}
+
+/// A `ModelInfer` call on its own HTTP/2 connection whose message declares `declared` bytes
+/// and sends none of them, its stream left open.
+struct StalledCall {
+    response: h2::client::ResponseFuture,
+    _body: h2::SendStream<tonic::codegen::Bytes>,
+}
+
+async fn stalled_model_infer(port: u16, declared: u32) -> StalledCall {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = tonic::codegen::http::Request::post(format!(
+        "http://127.0.0.1:{port}/inference.GRPCInferenceService/ModelInfer"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (response, mut body) = client.send_request(request, false).expect("send");
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&declared.to_be_bytes());
+    body.send_data(prefix.into(), false).expect("prefix");
+    StalledCall {
+        response,
+        _body: body,
+    }
+}
+
+impl StalledCall {
+    /// The call's `grpc-status` (from the headers, or the trailers).
+    async fn status(self) -> String {
+        let response = self.response.await.expect("response");
+        if let Some(s) = response.headers().get("grpc-status") {
+            return s.to_str().unwrap_or("").to_owned();
+        }
+        let mut recv = response.into_body();
+        while let Some(chunk) = recv.data().await {
+            drop(chunk);
+        }
+        recv.trailers()
+            .await
+            .expect("trailers")
+            .and_then(|t| {
+                t.get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Large gRPC messages were buffered without a server-wide bound. Now a `ModelInfer` message
+/// reserves its declared size from the same budget as the REST bodies
+/// (`max_body_bytes_in_flight`): while one stalled 1.5 MiB message holds 1.5 of the 2 MiB,
+/// a second is refused at once with UNAVAILABLE; once the first ends at its body timeout, a
+/// third is taken (and itself ends at the timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_messages_are_within_the_servers_body_budget() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let (_cfg, cfg) = config(
+        "[serving]\nmax_request_bytes = 1048576\nmax_body_bytes_in_flight = 2097152\nrequest_body_timeout_ms = 2000\n",
+    );
+    let server = crate::common::Server::start_with(
+        &[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--unauthenticated-tcp",
+            "--config",
+            &cfg,
+        ],
+        |_| {},
+    )
+    .await;
+    let size = 1536 << 10;
+    let first = stalled_model_infer(port, size).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = stalled_model_infer(port, size).await;
+    let refused = tokio::time::timeout(Duration::from_millis(1500), second.status())
+        .await
+        .expect("refused at once");
+    assert_eq!(refused, "14", "UNAVAILABLE: the budget is spent");
+    let timed_out = tokio::time::timeout(Duration::from_secs(10), first.status())
+        .await
+        .expect("the first ends");
+    assert_eq!(timed_out, "4", "DEADLINE_EXCEEDED at the body timeout");
+    let third = stalled_model_infer(port, size).await;
+    let status = tokio::time::timeout(Duration::from_secs(10), third.status())
+        .await
+        .expect("the third ends");
+    assert_eq!(
+        status, "4",
+        "taken, then timed out: the budget was given back"
+    );
+    drop(server);
 }
