@@ -12,11 +12,19 @@
 //!   answering 503 with `Retry-After` when either is spent, instead of buffering without end;
 //! - gives the body `request_body_timeout` from the request's start to arrive (408 past it),
 //!   so a POST whose body never comes ends, and its connection can go idle and close.
+//!
+//! A request answered before its body was read (401, 404, 413, 503) has that body
+//! [`drain`]ed in the background, discarded as it comes (nothing is kept), at most
+//! [`DRAIN_BYTES`] for at most [`DRAIN_TIME`], and [`MAX_DRAINS`] at once: a client that writes
+//! its whole body before reading (urllib, many others) then reads its answer instead of a
+//! broken pipe, as nginx's lingering close does; past those bounds the connection is closed.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
+use tokio::sync::Semaphore;
 
 use crate::bodies::{BodyBudget, BodyPermit};
 use crate::connections::{BodyOnConnection, Connection};
@@ -49,6 +57,39 @@ pub enum BodyError {
     Broken(String),
 }
 
+/// The most bytes of an unread body [`drain`] discards.
+pub const DRAIN_BYTES: usize = 64 << 20;
+/// The longest [`drain`] waits for an unread body.
+pub const DRAIN_TIME: Duration = Duration::from_secs(5);
+/// The most bodies drained at once, per listener.
+pub const MAX_DRAINS: usize = 64;
+
+/// Discards the unread `body` of a request already answered, in the background, within
+/// [`DRAIN_BYTES`] and [`DRAIN_TIME`], at most `drains` at once (else it is dropped at once,
+/// which closes an HTTP/1.1 connection). Nothing it reads is kept.
+pub fn drain(drains: &Arc<Semaphore>, declared: Option<usize>, body: Body) {
+    if declared.is_some_and(|n| n > DRAIN_BYTES) {
+        return;
+    }
+    let Ok(permit) = drains.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut stream = body.into_data_stream();
+        let mut seen = 0usize;
+        let _ = tokio::time::timeout(DRAIN_TIME, async {
+            while let Some(Ok(chunk)) = tokio_stream::StreamExt::next(&mut stream).await {
+                seen = seen.saturating_add(chunk.len());
+                if seen > DRAIN_BYTES {
+                    break;
+                }
+            }
+        })
+        .await;
+    });
+}
+
 /// What one body may use.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimits {
@@ -68,6 +109,11 @@ pub struct BodyHold {
 }
 
 /// The body's declared length, if it has a well-formed one.
+pub fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    content_length(headers).ok().flatten()
+}
+
+/// The body's declared length, if any; an error for a malformed one.
 fn content_length(headers: &HeaderMap) -> Result<Option<usize>, BodyError> {
     match headers.get(header::CONTENT_LENGTH) {
         None => Ok(None),
@@ -80,15 +126,16 @@ fn content_length(headers: &HeaderMap) -> Result<Option<usize>, BodyError> {
     }
 }
 
-/// Reads a request's whole body (see the module's text). Call it only once the caller is
-/// admitted; keep the [`BodyHold`] until the body's bytes are no longer needed.
+/// Reads a request's whole body (see the module's text), taking it out of `body`; a body left
+/// there (refused before it was read) is the caller's to [`drain`]. Call it only once the
+/// caller is admitted; keep the [`BodyHold`] until the body's bytes are no longer needed.
 pub async fn read(
     budget: &BodyBudget,
     limits: BodyLimits,
     connection: Option<&Connection>,
     headers: &HeaderMap,
     started: Instant,
-    body: Body,
+    body: &mut Option<Body>,
 ) -> Result<(Bytes, BodyHold), BodyError> {
     let declared = content_length(headers)?;
     if declared.is_some_and(|n| n > limits.max_bytes) {
@@ -112,6 +159,9 @@ pub async fn read(
     let hold = BodyHold {
         _server: server,
         _connection: connection,
+    };
+    let Some(body) = body.take() else {
+        return Err(BodyError::Broken("the body was read already".into()));
     };
     let until = tokio::time::Instant::from_std(started + limits.timeout);
     match tokio::time::timeout_at(until, axum::body::to_bytes(body, limits.max_bytes)).await {
@@ -167,7 +217,7 @@ mod tests {
             None,
             &headers(Some("5")),
             now,
-            Body::from("hello"),
+            &mut Some(Body::from("hello")),
         )
         .await
         .expect("read");
@@ -182,7 +232,7 @@ mod tests {
             None,
             &headers(Some("999999999")),
             now,
-            Body::empty(),
+            &mut Some(Body::empty()),
         )
         .await
         .expect_err("413");
@@ -194,7 +244,7 @@ mod tests {
             None,
             &headers(None),
             now,
-            Body::from(vec![0u8; 5000]),
+            &mut Some(Body::from(vec![0u8; 5000])),
         )
         .await
         .expect_err("413");
@@ -214,15 +264,13 @@ mod tests {
             ..limits()
         };
         let budget2 = budget.clone();
-        let r1 =
-            tokio::spawn(
-                async move { read(&budget2, far, None, &HeaderMap::new(), now, b1).await },
-            );
+        let r1 = tokio::spawn(async move {
+            read(&budget2, far, None, &HeaderMap::new(), now, &mut Some(b1)).await
+        });
         let budget3 = budget.clone();
-        let r2 =
-            tokio::spawn(
-                async move { read(&budget3, far, None, &HeaderMap::new(), now, b2).await },
-            );
+        let r2 = tokio::spawn(async move {
+            read(&budget3, far, None, &HeaderMap::new(), now, &mut Some(b2)).await
+        });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(budget.available(), 0);
         let e = read(
@@ -231,7 +279,7 @@ mod tests {
             None,
             &headers(Some("1")),
             now,
-            Body::from("x"),
+            &mut Some(Body::from("x")),
         )
         .await
         .expect_err("503");
@@ -248,7 +296,7 @@ mod tests {
             None,
             &headers(Some("10")),
             Instant::now(),
-            b,
+            &mut Some(b),
         )
         .await
         .expect_err("408");

@@ -129,13 +129,14 @@ pub fn admit(
 }
 
 /// The body of a request that arrived at `arrived`, read only now that its caller is admitted
-/// (see [`super::body`]), and the reservations to keep while its bytes are in use.
+/// (see [`super::body`]) and taken out of `body`, and the reservations to keep while its bytes
+/// are in use. A body refused before it was read stays in `body`, for [`drain`].
 pub async fn body(
     state: &HttpState,
     connection: Option<&Connection>,
     headers: &HeaderMap,
     arrived: Instant,
-    body: Body,
+    body: &mut Option<Body>,
 ) -> Result<(Bytes, BodyHold), DoorError> {
     super::body::read(
         &state.app.bodies,
@@ -147,6 +148,14 @@ pub async fn body(
     )
     .await
     .map_err(DoorError::from)
+}
+
+/// Discards, in the background and within bounds, the body of a request answered before it
+/// was read (see [`super::body::drain`]); a body already read is nothing to drain.
+pub fn drain(state: &HttpState, declared: Option<usize>, body: Option<Body>) {
+    if let Some(body) = body {
+        super::body::drain(&state.drains, declared, body);
+    }
 }
 
 /// The deadline of a request that arrived at `arrived`.

@@ -293,13 +293,15 @@ pub async fn infer(
     body: Body,
 ) -> Response {
     let arrived = Instant::now();
+    let declared = super::body::declared_length(&headers);
+    let mut body = Some(body);
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v2/models/infer", &headers)?;
         let deadline = door::deadline(&state, &headers, arrived)?;
         version(path.version.as_deref())?;
         front::check_visible(&state.app, &caller, &path.name)?;
         let connection = connection.as_ref().map(|c| &c.0);
-        let (body, _hold) = door::body(&state, connection, &headers, arrived, body).await?;
+        let (body, _hold) = door::body(&state, connection, &headers, arrived, &mut body).await?;
         let max_items = front::max_items(&state.app);
         let (req, items) = state
             .app
@@ -321,6 +323,8 @@ pub async fn infer(
             .await?
     }
     .await;
+    // Answered before its body was read: the client may still be sending it.
+    door::drain(&state, declared, body);
     result.unwrap_or_else(error)
 }
 

@@ -347,11 +347,13 @@ pub async fn embeddings(
     body: Body,
 ) -> Response {
     let arrived = Instant::now();
+    let declared = super::body::declared_length(&headers);
+    let mut body = Some(body);
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v1/embeddings", &headers)?;
         let deadline = door::deadline(&state, &headers, arrived)?;
         let connection = connection.as_ref().map(|c| &c.0);
-        let (body, hold) = door::body(&state, connection, &headers, arrived, body).await?;
+        let (body, hold) = door::body(&state, connection, &headers, arrived, &mut body).await?;
         let (model, items, floats) = state
             .app
             .cpu
@@ -371,6 +373,8 @@ pub async fn embeddings(
         Ok::<_, DoorError>(rendered)
     }
     .await;
+    // Answered before its body was read: the client may still be sending it.
+    door::drain(&state, declared, body);
     result.unwrap_or_else(error)
 }
 

@@ -1,6 +1,10 @@
 //! [`HttpState`]: what every HTTP handler may read, cloned into each request.
 
-use super::body::BodyLimits;
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use super::body::{BodyLimits, MAX_DRAINS};
 use crate::app::App;
 
 /// What the HTTP handlers read: the application (its metrics, registry, devices, readiness,
@@ -9,12 +13,17 @@ use crate::app::App;
 pub struct HttpState {
     /// The whole application.
     pub app: App,
+    /// Unread bodies of answered requests being discarded now (see [`super::body::drain`]).
+    pub drains: Arc<Semaphore>,
 }
 
 impl HttpState {
     /// The state of a listener of `app`.
     pub fn new(app: App) -> Self {
-        Self { app }
+        Self {
+            app,
+            drains: Arc::new(Semaphore::new(MAX_DRAINS)),
+        }
     }
 
     /// What one request body may use.
