@@ -845,3 +845,88 @@ async fn a_client_that_writes_its_whole_body_first_reads_the_early_answer() {
         assert_eq!(status, Some(want), "token {token:?}");
     }
 }
+
+/// The same without timings: once tenant a's eight 8 MiB token bodies are all uploaded, b
+/// sends one small request. If a's bodies were parsed on the runtime's threads (as before),
+/// those threads are busy until a parse ends, and b's answer comes after one of a's 404s; now
+/// they are parsed on the request pool and b's small one inline, so b is answered before any
+/// of a's answers that were still outstanding when it asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_small_request_is_answered_while_big_bodies_are_parsed() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let server = tn::start(&tenants, &["--http-listen", "127.0.0.1:0"], &["encb"]).await;
+    let mut admin_b = tn::admin_as(&server, Some(crate::tenants::TB)).await;
+    tn::load_as(&mut admin_b, "encb", "encb", "", None)
+        .await
+        .expect("b loads encb");
+    let _worker = try_serve(
+        &server.address,
+        Some(crate::tenants::TB),
+        "encb",
+        Offer::default(),
+    )
+    .await
+    .expect("b serves encb");
+    let addr = server.metrics_address();
+    let ids = vec!["12345"; (8 << 20) / 6].join(",");
+    let big = Arc::new(format!(r#"{{"model":"nothing","input":[{ids}]}}"#));
+    let uploaded = Arc::new(tokio::sync::Semaphore::new(0));
+    let answers: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let attack: Vec<_> = (0..8)
+        .map(|_| {
+            let (addr, big) = (addr.clone(), big.clone());
+            let (uploaded, answers) = (uploaded.clone(), answers.clone());
+            tokio::spawn(async move {
+                let mut s = tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .expect("connect");
+                let head = post_head("/v1/embeddings", Some(TA), big.len());
+                s.write_all(head.as_bytes()).await.expect("head");
+                s.write_all(big.as_bytes()).await.expect("body");
+                uploaded.add_permits(1);
+                let status = read_status(&mut s, Duration::from_secs(120)).await;
+                answers.lock().expect("answers").push(Instant::now());
+                status
+            })
+        })
+        .collect();
+    let _all = uploaded.acquire_many(8).await.expect("uploaded");
+    let asked = Instant::now();
+    let one = json!({"model": "encb", "input": "hello"}).to_string();
+    let auth_b = format!("Bearer {}", crate::tenants::TB);
+    let r = http(
+        &addr,
+        "POST",
+        "/v1/embeddings",
+        &[
+            ("authorization", &auth_b),
+            ("content-type", "application/json"),
+        ],
+        one.as_bytes(),
+    )
+    .await;
+    let answered = Instant::now();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let (ahead, outstanding) = {
+        let a = answers.lock().expect("answers");
+        let ahead = a.iter().filter(|t| **t > asked && **t < answered).count();
+        (ahead, 8 - a.iter().filter(|t| **t <= answered).count())
+    };
+    for a in attack {
+        assert_eq!(a.await.expect("join"), Some(404));
+    }
+    println!(
+        "b answered in {:?}; a's answers outstanding then: {outstanding}, answered while b waited: {ahead}",
+        answered - asked
+    );
+    assert!(
+        outstanding + ahead > 0,
+        "every one of a's bodies was parsed before b asked: nothing was measured"
+    );
+    assert_eq!(
+        ahead, 0,
+        "{ahead} of a's big bodies were answered while b's small request waited"
+    );
+}
