@@ -188,10 +188,14 @@ fn router(
     health: HealthServer<impl Health>,
     tls: Option<ServerTlsConfig>,
 ) -> Result<Router<GrpcStack>, ServeError> {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(modelshare_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(modelshare_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    // `v1alpha` beside `v1`: Python's grpcio-reflection client and older grpcurl ask for it.
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let reflection = reflection().build_v1()?;
     let admin = AdminServiceServer::new(AdminApi::new(app.clone()))
         .max_decoding_message_size(MAX_ADMIN_REQUEST_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -226,6 +230,7 @@ fn router(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
         .add_service(health)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(admin)
         .add_service(worker)
         .add_service(inference))

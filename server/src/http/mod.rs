@@ -29,10 +29,14 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::Response;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 pub use state::HttpState;
+
+use door::DoorError;
 
 /// Every route of the HTTP port, over `state`.
 pub fn router(state: HttpState) -> Router {
@@ -62,8 +66,49 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// An error in the shape of the door `uri` is under: OpenAI's for `/v1`, else `{"error"}`.
+fn door_error(uri: &Uri, e: DoorError) -> Response {
+    if uri.path() == "/v1" || uri.path().starts_with("/v1/") {
+        openai::error(e)
+    } else {
+        oip::error(e)
+    }
+}
+
+/// A path no route has: 404 in the door's error shape (not an empty body).
+async fn no_route(method: Method, uri: Uri) -> Response {
+    door_error(
+        &uri,
+        DoorError {
+            status: StatusCode::NOT_FOUND,
+            message: crate::error::bounded_message(format!(
+                "no route {method} {}",
+                uri.path().escape_debug()
+            )),
+            retry_after: None,
+        },
+    )
+}
+
+/// A route asked with a method it does not take: 405 in the door's error shape.
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    door_error(
+        &uri,
+        DoorError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: crate::error::bounded_message(format!(
+                "{method} is not allowed on {}",
+                uri.path().escape_debug()
+            )),
+            retry_after: None,
+        },
+    )
 }
 
 /// Serves [`router`] on `listener` until `shutdown`.

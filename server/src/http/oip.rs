@@ -35,7 +35,7 @@ use crate::serving::InferResponse;
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// An error in the OIP REST shape.
-fn error(e: impl Into<DoorError>) -> Response {
+pub(super) fn error(e: impl Into<DoorError>) -> Response {
     let e = e.into();
     let response = (e.status, Json(json!({ "error": e.message }))).into_response();
     e.decorate(response)

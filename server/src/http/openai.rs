@@ -33,7 +33,7 @@ use crate::serving::{InferError, InferResponse};
 const MAX_INPUTS: usize = 2048;
 
 /// An error in OpenAI's shape.
-fn error(e: impl Into<DoorError>) -> Response {
+pub(super) fn error(e: impl Into<DoorError>) -> Response {
     let e = e.into();
     let (kind, code) = match e.status {
         StatusCode::UNAUTHORIZED => ("authentication_error", Some("invalid_api_key")),

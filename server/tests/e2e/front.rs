@@ -725,3 +725,30 @@ async fn with_tenants_the_http_doors_need_a_token_and_hide_what_a_caller_may_not
     .await;
     assert_eq!(r.status, 200);
 }
+
+/// Unknown routes and methods answered with empty bodies (`/v1/chat/completions` 404,
+/// `GET /v1/embeddings` 405): they answer in the door's error shape now.
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_in_the_doors_error_shape() {
+    let (server, _worker, _config) = stack().await;
+    let addr = server.metrics_address();
+    let r = http(&addr, "POST", "/v1/chat/completions", &[], b"{}").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("/v1/chat/completions")),
+        "{:?}",
+        r.json()
+    );
+    let r = http(&addr, "GET", "/v1/embeddings", &[], b"").await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = http(&addr, "GET", "/v2/models/enc/infer", &[], b"").await;
+    assert_eq!(r.status, 405);
+    assert!(r.json()["error"].is_string());
+    let r = http(&addr, "GET", "/v2/nothing/here", &[], b"").await;
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"].is_string());
+}

@@ -41,7 +41,7 @@ async fn tcp_serves_admin_and_reflection() {
         .into_inner();
     assert_eq!(stats.device.expect("device").uuid, "host");
 
-    let mut reflection = ServerReflectionClient::new(channel);
+    let mut reflection = ServerReflectionClient::new(channel.clone());
     let req = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
@@ -66,4 +66,31 @@ async fn tcp_serves_admin_and_reflection() {
             "{want} missing from {names:?}"
         );
     }
+
+    // The same through `v1alpha` (Python's grpcio-reflection, older grpcurl).
+    use tonic_reflection::pb::v1alpha as alpha;
+    let mut old = alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let req = alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut replies = old
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .expect("v1alpha reflection")
+        .into_inner();
+    let reply = replies.next().await.expect("a reply").expect("ok");
+    let Some(alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("unexpected v1alpha reflection reply {reply:?}");
+    };
+    assert!(
+        list.service
+            .iter()
+            .any(|s| s.name == "modelshare.v1.AdminService"),
+        "{list:?}"
+    );
 }
