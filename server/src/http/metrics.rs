@@ -53,7 +53,7 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
         .sessions_by_tenant()
         .into_iter()
         .map(|(tenant, sessions, leases)| TenantGauges {
-            tenant: tenant.unwrap_or_default(),
+            tenant: tenant.unwrap_or_else(|| crate::metrics::ADMIN_TENANT.to_owned()),
             sessions,
             leases,
         })

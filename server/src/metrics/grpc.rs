@@ -22,6 +22,8 @@ const KNOWN_SERVICES: &[&str] = &[
     "modelshare.v1.WorkerService",
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "inference.GRPCInferenceService",
 ];
 
 /// The layer.
@@ -154,6 +156,11 @@ mod tests {
         assert_eq!(
             labels("/modelshare.v1.AdminService/GetStats"),
             ("modelshare.v1.AdminService", "GetStats")
+        );
+        // The OIP inference door is counted under its own name (it was `other`).
+        assert_eq!(
+            labels("/inference.GRPCInferenceService/ModelInfer"),
+            ("inference.GRPCInferenceService", "ModelInfer")
         );
         assert_eq!(labels("/evil.Service/Anything"), ("other", "other"));
         assert_eq!(

@@ -17,6 +17,10 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The `tenant` label of the admin (and of every caller when no tenants file is given), in
+/// every family that has one.
+pub const ADMIN_TENANT: &str = "admin";
+
 pub use gauges::{ArenaBytes, DeviceMemory, GaugeValues, TenantGauges};
 
 /// Every metric of the server.
@@ -326,8 +330,8 @@ impl Metrics {
         self.models.set(i64::from(values.models));
         self.sessions.reset();
         self.leases.reset();
-        self.sessions.with_label_values(&[""]).set(0);
-        self.leases.with_label_values(&[""]).set(0);
+        self.sessions.with_label_values(&[ADMIN_TENANT]).set(0);
+        self.leases.with_label_values(&[ADMIN_TENANT]).set(0);
         for t in &values.tenants {
             self.sessions
                 .with_label_values(&[t.tenant.as_str()])
@@ -432,9 +436,9 @@ mod tests {
             r#"modelshare_arena_bytes{device="GPU-1",model="m"} 4096"#,
             r#"modelshare_arena_bytes{device="GPU-1",model="n"} 8"#,
             "modelshare_models 2",
-            r#"modelshare_sessions{tenant=""} 0"#,
+            r#"modelshare_sessions{tenant="admin"} 0"#,
             r#"modelshare_sessions{tenant="a"} 1"#,
-            r#"modelshare_leases{tenant=""} 0"#,
+            r#"modelshare_leases{tenant="admin"} 0"#,
             r#"modelshare_leases{tenant="a"} 3"#,
             r#"modelshare_device_memory_total_bytes{device="GPU-1"} 1000"#,
             r#"modelshare_device_memory_used_bytes{device="GPU-1"} 600"#,

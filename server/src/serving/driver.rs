@@ -207,7 +207,7 @@ pub(super) fn item_bytes(item: &pb::Item) -> u64 {
 }
 
 fn tenant_label(tenant: &Tenant) -> &str {
-    tenant.as_deref().unwrap_or("admin")
+    tenant.as_deref().unwrap_or(crate::metrics::ADMIN_TENANT)
 }
 
 impl Driver {

@@ -81,14 +81,14 @@ async fn series_follow_loads_sessions_and_attaches() {
         ),
         1.0
     );
-    assert_eq!(value(&body, r#"modelshare_sessions{tenant=""}"#), 0.0);
+    assert_eq!(value(&body, r#"modelshare_sessions{tenant="admin"}"#), 0.0);
 
     // A real worker process attaches and holds its lease.
     let mut worker = common::Worker::start(&server, "m", "metrics-worker");
     assert_eq!(worker.report["verified"], true, "{}", worker.report);
     let body = http_get(&addr, "/metrics").1;
-    assert_eq!(value(&body, r#"modelshare_sessions{tenant=""}"#), 1.0);
-    assert_eq!(value(&body, r#"modelshare_leases{tenant=""}"#), 1.0);
+    assert_eq!(value(&body, r#"modelshare_sessions{tenant="admin"}"#), 1.0);
+    assert_eq!(value(&body, r#"modelshare_leases{tenant="admin"}"#), 1.0);
     assert_eq!(
         value(&body, r#"modelshare_attaches_total{result="ok"}"#),
         1.0
@@ -107,8 +107,8 @@ async fn series_follow_loads_sessions_and_attaches() {
             let addr = addr.clone();
             async move {
                 let body = http_get(&addr, "/metrics").1;
-                value(&body, r#"modelshare_sessions{tenant=""}"#) == 0.0
-                    && value(&body, r#"modelshare_leases{tenant=""}"#) == 0.0
+                value(&body, r#"modelshare_sessions{tenant="admin"}"#) == 0.0
+                    && value(&body, r#"modelshare_leases{tenant="admin"}"#) == 0.0
             }
         },
     )
