@@ -292,7 +292,8 @@ def check_failures(stack):
     assert time.time() - t0 < 1.5
     stack.assert_drained()  # the server gave it up too (grpc-timeout)
 
-    # Cancelled request: the client goes away; its count drops at once.
+    # Cancelled request: the client goes away; the worker is told, and the tenant's count drops
+    # once the worker has answered the cancelled item (it counts while a worker computes it).
     ch = grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}")
     from tritonclient.grpc import service_pb2, service_pb2_grpc
     stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)

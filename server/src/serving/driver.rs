@@ -747,6 +747,7 @@ impl Driver {
                 .with_label_values(&[model.as_str()])
                 .set(workers);
         }
+        self.dirty_tenants.extend(self.sched.take_settled_tenants());
         for tenant in std::mem::take(&mut self.dirty_tenants) {
             let n = self.sched.outstanding_for_tenant(&tenant);
             self.metrics
@@ -799,9 +800,8 @@ impl Driver {
                 }
             })
             .collect();
-        let mut tenants: BTreeSet<Tenant> =
-            self.waiters.values().map(|w| w.tenant.clone()).collect();
-        tenants.retain(|t| self.sched.outstanding_for_tenant(t) > 0);
+        // Cancelled requests whose items a worker still holds count too (no waiter is left).
+        let tenants: BTreeSet<Tenant> = self.sched.counted_tenants().into_iter().collect();
         ServingSnapshot {
             workers,
             models,

@@ -136,6 +136,8 @@ struct Lingering {
 pub(super) struct Requests<O> {
     records: HashMap<RequestId, Record<O>>,
     lingering: HashMap<RequestId, Lingering>,
+    /// Tenants whose lingering requests stopped counting since [`Self::take_settled`].
+    settled: Vec<Tenant>,
     per_tenant: HashMap<Tenant, usize>,
     next_id: u64,
 }
@@ -145,6 +147,7 @@ impl<O> Default for Requests<O> {
         Self {
             records: HashMap::new(),
             lingering: HashMap::new(),
+            settled: Vec::new(),
             per_tenant: HashMap::new(),
             next_id: 0,
         }
@@ -295,6 +298,7 @@ impl<O> Requests<O> {
             let tenant = l.tenant.clone();
             self.lingering.remove(&item.request);
             self.uncount(&tenant);
+            self.settled.push(tenant);
         }
     }
 
@@ -321,7 +325,19 @@ impl<O> Requests<O> {
     pub(super) fn forget(&mut self, request: RequestId) {
         if let Some(l) = self.lingering.remove(&request) {
             self.uncount(&l.tenant);
+            self.settled.push(l.tenant);
         }
+    }
+
+    /// Tenants whose cancelled requests stopped counting since the last call (their counts
+    /// changed with no request of theirs finishing).
+    pub(super) fn take_settled(&mut self) -> Vec<Tenant> {
+        std::mem::take(&mut self.settled)
+    }
+
+    /// Every tenant with a request counted (cancelled ones still at a worker included).
+    pub(super) fn counted_tenants(&self) -> impl Iterator<Item = &Tenant> {
+        self.per_tenant.keys()
     }
 
     fn uncount(&mut self, tenant: &Tenant) {

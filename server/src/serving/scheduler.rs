@@ -448,6 +448,17 @@ impl<O> Scheduler<O> {
         out
     }
 
+    /// Tenants whose cancelled requests stopped counting since the last call.
+    pub fn take_settled_tenants(&mut self) -> Vec<Tenant> {
+        self.requests.take_settled()
+    }
+
+    /// Every tenant with a request counted against its share (queued, in flight, or cancelled
+    /// while a worker still holds it).
+    pub fn counted_tenants(&self) -> Vec<Tenant> {
+        self.requests.counted_tenants().cloned().collect()
+    }
+
     /// When the next cancelled request's workers are due to have answered.
     pub fn next_cancel_due(&self) -> Option<Instant> {
         self.requests.next_due()
