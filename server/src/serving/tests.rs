@@ -687,7 +687,11 @@ fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
     let batch = s.next_batch(w, t0).batch.expect("dispatched");
     assert_eq!(s.cancel(id).expect("outstanding").len(), 1, "in flight");
     assert_eq!(s.outstanding_for_tenant(&a), 1, "still at the worker");
-    assert_eq!(s.counted_tenants(), vec![a.clone()], "listed while it counts");
+    assert_eq!(
+        s.counted_tenants(),
+        vec![a.clone()],
+        "listed while it counts"
+    );
     assert!(matches!(
         s.submit(request(&a, &[1], t0)),
         Err(Admission::TenantQuota { .. })
@@ -695,7 +699,11 @@ fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
     let done = s.complete(w, batch.id, ok(1));
     assert!(done.is_empty(), "a cancelled request completes nothing");
     assert_eq!(s.outstanding_for_tenant(&a), 0);
-    assert_eq!(s.take_settled_tenants(), vec![a.clone()], "its gauge is to be refreshed");
+    assert_eq!(
+        s.take_settled_tenants(),
+        vec![a.clone()],
+        "its gauge is to be refreshed"
+    );
     assert!(s.counted_tenants().is_empty());
     assert!(s.is_drained());
 
