@@ -344,11 +344,7 @@ pub fn oip_grpc(data: &[u8]) -> bool {
         }
     }
     // As `model_infer` reads them.
-    let parameters: HashMap<_, _> = req
-        .parameters
-        .iter()
-        .filter_map(|(k, v)| Some((k.clone(), tensors::parameter(v)?)))
-        .collect();
+    let parameters = tensors::parameters(&req.parameters);
     items_hold(inputs, &parameters, grpc_error)
 }
 

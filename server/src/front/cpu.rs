@@ -31,16 +31,13 @@ pub enum PoolError {
 #[derive(Debug, Clone)]
 pub struct CpuPool {
     slots: Arc<Semaphore>,
-    width: usize,
 }
 
 impl CpuPool {
     /// A pool of `width` (at least 1) jobs at once.
     pub fn new(width: usize) -> Self {
-        let width = width.max(1);
         Self {
-            slots: Arc::new(Semaphore::new(width)),
-            width,
+            slots: Arc::new(Semaphore::new(width.max(1))),
         }
     }
 
@@ -48,11 +45,6 @@ impl CpuPool {
     pub fn for_this_machine() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Self::new(cores / 2)
-    }
-
-    /// How many jobs run at once.
-    pub fn width(&self) -> usize {
-        self.width
     }
 
     /// Runs `job` on work of `bytes`: at once where it is asked for when small

@@ -328,6 +328,14 @@ pub fn parameter(p: &oip::InferParameter) -> Option<pb::Parameter> {
     Some(pb::Parameter { value: Some(value) })
 }
 
+/// A gRPC request's OIP parameters as the worker protocol carries them (those without a
+/// value are left out).
+pub fn parameters(ps: &HashMap<String, oip::InferParameter>) -> HashMap<String, pb::Parameter> {
+    ps.iter()
+        .filter_map(|(k, v)| Some((k.clone(), parameter(v)?)))
+        .collect()
+}
+
 /// The request's tensors as items: split along the first dimension of every input (all must
 /// have it, and agree on it). A request of one BYTES input of shape [N] or [N, 1] becomes N
 /// text items (each must be UTF-8). `parameters` go on every item.

@@ -83,32 +83,23 @@ fn door_error(uri: &Uri, e: DoorError) -> Response {
 
 /// A path no route has: 404 in the door's error shape (not an empty body).
 async fn no_route(method: Method, uri: Uri) -> Response {
-    door_error(
-        &uri,
-        DoorError {
-            status: StatusCode::NOT_FOUND,
-            message: crate::error::bounded_message(format!(
-                "no route {method} {}",
-                uri.path().escape_debug()
-            )),
-            retry_after: None,
-        },
-    )
+    let message = format!("no route {method} {}", uri.path().escape_debug());
+    route_error(&uri, StatusCode::NOT_FOUND, message)
 }
 
 /// A route asked with a method it does not take: 405 in the door's error shape.
 async fn wrong_method(method: Method, uri: Uri) -> Response {
-    door_error(
-        &uri,
-        DoorError {
-            status: StatusCode::METHOD_NOT_ALLOWED,
-            message: crate::error::bounded_message(format!(
-                "{method} is not allowed on {}",
-                uri.path().escape_debug()
-            )),
-            retry_after: None,
-        },
-    )
+    let message = format!("{method} is not allowed on {}", uri.path().escape_debug());
+    route_error(&uri, StatusCode::METHOD_NOT_ALLOWED, message)
+}
+
+fn route_error(uri: &Uri, status: StatusCode, message: String) -> Response {
+    let e = DoorError {
+        status,
+        message: crate::error::bounded_message(message),
+        retry_after: None,
+    };
+    door_error(uri, e)
 }
 
 /// Serves [`router`] on `listener` until `shutdown`.

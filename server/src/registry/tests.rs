@@ -192,11 +192,8 @@ fn a_drain_deadline_does_not_outlive_its_model() {
     assert_eq!(registry.force_drained("m", new_generation, &[1]), 1);
 }
 
-/// The loads quota counts the tenant's versions still loading.
-#[test]
-fn the_loads_quota_counts_running_loads() {
-    let device = probe_device(&Arc::new(Probe::default()));
-    let registry = Registry::new(RegistryLimits::default());
+/// Tenant `t` with a `loads` quota of 1, and a load on its behalf.
+fn one_load_tenant() -> (Quota, Caller, LoadFor) {
     let quota = Quota {
         loads: Some(1),
         ..Quota::default()
@@ -209,6 +206,15 @@ fn the_loads_quota_counts_running_loads() {
         default_owner: Some("t".into()),
         ..LoadFor::default()
     };
+    (quota, tenant, load_for)
+}
+
+/// The loads quota counts the tenant's versions still loading.
+#[test]
+fn the_loads_quota_counts_running_loads() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits::default());
+    let (quota, tenant, load_for) = one_load_tenant();
     let first = begin(&registry, &device, &tenant, &load_for, quota, "a").expect("first load");
     match begin(&registry, &device, &tenant, &load_for, quota, "b") {
         Err(ServerError::QuotaExceeded {
@@ -240,18 +246,7 @@ fn the_loads_quota_counts_running_loads() {
 #[test]
 fn a_load_counts_against_the_loads_quota_from_its_admission() {
     let registry = Registry::new(RegistryLimits::default());
-    let quota = Quota {
-        loads: Some(1),
-        ..Quota::default()
-    };
-    let tenant = Caller::Tenant {
-        name: Arc::from("t"),
-        quota,
-    };
-    let load_for = LoadFor {
-        default_owner: Some("t".into()),
-        ..LoadFor::default()
-    };
+    let (quota, tenant, load_for) = one_load_tenant();
     let first = registry
         .authorize_load(&tenant, &load_for, &|_| quota, "a")
         .expect("the first load");

@@ -142,11 +142,7 @@ impl GrpcInferenceService for InferenceApi {
             .cpu
             .run_sized(size, deadline, move || {
                 let inputs = tensors::grpc_inputs(&mut req)?;
-                let parameters: HashMap<_, _> = req
-                    .parameters
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.clone(), tensors::parameter(v)?)))
-                    .collect();
+                let parameters = tensors::parameters(&req.parameters);
                 let items = tensors::to_items(inputs, &parameters, max_items)?;
                 Ok::<_, crate::serving::InferError>((req, items))
             })

@@ -364,21 +364,18 @@ async fn admin_over_tcp(tcp: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Large token-id bodies were parsed on the async runtime (as `serde_json::Value`, 33 times
-/// the body): a few at once held its threads for seconds, so another tenant's worker session
-/// was ended by heartbeat timeout and its requests waited. Now parsing runs on the bounded
-/// request pool (and small ones at once): while tenant a sends 8 × 8 MiB bodies at once, tenant b's session (600 ms
-/// of heartbeat slack) stays open and every one of b's one-input requests is answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn big_token_bodies_of_one_tenant_do_not_end_another_tenants_session() {
-    let (_cfg, cfg) = config("heartbeat_interval_ms = 200\nheartbeat_misses = 3\n");
+/// A server of tenants a, b and c started with `extra`, where b owns `encb` and a test
+/// worker of b's serves it; b's admin client. The tenants file must outlive the server.
+async fn b_serves_encb(
+    extra: &[&str],
+) -> (
+    TenantsFile,
+    crate::common::Server,
+    crate::worker_util::TestWorker,
+    modelshare_proto::v1::admin_service_client::AdminServiceClient<tn::Authed>,
+) {
     let tenants = TenantsFile::new(&abc_tenants(""));
-    let server = tn::start(
-        &tenants,
-        &["--http-listen", "127.0.0.1:0", "--config", &cfg],
-        &["encb"],
-    )
-    .await;
+    let server = tn::start(&tenants, extra, &["encb"]).await;
     let mut admin_b = tn::admin_as(&server, Some(crate::tenants::TB)).await;
     tn::load_as(&mut admin_b, "encb", "encb", "", None)
         .await
@@ -391,11 +388,27 @@ async fn big_token_bodies_of_one_tenant_do_not_end_another_tenants_session() {
     )
     .await
     .expect("b serves encb");
-    let addr = server.metrics_address();
+    (tenants, server, worker, admin_b)
+}
 
-    // 8 MiB of token ids for a model a does not have (parsed, then 404).
+/// 8 MiB of token ids for a model tenant a does not have: parsed in full, then 404.
+fn big_token_body() -> std::sync::Arc<String> {
     let ids = vec!["12345"; (8 << 20) / 6].join(",");
-    let big = std::sync::Arc::new(format!(r#"{{"model":"nothing","input":[{ids}]}}"#));
+    std::sync::Arc::new(format!(r#"{{"model":"nothing","input":[{ids}]}}"#))
+}
+
+/// Large token-id bodies were parsed on the async runtime (as `serde_json::Value`, 33 times
+/// the body): a few at once held its threads for seconds, so another tenant's worker session
+/// was ended by heartbeat timeout and its requests waited. Now parsing runs on the bounded
+/// request pool (and small ones at once): while tenant a sends 8 × 8 MiB bodies at once, tenant b's session (600 ms
+/// of heartbeat slack) stays open and every one of b's one-input requests is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn big_token_bodies_of_one_tenant_do_not_end_another_tenants_session() {
+    let (_cfg, cfg) = config("heartbeat_interval_ms = 200\nheartbeat_misses = 3\n");
+    let (_tenants, server, worker, mut admin_b) =
+        b_serves_encb(&["--http-listen", "127.0.0.1:0", "--config", &cfg]).await;
+    let addr = server.metrics_address();
+    let big = big_token_body();
     let attack: Vec<_> = (0..8)
         .map(|_| {
             let (addr, big) = (addr.clone(), big.clone());
@@ -855,23 +868,10 @@ async fn a_client_that_writes_its_whole_body_first_reads_the_early_answer() {
 async fn a_small_request_is_answered_while_big_bodies_are_parsed() {
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
-    let tenants = TenantsFile::new(&abc_tenants(""));
-    let server = tn::start(&tenants, &["--http-listen", "127.0.0.1:0"], &["encb"]).await;
-    let mut admin_b = tn::admin_as(&server, Some(crate::tenants::TB)).await;
-    tn::load_as(&mut admin_b, "encb", "encb", "", None)
-        .await
-        .expect("b loads encb");
-    let _worker = try_serve(
-        &server.address,
-        Some(crate::tenants::TB),
-        "encb",
-        Offer::default(),
-    )
-    .await
-    .expect("b serves encb");
+    let (_tenants, server, _worker, _admin_b) =
+        b_serves_encb(&["--http-listen", "127.0.0.1:0"]).await;
     let addr = server.metrics_address();
-    let ids = vec!["12345"; (8 << 20) / 6].join(",");
-    let big = Arc::new(format!(r#"{{"model":"nothing","input":[{ids}]}}"#));
+    let big = big_token_body();
     let uploaded = Arc::new(tokio::sync::Semaphore::new(0));
     let answers: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let attack: Vec<_> = (0..8)

@@ -388,7 +388,12 @@ async fn worker_mapping_is_shared_and_read_only() {
 
 /// A model of one F32 tensor of `mib` MiB of zeros (a sparse file), at `<root>/<name>`.
 fn write_zeros_model(root: &std::path::Path, name: &str, mib: u64) {
-    let elems = mib << 18;
+    write_sparse_model(root, name, mib << 18);
+}
+
+/// A model of one F32 tensor of `elems` zeros (a sparse file: nothing is written or read),
+/// at `<root>/<name>`.
+fn write_sparse_model(root: &std::path::Path, name: &str, elems: u64) {
     let header = format!(
         r#"{{"w":{{"dtype":"F32","shape":[{elems}],"data_offsets":[0,{}]}}}}"#,
         elems * 4
@@ -611,23 +616,7 @@ async fn a_load_larger_than_free_memory_is_refused_before_allocating() {
         .expect("MemTotal");
     // Twice the machine's memory, in one F32 tensor.
     let elems = total_kib * 1024 * 2 / 4;
-    let header = format!(
-        r#"{{"w":{{"dtype":"F32","shape":[{elems}],"data_offsets":[0,{}]}}}}"#,
-        elems * 4
-    );
-    let dir = server.root.join("huge");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let path = dir.join("model.safetensors");
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    std::fs::write(&path, &bytes).expect("write header");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open");
-    f.set_len(bytes.len() as u64 + elems * 4)
-        .expect("sparse length");
-    drop(f);
+    write_sparse_model(&server.root, "huge", elems);
 
     let mut admin = server.admin().await;
     let err = common::load(&mut admin, "huge", "huge")

@@ -81,11 +81,6 @@ impl Item {
         self.cancel.clone()
     }
 
-    /// Cancels the item as the server would (for tests of a handler).
-    pub fn cancel(&self) {
-        self.cancel.cancel();
-    }
-
     /// Converts a wire item, checking its input against the kinds the worker accepts;
     /// `cancel` is cancelled when the server cancels it.
     pub(super) fn from_pb(
