@@ -75,7 +75,7 @@ pub fn router(state: HttpState) -> Router {
 /// An error in the shape of the door `uri` is under: OpenAI's for `/v1`, else `{"error"}`.
 fn door_error(uri: &Uri, e: DoorError) -> Response {
     if uri.path() == "/v1" || uri.path().starts_with("/v1/") {
-        openai::error(e)
+        openai::no_route(e)
     } else {
         oip::error(e)
     }

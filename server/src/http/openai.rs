@@ -32,7 +32,7 @@ use crate::serving::{InferError, InferResponse};
 /// Most inputs in one request (OpenAI's own limit).
 const MAX_INPUTS: usize = 2048;
 
-/// An error in OpenAI's shape.
+/// An error in OpenAI's shape (a 404 of these routes is a model not found).
 pub(super) fn error(e: impl Into<DoorError>) -> Response {
     let e = e.into();
     let (kind, code) = match e.status {
@@ -43,6 +43,15 @@ pub(super) fn error(e: impl Into<DoorError>) -> Response {
         s if s.is_client_error() => ("invalid_request_error", None),
         _ => ("server_error", None),
     };
+    shaped(e, kind, code)
+}
+
+/// A path or method under `/v1` that no route takes, as OpenAI answers one (no `code`).
+pub(super) fn no_route(e: DoorError) -> Response {
+    shaped(e, "invalid_request_error", None)
+}
+
+fn shaped(e: DoorError, kind: &str, code: Option<&str>) -> Response {
     let body = json!({
         "error": { "message": e.message, "type": kind, "param": Value::Null, "code": code }
     });

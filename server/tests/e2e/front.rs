@@ -735,6 +735,7 @@ async fn unknown_routes_and_methods_answer_in_the_doors_error_shape() {
     let r = http(&addr, "POST", "/v1/chat/completions", &[], b"{}").await;
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert!(r.json()["error"]["code"].is_null(), "not a model not found");
     assert!(
         r.json()["error"]["message"]
             .as_str()
