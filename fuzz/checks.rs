@@ -11,9 +11,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use modelshare_server::weights::{
-    WeightLimits, parse_header, parse_index, path::normalize_relative,
-};
+use modelshare_core::weights::{WeightLimits, parse_header, parse_index, path::normalize_relative};
 
 /// Longest error message accepted: a hostile file must not turn into a huge message.
 const MAX_ERROR_BYTES: usize = 8 << 10;

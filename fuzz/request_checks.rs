@@ -33,7 +33,7 @@ use modelshare_server::front::oip::{self as tensors, Tensor};
 use modelshare_server::http::door::DoorError;
 use modelshare_server::http::oip::{HEADER_LENGTH, parse_inputs};
 use modelshare_server::http::openai;
-use modelshare_server::serving::InferError;
+use modelshare_serving::InferError;
 use prost::Message as _;
 use serde_json::Value;
 
@@ -67,7 +67,7 @@ fn door_error(e: &DoorError) {
 
 /// A refusal of the gRPC door, as the service answers it: INVALID_ARGUMENT, a short message.
 fn grpc_error(e: InferError) {
-    let status = tonic::Status::from(e);
+    let status = modelshare_server::status::from_infer(e);
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(
         status.message().len() < MAX_ERROR_BYTES,

@@ -5,7 +5,7 @@
 //! Fields: `action`, `caller` (`admin` or the tenant's name), `model`, `version`, `outcome`
 //! (`ok` or `refused`), `code` (the gRPC code of a refusal) and `reason`. Tokens never appear.
 
-use crate::tenants::Caller;
+use modelshare_core::tenants::Caller;
 
 /// The tracing target of audit events.
 pub const TARGET: &str = "modelshare::audit";

@@ -34,7 +34,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo, UdsCon
 use tower::{Layer, Service};
 use tracing::warn;
 
-use crate::metrics::Metrics;
+use modelshare_core::metrics::Metrics;
 
 /// Caps and timeouts of one listener's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,14 +1,14 @@
 //! The Unix handle socket that passes arena file descriptors against one-time tickets.
 //!
 //! An attach on an fd-passing backend files the arena's descriptor on its lease under a ticket
-//! (see [`crate::registry`]'s lease store). The worker connects here, sends the ticket and gets
+//! (see [`modelshare_core::registry`]'s lease store). The worker connects here, sends the ticket and gets
 //! the descriptor back with `SCM_RIGHTS` (wire format: [`modelshare_device::handoff`]). The
 //! kernel says who connected (`SO_PEERCRED`), so a ticket issued to one uid is refused to
 //! another.
 //!
 //! The same socket takes **offers** the other way: a worker presenting an offer ticket (from
 //! `OfferHeld`) with a descriptor attached hands memory it kept across a restart to the server
-//! ([`crate::adopt`]); it is answered `OK` once the memory is checked and adopted.
+//! ([`modelshare_core::adopt`]); it is answered `OK` once the memory is checked and adopted.
 //!
 //! Hostile clients: connections pass a [`Gate`] like every listener's (the same
 //! `max_connections`, `max_connections_per_peer` by uid, and handshake time, from
@@ -27,7 +27,7 @@ use tracing::debug;
 
 use crate::app::App;
 use crate::connections::{Gate, PeerKey, Permit};
-use crate::held::HeldStore;
+use modelshare_core::held::HeldStore;
 
 /// The longest a connection may take to send its ticket (less when the listener's handshake
 /// time is shorter).
@@ -81,7 +81,7 @@ async fn answer(
             return handoff::send_refusal(&mut stream, "an offer ticket comes with its descriptor")
                 .await;
         };
-        return match crate::adopt::redeem(app, &ticket, fd, peer_uid).await {
+        return match modelshare_core::adopt::redeem(&app.host, &ticket, fd, peer_uid).await {
             Ok(()) => handoff::send_ok(&mut stream).await,
             Err(reason) => {
                 tracing::info!(%reason, "offered memory refused");
@@ -91,7 +91,7 @@ async fn answer(
     }
     // A descriptor sent with an attach ticket is not wanted: closed here.
     drop(offered);
-    match app.registry.redeem_ticket(&ticket, peer_uid) {
+    match app.host.registry.redeem_ticket(&ticket, peer_uid) {
         Ok(fd) => {
             use std::os::fd::AsFd;
             handoff::send_fd(&stream, fd.as_fd()).await

@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use self::file::FileConfig;
 use self::settings::parse_mode;
-use crate::registry::RegistryLimits;
 use crate::telemetry::LogFormat;
-use crate::weights::WeightLimits;
+use modelshare_core::registry::RegistryLimits;
+use modelshare_core::weights::WeightLimits;
 
 pub use self::args::ServeArgs;
 pub use self::serving::ServingSettings;
@@ -126,6 +126,18 @@ pub struct Config {
 }
 
 impl Config {
+    /// What opens the devices.
+    pub fn device_config(&self) -> modelshare_core::devices::DeviceConfig {
+        modelshare_core::devices::DeviceConfig {
+            backend: self.backend,
+            devices: self.devices.clone(),
+            cuda_handles: self.cuda_handles,
+            host_devices: self.host_devices,
+            proc_root: self.proc_root.clone(),
+            load_threads: self.load_threads,
+        }
+    }
+
     /// Builds the configuration from flags (and variables) and the file they name.
     pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {
         let file = match &args.config {
@@ -337,7 +349,7 @@ impl Config {
                     ));
                 }
                 Some(n) => n,
-                None => crate::loader::default_threads(),
+                None => modelshare_core::loader::default_threads(),
             },
             models,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
@@ -361,7 +373,7 @@ impl Config {
                 max_leases_per_session: limits
                     .max_leases_per_session
                     .unwrap_or(defaults.max_leases_per_session),
-                tickets: crate::registry::TicketLimits {
+                tickets: modelshare_core::registry::TicketLimits {
                     per_session: limits
                         .max_tickets_per_session
                         .unwrap_or(defaults.tickets.per_session),

@@ -240,7 +240,7 @@ fn every_toml_snippet_of_the_docs_parses() {
                 .collect();
             seen += 1;
             if block.contains("[admin]") || block.contains("[[tenants]]") {
-                if let Err(e) = crate::tenants::file::TenantTable::parse(&block) {
+                if let Err(e) = modelshare_core::tenants::file::TenantTable::parse(&block) {
                     panic!("{doc}:{}: the tenants sample does not parse: {e}", at + 1);
                 }
             } else {
@@ -255,7 +255,8 @@ fn every_toml_snippet_of_the_docs_parses() {
     }
     assert!(seen >= 2, "found {seen} TOML blocks");
     let example = include_str!("../../../deploy/tenants.example.toml");
-    crate::tenants::file::TenantTable::parse(example).expect("deploy/tenants.example.toml");
+    modelshare_core::tenants::file::TenantTable::parse(example)
+        .expect("deploy/tenants.example.toml");
 }
 
 /// `devices` takes "all", a comma list, an integer or a TOML list; the old `device` still

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
-use crate::serving::InferError;
+use modelshare_serving::InferError;
 
 /// HTTP headers that carry a timeout in seconds (a decimal number), first found wins.
 pub const HTTP_TIMEOUT_HEADERS: [&str; 2] = ["x-request-timeout", "x-stainless-timeout"];

@@ -1,7 +1,7 @@
 //! What the inference front doors share: the gRPC `GRPCInferenceService` (KServe v2 / OIP), the
 //! OIP REST routes and the OpenAI routes all turn a caller's request into items and hand them
 //! to [`infer`], which checks the model is one the caller may see, applies the tenant's request
-//! quota and the deadline, and waits on the [`crate::serving::Engine`].
+//! quota and the deadline, and waits on the [`modelshare_serving::Engine`].
 //!
 //! - [`oip`]: the OIP tensors shared by its gRPC and REST doors (datatypes, raw layout, split
 //!   into items, stack of outputs).
@@ -10,7 +10,6 @@
 //! - [`deadline`]: a request's deadline from `grpc-timeout` or an HTTP timeout header, bounded
 //!   by the server's longest request time.
 
-pub mod cpu;
 pub mod deadline;
 pub mod oip;
 
@@ -19,15 +18,15 @@ use std::time::Instant;
 use modelshare_proto::v1 as pb;
 
 use crate::app::App;
-use crate::serving::engine::ModelServing;
-use crate::serving::{InferError, InferRequest, InferResponse};
-use crate::tenants::Caller;
+use modelshare_core::tenants::Caller;
+use modelshare_serving::engine::ModelServing;
+use modelshare_serving::{InferError, InferRequest, InferResponse};
 
 /// Whether `caller` may send requests to `model`: a model it may not see is answered as if it
 /// did not exist. The doors ask this before they parse a request's tensors, so that no work
 /// proportional to the request is done for a model that is not the caller's.
 pub fn check_visible(app: &App, caller: &Caller, model: &str) -> Result<(), InferError> {
-    if app.registry.visible(caller, model) {
+    if app.host.registry.visible(caller, model) {
         Ok(())
     } else {
         Err(InferError::ModelNotFound(model.to_owned()))
@@ -74,7 +73,7 @@ pub async fn model_serving(
     caller: &Caller,
     model: &str,
 ) -> Result<ModelServing, InferError> {
-    if !app.registry.visible(caller, model) {
+    if !app.host.registry.visible(caller, model) {
         return Err(InferError::ModelNotFound(model.to_owned()));
     }
     let snapshot = app.engine.snapshot().await;
@@ -90,7 +89,7 @@ pub async fn model_serving(
 /// Whether `caller`'s requests for `model` (of `version`, if named) would be taken now: a
 /// worker that is not draining may receive them. An unknown or invisible model is not ready.
 pub async fn model_ready(app: &App, caller: &Caller, model: &str, version: Option<u32>) -> bool {
-    if !app.registry.visible(caller, model) {
+    if !app.host.registry.visible(caller, model) {
         return false;
     }
     let tenant = caller.tenant().map(str::to_owned);

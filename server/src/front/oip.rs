@@ -14,7 +14,7 @@ use prost::bytes::{Bytes, BytesMut};
 
 use modelshare_worker::serve;
 
-use crate::serving::InferError;
+use modelshare_serving::InferError;
 
 /// One tensor of a request or a response, in the raw layout.
 #[derive(Debug, Clone, PartialEq)]
@@ -815,7 +815,7 @@ mod tests {
                 matches!(e, InferError::TooLarge { limit: 4, .. }),
                 "{shape:?}: {e:?}"
             );
-            assert_eq!(e.http_status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+            assert!(e.never_fits());
         }
         let e = bytes_elements("t", &[5, 0, 0, 0, b'a'], 1).expect_err("short");
         assert!(e.to_string().contains("past the end"), "{e}");
@@ -858,8 +858,8 @@ mod tests {
         assert_eq!(s[0].shape, vec![2, 2]);
         assert_eq!(s[0].data, f32s(&[1.0, 2.0, 3.0, 4.0]));
         let e = stack("m", &[out(&[1.0]), out(&[3.0, 4.0])], &[]).expect_err("shapes differ");
-        assert_eq!(e.code(), tonic::Code::Internal);
+        assert_eq!(e.kind(), modelshare_serving::Kind::Internal);
         let e = stack("m", &[out(&[1.0])], &["z".into()]).expect_err("unknown output");
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.kind(), modelshare_serving::Kind::InvalidArgument);
     }
 }

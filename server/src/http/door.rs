@@ -1,7 +1,7 @@
 //! What the REST front doors (OIP, OpenAI) share: admitting a caller (the bearer token, as on
 //! gRPC), a request's deadline, and [`DoorError`], the one error value both doors render in
 //! their own JSON shape with the status (and `Retry-After`) mapped once in
-//! [`crate::serving::error`].
+//! [`modelshare_serving::error`].
 
 use std::time::{Duration, Instant};
 
@@ -11,14 +11,15 @@ use axum::response::Response;
 
 use super::body::{BodyError, BodyHold};
 use super::state::HttpState;
+use crate::auth::{InflightGuard, admit_http};
 use crate::connections::Connection;
-use crate::error::ServerError;
-use crate::front::cpu::PoolError;
+use crate::cpu::PoolError;
 use crate::front::deadline;
-use crate::serving::InferError;
-use crate::serving::error::{http_status, retry_after};
-use crate::tenants::Caller;
-use crate::tenants::auth::{InflightGuard, admit_http};
+use modelshare_core::error::CoreError;
+use modelshare_core::tenants::Caller;
+use modelshare_serving::InferError;
+use modelshare_serving::Kind;
+use tonic::Code;
 
 /// The header by which the server tells OpenAI's clients whether to retry.
 pub const SHOULD_RETRY: &str = "x-should-retry";
@@ -39,7 +40,7 @@ impl DoorError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
-            message: crate::error::bounded_message(message.into()),
+            message: modelshare_core::error::bounded_message(message.into()),
             retry_after: None,
         }
     }
@@ -62,23 +63,48 @@ impl DoorError {
     }
 }
 
+/// The HTTP status for a gRPC code (the usual correspondence, as grpc-gateway draws it): the
+/// one mapping of the HTTP doors.
+pub fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<InferError> for DoorError {
     fn from(e: InferError) -> Self {
         Self {
-            status: e.http_status(),
+            status: if e.never_fits() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                http_status(crate::status::code(e.kind()))
+            },
             retry_after: e.retry_after(),
-            message: crate::error::bounded_message(e.to_string()),
+            message: modelshare_core::error::bounded_message(e.to_string()),
         }
     }
 }
 
-impl From<ServerError> for DoorError {
-    fn from(e: ServerError) -> Self {
-        let status = tonic::Status::from(e);
+impl From<CoreError> for DoorError {
+    fn from(e: CoreError) -> Self {
+        let status = crate::status::from_core(e);
         let code = status.code();
         Self {
             status: http_status(code),
-            retry_after: retry_after(code),
+            retry_after: Kind::from_number(code as i32).retry_after(),
             message: status.message().to_owned(),
         }
     }
@@ -97,7 +123,7 @@ impl From<BodyError> for DoorError {
         };
         Self {
             status,
-            message: crate::error::bounded_message(e.to_string()),
+            message: modelshare_core::error::bounded_message(e.to_string()),
             retry_after,
         }
     }
@@ -125,7 +151,14 @@ pub fn admit(
 ) -> Result<(Caller, Option<InflightGuard>), DoorError> {
     let app = &state.app;
     let extensions = axum::http::Extensions::new();
-    admit_http(&app.tenants, &app.metrics, path, headers, &extensions).map_err(DoorError::from)
+    admit_http(
+        &app.host.tenants,
+        &app.host.metrics,
+        path,
+        headers,
+        &extensions,
+    )
+    .map_err(DoorError::from)
 }
 
 /// The body of a request that arrived at `arrived`, read only now that its caller is admitted

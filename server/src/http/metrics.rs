@@ -5,23 +5,24 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::state::HttpState;
-use crate::devices::Devices;
-use crate::held::HeldStore;
-use crate::metrics::{ArenaBytes, DeviceMemory, GaugeValues, TenantGauges};
-use crate::registry::Registry;
-use crate::tenants::Caller;
+use modelshare_core::devices::Devices;
+use modelshare_core::held::HeldStore;
+use modelshare_core::metrics::{ArenaBytes, DeviceMemory, GaugeValues, TenantGauges};
+use modelshare_core::registry::Registry;
+use modelshare_core::tenants::Caller;
 
 /// `GET /metrics`.
 pub async fn metrics(
     State(s): State<HttpState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let app = &s.app;
-    app.metrics
-        .refresh(&gauge_values(&app.registry, &app.devices, &app.held).await);
+    app.host
+        .metrics
+        .refresh(&gauge_values(&app.host.registry, &app.host.devices, &app.host.held).await);
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-        app.metrics.encode(),
+        app.host.metrics.encode(),
     )
 }
 
@@ -53,7 +54,7 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
         .sessions_by_tenant()
         .into_iter()
         .map(|(tenant, sessions, leases)| TenantGauges {
-            tenant: tenant.unwrap_or_else(|| crate::metrics::ADMIN_TENANT.to_owned()),
+            tenant: tenant.unwrap_or_else(|| modelshare_core::metrics::ADMIN_TENANT.to_owned()),
             sessions,
             leases,
         })
@@ -63,7 +64,7 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
         let used = devices.used_bytes(&info.uuid).await;
         let held = held_by_device.get(&info.uuid).copied().unwrap_or(0);
         memory.push(DeviceMemory {
-            handles: crate::service::convert::handles_name(info.backend),
+            handles: crate::convert::handles_name(info.backend),
             total_bytes: info.total_bytes,
             // Where the device reports none (host memory), what the arenas hold on it.
             used_bytes: used.unwrap_or(held),
@@ -109,7 +110,7 @@ mod tests {
     use modelshare_device::HostBackend;
 
     use super::*;
-    use crate::registry::RegistryLimits;
+    use modelshare_core::registry::RegistryLimits;
 
     /// The scrape of an empty registry would miss a state, invent series, or lose the device.
     #[tokio::test]

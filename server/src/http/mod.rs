@@ -6,7 +6,7 @@
 //! - [`probes`]: `/healthz` (the process is up) and `/readyz` (start-up models loaded; the body
 //!   says which loaded models have a serving worker).
 //! - [`metrics`]: `/metrics`, which gathers the gauges' values from the registry
-//!   ([`metrics::gauge_values`]) and hands them to [`crate::metrics::Metrics::refresh`].
+//!   ([`metrics::gauge_values`]) and hands them to [`modelshare_core::metrics::Metrics::refresh`].
 //! - [`oip`]: the KServe v2 / OIP REST routes (`/v2/...`); [`openai`]: `/v1/embeddings` and
 //!   `/v1/models`; [`door`]: what they share (admission by bearer token, deadlines, the error
 //!   value both render in their own shape).
@@ -96,7 +96,7 @@ async fn wrong_method(method: Method, uri: Uri) -> Response {
 fn route_error(uri: &Uri, status: StatusCode, message: String) -> Response {
     let e = DoorError {
         status,
-        message: crate::error::bounded_message(message),
+        message: modelshare_core::error::bounded_message(message),
         retry_after: None,
     };
     door_error(uri, e)

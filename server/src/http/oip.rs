@@ -29,7 +29,7 @@ use super::json;
 use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front::{self, oip};
-use crate::serving::InferResponse;
+use modelshare_serving::InferResponse;
 
 /// The header that carries the length of the JSON part of a binary request or response.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -59,7 +59,7 @@ pub async fn live() -> Response {
 /// `GET /v2/health/ready`: 200 once the start-up models are loaded, 503 before and at
 /// shutdown.
 pub async fn ready(State(state): State<HttpState>) -> Response {
-    let ready = state.app.takes_requests();
+    let ready = state.app.host.takes_requests();
     let status = if ready {
         StatusCode::OK
     } else {
@@ -284,7 +284,7 @@ fn parse(headers: &HeaderMap, body: &Bytes) -> Result<Parsed, DoorError> {
 
 /// `POST /v2/models/{name}[/versions/{version}]/infer`. The caller is admitted and the model's
 /// visibility checked before a byte of the body is read; parsing and rendering run on the
-/// request pool ([`crate::front::cpu`]), off the async runtime.
+/// request pool ([`crate::cpu`]), off the async runtime.
 pub async fn infer(
     State(state): State<HttpState>,
     Path(path): Path<ModelPath>,

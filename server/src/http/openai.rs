@@ -27,7 +27,7 @@ use super::door::{self, DoorError};
 use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front;
-use crate::serving::{InferError, InferResponse};
+use modelshare_serving::{InferError, InferResponse};
 
 /// Most inputs in one request (OpenAI's own limit).
 const MAX_INPUTS: usize = 2048;
@@ -348,7 +348,7 @@ fn answer(r: &InferResponse, floats: bool) -> Result<Value, InferError> {
 }
 
 /// `POST /v1/embeddings`. The caller is admitted before a byte of the body is read; parsing
-/// and rendering run on the request pool ([`crate::front::cpu`]), off the async runtime.
+/// and rendering run on the request pool ([`crate::cpu`]), off the async runtime.
 pub async fn embeddings(
     State(state): State<HttpState>,
     connection: Option<Extension<Connection>>,
@@ -387,7 +387,7 @@ pub async fn embeddings(
     result.unwrap_or_else(error)
 }
 
-fn model_json(m: &crate::registry::ModelSnapshot) -> Value {
+fn model_json(m: &modelshare_core::registry::ModelSnapshot) -> Value {
     let created = m.versions.first().map_or(0, |v| v.created_unix_ms / 1000);
     json!({
         "id": m.name,
@@ -404,6 +404,7 @@ pub async fn models(State(state): State<HttpState>, headers: HeaderMap) -> Respo
         Ok((caller, _guard)) => {
             let data: Vec<Value> = state
                 .app
+                .host
                 .registry
                 .list(&caller)
                 .iter()
@@ -425,6 +426,7 @@ pub async fn model(
         Ok((caller, _guard)) => {
             let found = state
                 .app
+                .host
                 .registry
                 .list(&caller)
                 .into_iter()

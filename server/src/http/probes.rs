@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::state::HttpState;
-use crate::tenants::Caller;
+use modelshare_core::tenants::Caller;
 
 /// `GET /healthz`.
 pub async fn healthz() -> &'static str {
@@ -15,7 +15,7 @@ pub async fn healthz() -> &'static str {
 
 /// `GET /readyz`.
 pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
-    if s.app.require_ready().is_err() {
+    if s.app.host.require_ready().is_err() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "loading start-up models\n".into(),
@@ -23,7 +23,7 @@ pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
     }
     let serving = s.app.engine.snapshot().await;
     let mut body = String::from("ready\n");
-    for m in s.app.registry.list(&Caller::Admin) {
+    for m in s.app.host.registry.list(&Caller::Admin) {
         if m.latest_ready == 0 {
             continue;
         }

@@ -4,6 +4,7 @@
 //! models it may see (others are NOT_FOUND), changes only the models it owns, and sees only its
 //! own sessions and usage. Loads, unloads, access changes and reloads go to the audit log.
 
+use crate::status::OrStatus;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -14,14 +15,14 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::convert;
 use crate::app::App;
 use crate::audit;
-use crate::error::ServerError;
-use crate::registry::LoadFor;
-use crate::tenants::Caller;
-use crate::tenants::auth::caller_of;
-use crate::tenants::policy;
+use crate::auth::caller_of;
+use crate::convert;
+use modelshare_core::error::CoreError;
+use modelshare_core::registry::LoadFor;
+use modelshare_core::tenants::Caller;
+use modelshare_core::tenants::policy;
 
 /// How often a load's progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -40,12 +41,8 @@ impl AdminApi {
 
     /// Who a load is for: the tenant named (an admin may name any configured tenant, a tenant
     /// only itself) or the caller's own; and the access asked for.
-    fn load_for(
-        &self,
-        caller: &Caller,
-        req: &pb::LoadModelRequest,
-    ) -> Result<LoadFor, ServerError> {
-        let table = self.app.tenants.current();
+    fn load_for(&self, caller: &Caller, req: &pb::LoadModelRequest) -> Result<LoadFor, CoreError> {
+        let table = self.app.host.tenants.current();
         let requested_owner = policy::load_owner(&req.tenant, &table, caller)?;
         let access = req
             .access
@@ -58,7 +55,7 @@ impl AdminApi {
             access,
             resume_version: None,
             only_adopted: false,
-            placement: crate::placement::Wanted {
+            placement: modelshare_core::placement::Wanted {
                 devices: req.devices.clone(),
                 replicas: req.replicas,
             },
@@ -80,11 +77,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::LoadModelRequest>,
     ) -> Result<Response<Self::LoadModelStream>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
         let started = match self.load_for(&caller, &req) {
             Ok(load_for) => {
                 self.app
+                    .host
                     .start_load(&caller, load_for, &req.name, &req.path, req.keep_previous)
                     .await
             }
@@ -115,7 +113,7 @@ impl AdminService for AdminApi {
                     outcome = &mut load.done => {
                         let msg = match outcome {
                             Ok(Ok(v)) => progress(pb::load_model_progress::Event::Done(convert::version(&v))),
-                            Ok(Err(e)) => Err(Status::from(e)),
+                            Ok(Err(e)) => Err(crate::status::from_core(e)),
                             Err(_) => Err(Status::internal("the load task ended without a result")),
                         };
                         let _ = tx.send(msg).await;
@@ -145,11 +143,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::UnloadModelRequest>,
     ) -> Result<Response<pb::UnloadModelResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
         let version = (req.version != 0).then_some(req.version);
         let result = self
             .app
+            .host
             .registry
             .unload(&caller, &req.name, version, req.force)
             .map_err(|e| self.app.refuse(e));
@@ -158,14 +157,14 @@ impl AdminService for AdminApi {
         tracing::info!(model = %req.name, version = req.version, force = req.force, "unload");
         let draining: Vec<u32> = versions
             .iter()
-            .filter(|v| v.state == crate::model::VersionState::Draining)
+            .filter(|v| v.state == modelshare_core::model::VersionState::Draining)
             .map(|v| v.version)
             .collect();
         if req.drain_timeout_ms > 0 && !draining.is_empty() {
             let deadline = Duration::from_millis(u64::from(req.drain_timeout_ms));
-            self.app.timer.schedule(
+            self.app.host.timer.schedule(
                 tokio::time::Instant::now() + deadline,
-                crate::timer::Expiry::Drain {
+                modelshare_core::timer::Expiry::Drain {
                     model: req.name.clone(),
                     generation,
                     versions: draining,
@@ -181,8 +180,8 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListModelsRequest>,
     ) -> Result<Response<pb::ListModelsResponse>, Status> {
-        let caller = caller_of(&request)?;
-        let models = self.app.registry.list(&caller);
+        let caller = caller_of(&request).or_status()?;
+        let models = self.app.host.registry.list(&caller);
         Ok(Response::new(pb::ListModelsResponse {
             models: models
                 .iter()
@@ -195,21 +194,23 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::DescribeModelRequest>,
     ) -> Result<Response<pb::DescribeModelResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
         let (model, manifest) = self
             .app
+            .host
             .registry
-            .describe(&caller, &req.name, req.version)?;
+            .describe(&caller, &req.name, req.version)
+            .or_status()?;
         // The device of the version described (its first arena's), else the server's first.
         let on = manifest.as_ref().and_then(|m| {
             model
                 .versions
                 .iter()
                 .find(|v| v.version == m.version)
-                .and_then(|v| self.app.devices.get(&v.device))
+                .and_then(|v| self.app.host.devices.get(&v.device))
         });
-        let device = on.unwrap_or_else(|| self.app.devices.primary());
+        let device = on.unwrap_or_else(|| self.app.host.devices.primary());
         Ok(Response::new(pb::DescribeModelResponse {
             model: Some(convert::model_for(&caller, &model)),
             manifest: manifest.map(|m| convert::manifest(&m)),
@@ -221,19 +222,19 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let caller = caller_of(&request)?;
-        let registry = &self.app.registry;
+        let caller = caller_of(&request).or_status()?;
+        let registry = &self.app.host.registry;
         // The registry's figures (no device call), then the device's own, from its thread.
         let stats = registry.stats(&caller);
-        let device = self.app.devices.primary();
-        let used = self.app.devices.used_bytes(device.uuid()).await;
+        let device = self.app.host.devices.primary();
+        let used = self.app.host.devices.used_bytes(device.uuid()).await;
         let mut reply = convert::stats(&stats, device.info(), used);
         let by_device = registry.by_device();
-        for d in self.app.devices.threads() {
+        for d in self.app.host.devices.threads() {
             let used = if d.uuid() == device.uuid() {
                 used
             } else {
-                self.app.devices.used_bytes(d.uuid()).await
+                self.app.host.devices.used_bytes(d.uuid()).await
             };
             // What other tenants hold where is the admin's to see.
             let held = if caller.is_admin() {
@@ -268,9 +269,9 @@ impl AdminService for AdminApi {
         reply.requests_outstanding = u32::try_from(outstanding).unwrap_or(u32::MAX);
         if caller.is_admin() {
             let orphaned: u64 = registry.orphans().iter().map(|o| o.bytes).sum();
-            reply.held_by_workers_bytes = self.app.held.held_by_workers_bytes() + orphaned;
+            reply.held_by_workers_bytes = self.app.host.held.held_by_workers_bytes() + orphaned;
         }
-        let table = self.app.tenants.current();
+        let table = self.app.host.tenants.current();
         reply.tenants = table
             .tenants
             .values()
@@ -279,7 +280,7 @@ impl AdminService for AdminApi {
                 convert::tenant_usage(
                     &t.name,
                     registry.usage(&t.name),
-                    self.app.tenants.inflight(&t.name),
+                    self.app.host.tenants.inflight(&t.name),
                     serving.outstanding_for(&Some(t.name.clone())),
                     t.quota,
                 )
@@ -292,8 +293,8 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let caller = caller_of(&request)?;
-        let sessions = self.app.registry.sessions(&caller);
+        let caller = caller_of(&request).or_status()?;
+        let sessions = self.app.host.registry.sessions(&caller);
         let serving = self.app.engine.snapshot().await;
         let sessions = sessions
             .iter()
@@ -315,11 +316,16 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::SetModelAccessRequest>,
     ) -> Result<Response<pb::SetModelAccessResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
-        let table = self.app.tenants.current();
+        let table = self.app.host.tenants.current();
         let result = convert::access_from(req.access.unwrap_or_default(), &table)
-            .and_then(|access| self.app.registry.set_access(&caller, &req.name, access))
+            .and_then(|access| {
+                self.app
+                    .host
+                    .registry
+                    .set_access(&caller, &req.name, access)
+            })
             .map_err(|e| self.app.refuse(e));
         audit::record(&caller, "set_access", &req.name, 0, &result);
         Ok(Response::new(pb::SetModelAccessResponse {
@@ -331,15 +337,15 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::ReloadTenantsRequest>,
     ) -> Result<Response<pb::ReloadTenantsResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         if !caller.is_admin() {
-            let status = Status::from(ServerError::PermissionDenied(
+            let status = crate::status::from_core(CoreError::PermissionDenied(
                 "only an admin may reload the tenants".into(),
             ));
             audit::record::<()>(&caller, "reload_tenants", "", 0, &Err(status.clone()));
             return Err(status);
         }
-        let table = self.app.reload_tenants("rpc")?;
+        let table = self.app.reload_tenants("rpc").or_status()?;
         Ok(Response::new(pb::ReloadTenantsResponse {
             tenants: table.tenants.keys().cloned().collect(),
             admin_tokens: u32::try_from(table.admin_hashes.len()).unwrap_or(u32::MAX),

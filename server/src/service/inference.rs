@@ -5,6 +5,7 @@
 //! version a worker serves (during a hot swap, the older one's workers take the overflow), and
 //! the response's `model_version` names the version that computed it.
 
+use crate::status::OrStatus;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -13,9 +14,9 @@ use modelshare_proto::inference::grpc_inference_service_server::GrpcInferenceSer
 use tonic::{Request, Response, Status};
 
 use crate::app::App;
-use crate::front::cpu::PoolError;
+use crate::auth::caller_of;
+use crate::cpu::PoolError;
 use crate::front::{self, deadline, oip as tensors};
-use crate::tenants::auth::caller_of;
 
 /// The OIP gRPC service.
 #[derive(Debug, Clone)]
@@ -77,7 +78,7 @@ impl GrpcInferenceService for InferenceApi {
         &self,
         _: Request<oip::ServerReadyRequest>,
     ) -> Result<Response<oip::ServerReadyResponse>, Status> {
-        let ready = self.app.takes_requests();
+        let ready = self.app.host.takes_requests();
         Ok(Response::new(oip::ServerReadyResponse { ready }))
     }
 
@@ -87,7 +88,7 @@ impl GrpcInferenceService for InferenceApi {
         &self,
         request: Request<oip::ModelReadyRequest>,
     ) -> Result<Response<oip::ModelReadyResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
         let wanted = version(&req.version)?;
         let ready = front::model_ready(&self.app, &caller, &req.name, wanted).await;
@@ -109,10 +110,12 @@ impl GrpcInferenceService for InferenceApi {
         &self,
         request: Request<oip::ModelMetadataRequest>,
     ) -> Result<Response<oip::ModelMetadataResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
         version(&req.version)?;
-        let serving = front::model_serving(&self.app, &caller, &req.name).await?;
+        let serving = front::model_serving(&self.app, &caller, &req.name)
+            .await
+            .or_status()?;
         Ok(Response::new(oip::ModelMetadataResponse {
             versions: serving.versions.iter().map(u32::to_string).collect(),
             platform: "modelshare".into(),
@@ -127,12 +130,12 @@ impl GrpcInferenceService for InferenceApi {
         request: Request<oip::ModelInferRequest>,
     ) -> Result<Response<oip::ModelInferResponse>, Status> {
         let arrived = Instant::now();
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let longest = self.app.config.serving.max_request_time;
-        let deadline = deadline::grpc(request.metadata(), arrived, longest)?;
+        let deadline = deadline::grpc(request.metadata(), arrived, longest).or_status()?;
         let mut req = request.into_inner();
         version(&req.model_version)?;
-        front::check_visible(&self.app, &caller, &req.model_name)?;
+        front::check_visible(&self.app, &caller, &req.model_name).or_status()?;
         // Converting the tensors is work proportional to the request: on the request pool,
         // off the runtime.
         let max_items = front::max_items(&self.app);
@@ -144,13 +147,16 @@ impl GrpcInferenceService for InferenceApi {
                 let inputs = tensors::grpc_inputs(&mut req)?;
                 let parameters = tensors::parameters(&req.parameters);
                 let items = tensors::to_items(inputs, &parameters, max_items)?;
-                Ok::<_, crate::serving::InferError>((req, items))
+                Ok::<_, modelshare_serving::InferError>((req, items))
             })
             .await
-            .map_err(pool_status)??;
-        let answer = front::infer(&self.app, &caller, &req.model_name, items, deadline).await?;
+            .map_err(pool_status)?
+            .or_status()?;
+        let answer = front::infer(&self.app, &caller, &req.model_name, items, deadline)
+            .await
+            .or_status()?;
         let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
-        let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested)?;
+        let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested).or_status()?;
         let mut outputs = Vec::with_capacity(stacked.len());
         let mut raw = Vec::with_capacity(stacked.len());
         for t in stacked {

@@ -1,10 +1,11 @@
 //! `WorkerService.Serve`: a worker's stream of batches. The handler checks the offer (its
 //! session, a lease on the version, the limits), registers the stream with the
-//! [`crate::serving::Engine`], and runs a reader task that passes results on and watches the
+//! [`modelshare_serving::Engine`], and runs a reader task that passes results on and watches the
 //! stream's life: it ends the worker's service when the stream closes or breaks, when the
 //! worker is silent past the heartbeat deadline, when its session ends, and tells it to drain
 //! when its version starts draining.
 
+use crate::status::OrStatus;
 use std::pin::Pin;
 
 use modelshare_proto::v1 as pb;
@@ -14,11 +15,11 @@ use tonic::{Status, Streaming};
 use tracing::debug;
 
 use crate::app::App;
-use crate::registry::ModelEvent;
-use crate::serving::engine::{StreamEnd, WorkerOffer};
-use crate::serving::{WorkerId, WorkerSpec};
-use crate::tenants::Caller;
-use crate::tenants::policy::worker_serves;
+use modelshare_core::registry::ModelEvent;
+use modelshare_core::tenants::Caller;
+use modelshare_core::tenants::policy::worker_serves;
+use modelshare_serving::engine::{StreamEnd, WorkerOffer};
+use modelshare_serving::{WorkerId, WorkerSpec};
 
 /// The server's side of a Serve stream.
 pub type ServeStream = Pin<Box<dyn Stream<Item = Result<pb::ServeEvent, Status>> + Send>>;
@@ -36,8 +37,8 @@ pub async fn open(
     caller: Caller,
     mut inbound: Streaming<pb::ServeRequest>,
 ) -> Result<ServeStream, Status> {
-    app.require_ready()?;
-    if app.shutdown.is_cancelled() {
+    app.host.require_ready().or_status()?;
+    if app.host.shutdown.is_cancelled() {
         return Err(Status::unavailable("the server is shutting down"));
     }
     let silence = app.config.heartbeat_interval * app.config.heartbeat_misses;
@@ -56,9 +57,10 @@ pub async fn open(
     let live = app
         .hub
         .get(&offer.session_id)
-        .filter(|l| crate::tenants::policy::may_use_session(l.caller().tenant(), &caller))
+        .filter(|l| modelshare_core::tenants::policy::may_use_session(l.caller().tenant(), &caller))
         .ok_or_else(|| Status::not_found(format!("session '{}' not found", offer.session_id)))?;
     let (version, owner) = app
+        .host
         .registry
         .serve_target(&caller, &offer.session_id, &offer.model, offer.version)
         .map_err(|e| app.refuse(e))?;
@@ -87,7 +89,7 @@ pub async fn open(
             inputs: offer.inputs,
             outputs: offer.outputs,
         })
-        .map_err(Status::from)?;
+        .map_err(crate::status::from_infer)?;
     let id = stream.id;
     let accepted = pb::ServeEvent {
         kind: Some(pb::serve_event::Kind::Accepted(pb::ServeAccepted {
@@ -102,7 +104,8 @@ pub async fn open(
         debug!(serve = %serve_id, ?end, "serve stream ended");
         app2.engine.worker_ended(id, end);
     });
-    let events = UnboundedReceiverStream::new(stream.events);
+    let events =
+        UnboundedReceiverStream::new(stream.events).map(|e| e.map_err(crate::status::from_stream));
     Ok(Box::pin(tokio_stream::once(Ok(accepted)).chain(events)))
 }
 
@@ -156,10 +159,10 @@ async fn read(
     model: &str,
     version: u32,
     mut inbound: Streaming<pb::ServeRequest>,
-    live: std::sync::Arc<crate::sessions::Live>,
+    live: std::sync::Arc<crate::hub::Live>,
     silence: std::time::Duration,
 ) -> StreamEnd {
-    let mut events = app.registry.subscribe();
+    let mut events = app.host.registry.subscribe();
     let mut draining = false;
     loop {
         tokio::select! {
@@ -170,7 +173,7 @@ async fn read(
                     Ok(Ok(None)) => return StreamEnd::Closed,
                     Ok(Ok(Some(m))) => match m.kind {
                         Some(pb::serve_request::Kind::Result(result)) => {
-                            app.engine.worker_result(id, result);
+                            app.engine.worker_result(id, result).await;
                         }
                         Some(pb::serve_request::Kind::Heartbeat(_)) | None => {}
                         Some(pb::serve_request::Kind::Offer(_)) => {

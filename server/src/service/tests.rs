@@ -10,10 +10,10 @@ use modelshare_proto::v1::admin_service_server::AdminService;
 use super::admin::AdminApi;
 use crate::app::App;
 use crate::config::{Config, ServeArgs};
-use crate::devices::Devices;
-use crate::metrics::Metrics;
-use crate::registry::LoadFor;
-use crate::tenants::{Caller, TenantStore};
+use modelshare_core::devices::Devices;
+use modelshare_core::metrics::Metrics;
+use modelshare_core::registry::LoadFor;
+use modelshare_core::tenants::{Caller, TenantStore};
 
 /// A latch the test opens.
 #[derive(Debug, Default)]
@@ -131,14 +131,15 @@ async fn get_stats_answers_while_a_load_holds_the_device() {
     let load = {
         let app = app.clone();
         tokio::spawn(async move {
-            app.start_load(
-                &Caller::Admin,
-                LoadFor::default(),
-                "m",
-                "m.safetensors",
-                false,
-            )
-            .await
+            app.host
+                .start_load(
+                    &Caller::Admin,
+                    LoadFor::default(),
+                    "m",
+                    "m.safetensors",
+                    false,
+                )
+                .await
         })
     };
     // The version is reserved, its allocation held on the device thread.

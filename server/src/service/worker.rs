@@ -6,6 +6,7 @@
 //! `heartbeat_misses` heartbeat intervals without a message, or at shutdown. Ending a session
 //! releases every lease it held.
 
+use crate::status::OrStatus;
 use std::pin::Pin;
 
 use modelshare_device::{DeviceThread, PeerWatch};
@@ -16,14 +17,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
-use super::convert;
 use crate::app::App;
 use crate::audit;
-use crate::error::{NotOnDevice, ServerError};
-use crate::registry::WorkerHello;
-use crate::tenants::Caller;
-use crate::tenants::auth::{caller_of, peer_uid};
-use crate::timer::Expiry;
+use crate::convert;
+use modelshare_core::error::{CoreError, NotOnDevice};
+
+use crate::auth::{caller_of, peer_uid};
+use modelshare_core::tenants::Caller;
+use modelshare_core::timer::Expiry;
 
 /// The worker service.
 #[derive(Debug, Clone)]
@@ -35,30 +36,34 @@ impl WorkerApi {
     /// A model not found (or without a ready version) that the server is bringing back from
     /// memory workers kept is `Restoring` (UNAVAILABLE: retry), not NOT_FOUND; so is one that
     /// became attachable since the refusal (the restore finished in between).
-    fn restoring_or(
-        &self,
-        caller: &Caller,
-        model: &str,
-        version: u32,
-        e: ServerError,
-    ) -> ServerError {
+    fn restoring_or(&self, caller: &Caller, model: &str, version: u32, e: CoreError) -> CoreError {
         let absent = matches!(
             e,
-            ServerError::ModelNotFound(_)
-                | ServerError::VersionNotFound { .. }
-                | ServerError::NoReadyVersion(_)
+            CoreError::ModelNotFound(_)
+                | CoreError::VersionNotFound { .. }
+                | CoreError::NoReadyVersion(_)
         );
         if absent
-            && self.app.held.pending_of(model).iter().any(|r| {
+            && self.app.host.held.pending_of(model).iter().any(|r| {
                 (version == 0 || r.version == version)
-                    && crate::tenants::policy::may_see(r.owner.as_deref(), &r.access(), caller)
+                    && modelshare_core::tenants::policy::may_see(
+                        r.owner.as_deref(),
+                        &r.access(),
+                        caller,
+                    )
             })
         {
-            return ServerError::Restoring(model.to_owned());
+            return CoreError::Restoring(model.to_owned());
         }
         // Brought back between the refusal and this check: asking again will find it.
-        if absent && self.app.registry.attachable_now(caller, model, version) {
-            return ServerError::Restoring(model.to_owned());
+        if absent
+            && self
+                .app
+                .host
+                .registry
+                .attachable_now(caller, model, version)
+        {
+            return CoreError::Restoring(model.to_owned());
         }
         e
     }
@@ -72,21 +77,29 @@ impl WorkerApi {
         caller: &Caller,
         target: &DeviceThread,
         not: NotOnDevice,
-    ) -> ServerError {
-        let quota_of = |t: &str| self.app.tenants.quota_of(t).unwrap_or_default();
-        let server = crate::replicate::Replicator {
-            registry: &self.app.registry,
-            metrics: &self.app.metrics,
-            devices: &self.app.devices,
+    ) -> CoreError {
+        let quota_of = |t: &str| self.app.host.tenants.quota_of(t).unwrap_or_default();
+        let server = modelshare_core::replicate::Replicator {
+            registry: &self.app.host.registry,
+            metrics: &self.app.host.metrics,
+            devices: &self.app.host.devices,
             quota_of: &quota_of,
         };
-        match crate::replicate::for_worker(&server, caller, &not.model, not.version, target).await {
-            Ok(true) => ServerError::Replicating {
+        match modelshare_core::replicate::for_worker(
+            &server,
+            caller,
+            &not.model,
+            not.version,
+            target,
+        )
+        .await
+        {
+            Ok(true) => CoreError::Replicating {
                 model: not.model,
                 version: not.version,
                 device: not.wanted,
             },
-            Ok(false) => ServerError::NotOnDevice(Box::new(not)),
+            Ok(false) => CoreError::NotOnDevice(Box::new(not)),
             Err(e) => e,
         }
     }
@@ -115,23 +128,25 @@ impl WorkerService for WorkerApi {
             .and_then(|cred| cred.pid())
             .and_then(|pid| u32::try_from(pid).ok());
         let peer = PeerWatch::open(peer_pid);
-        let caller = caller_of(&request)?;
-        self.app.require_ready()?;
+        let caller = caller_of(&request).or_status()?;
+        self.app.host.require_ready().or_status()?;
         let mut inbound = request.into_inner();
         let deadline = self.app.config.heartbeat_interval * self.app.config.heartbeat_misses;
         let first = tokio::time::timeout(deadline, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no hello within the heartbeat deadline"))??;
         let hello = match first.and_then(|m| m.kind) {
-            Some(pb::session_request::Kind::Hello(h)) => WorkerHello::try_from(h)?,
+            Some(pb::session_request::Kind::Hello(h)) => {
+                crate::convert::worker_hello(h).or_status()?
+            }
             _ => {
                 return Err(Status::invalid_argument(
                     "the first message of a session must be a hello",
                 ));
             }
         };
-        let device = convert::device(self.app.devices.primary().info());
-        let outbound = crate::sessions::run::open(&self.app, caller, hello, peer, inbound, device)
+        let device = convert::device(self.app.host.devices.primary().info());
+        let outbound = crate::sessions::open(&self.app, caller, hello, peer, inbound, device)
             .map_err(|e| self.app.refuse(e))?;
         Ok(Response::new(Box::pin(ReceiverStream::new(outbound))))
     }
@@ -142,7 +157,7 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<pb::AttachResponse>, Status> {
         let started = std::time::Instant::now();
         let result = self.attach_inner(request).await;
-        let m = &self.app.metrics;
+        let m = &self.app.host.metrics;
         match &result {
             Ok(_) => {
                 m.attaches.with_label_values(&["ok"]).inc();
@@ -157,13 +172,14 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let req = request.into_inner();
         let result = self
             .app
+            .host
             .registry
             .release(&caller, &req.session_id, &req.lease_id)
-            .map_err(Status::from);
+            .map_err(crate::status::from_core);
         let (model, version) = result.as_ref().map_or(("", 0), |(m, v)| (m.as_str(), *v));
         audit::record(&caller, "release", model, version, &result);
         result?;
@@ -177,24 +193,24 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<pb::ServeRequest>>,
     ) -> Result<Response<Self::ServeStream>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let stream = super::serve::open(&self.app, caller, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
 
-    /// Memory a worker kept across a restart, offered back ([`crate::held`]). Taken while the
+    /// Memory a worker kept across a restart, offered back ([`modelshare_core::held`]). Taken while the
     /// server is still starting: start-up loads may be waiting for it.
     async fn offer_held(
         &self,
         request: Request<pb::OfferHeldRequest>,
     ) -> Result<Response<pb::OfferHeldResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         let peer_uid = peer_uid(request.extensions());
         let req = request.into_inner();
         if req.model.is_empty() {
             return Err(Status::invalid_argument("model: the offer names no model"));
         }
-        let held = &self.app.held;
+        let held = &self.app.host.held;
         let not_wanted = |reason: String| pb::OfferHeldResponse {
             wanted: false,
             reason,
@@ -206,11 +222,17 @@ impl WorkerService for WorkerApi {
                 req.version, req.model
             ))));
         };
-        if !crate::tenants::policy::may_see(record.owner.as_deref(), &record.access(), &caller) {
-            return Err(ServerError::ModelNotFound(req.model).into());
+        if !modelshare_core::tenants::policy::may_see(
+            record.owner.as_deref(),
+            &record.access(),
+            &caller,
+        ) {
+            return Err(crate::status::from_core(CoreError::ModelNotFound(
+                req.model,
+            )));
         }
         let key = (req.model.clone(), req.version);
-        if crate::adopt::loaded_from_files(&self.app, &key) {
+        if modelshare_core::adopt::loaded_from_files(&self.app.host, &key) {
             // Loaded from its files already (its files changed, or no worker offered in time):
             // this memory is a second copy now.
             held.forget(&key);
@@ -246,7 +268,7 @@ impl WorkerApi {
         &self,
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
-        let caller = caller_of(&request)?;
+        let caller = caller_of(&request).or_status()?;
         // A ticket is redeemable only by the uid that attached (when the kernel told us).
         let peer_uid = peer_uid(request.extensions());
         let req = request.into_inner();
@@ -271,23 +293,23 @@ impl WorkerApi {
         req: &pb::AttachRequest,
         peer_uid: Option<u32>,
     ) -> Result<pb::AttachResponse, Status> {
-        self.app.require_ready()?;
-        let registry = &self.app.registry;
+        self.app.host.require_ready().or_status()?;
+        let registry = &self.app.host.registry;
         // On a server of one device, whichever device the worker says it is on, the arena is
         // the one there is.
-        let device = (self.app.devices.len() > 1 && !req.device_uuid.is_empty())
+        let device = (self.app.host.devices.len() > 1 && !req.device_uuid.is_empty())
             .then_some(req.device_uuid.as_str());
         // The worker's device among the server's (`None`: one this server does not serve).
-        let served = device.and_then(|d| self.app.devices.with_uuid(d));
+        let served = device.and_then(|d| self.app.host.devices.with_uuid(d));
         let att =
             match registry.attach_on(caller, &req.session_id, &req.model, req.version, device) {
-                Err(ServerError::NotOnDevice(mut not)) => {
+                Err(CoreError::NotOnDevice(mut not)) => {
                     not.served = served.is_some();
                     match served {
                         Some(target) if self.app.config.replicate_on_attach => {
                             Err(self.replicate_for(caller, target, *not).await)
                         }
-                        _ => Err(ServerError::NotOnDevice(not)),
+                        _ => Err(CoreError::NotOnDevice(not)),
                     }
                 }
                 other => other,
@@ -301,7 +323,7 @@ impl WorkerApi {
             Ok(export) => export,
             Err(e) => {
                 let _ = registry.release(caller, &req.session_id, &att.lease_id);
-                return Err(ServerError::Device(e).into());
+                return Err(crate::status::from_core(CoreError::Device(e)));
             }
         };
         // A descriptor travels by the handle socket, against a ticket filed on the lease.
@@ -317,7 +339,7 @@ impl WorkerApi {
                             return Err(self.app.refuse(e));
                         }
                     };
-                self.app.timer.schedule(
+                self.app.host.timer.schedule(
                     expires,
                     Expiry::Ticket {
                         lease: att.lease_id.clone(),
@@ -332,9 +354,11 @@ impl WorkerApi {
             }
             None => None,
         };
-        let handle = convert::attach_handle(export, ticket).inspect_err(|_| {
-            let _ = registry.release(caller, &req.session_id, &att.lease_id);
-        })?;
+        let handle = convert::attach_handle(export, ticket)
+            .inspect_err(|_| {
+                let _ = registry.release(caller, &req.session_id, &att.lease_id);
+            })
+            .or_status()?;
         debug!(session = %req.session_id, model = %req.model, version = att.manifest.version, lease = %att.lease_id, "attach");
         // A manifest of many tensors is megabytes of reply: built on the request pool, off
         // the runtime that carries every session's heartbeats.
@@ -361,6 +385,7 @@ impl WorkerApi {
             manifest: Some(manifest),
             device: self
                 .app
+                .host
                 .devices
                 .get(&att.device)
                 .map(|d| convert::device(d.info())),

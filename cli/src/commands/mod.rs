@@ -1,0 +1,490 @@
+//! The admin client commands: clients of `AdminService`, printing tables or JSON.
+//!
+//! Every call carries the bearer token of `--token` / `--token-file` (or `MODELSHARE_TOKEN` /
+//! `MODELSHARE_TOKEN_FILE`), over TLS for `https://` addresses (`--tls-*`). `token new` and
+//! `token hash` need no server: they make what goes in the tenants file. `embed` and `infer`
+//! call the OIP front door (`GRPCInferenceService.ModelInfer`).
+
+mod error;
+mod infer;
+pub(crate) mod output;
+mod probe;
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use modelshare_proto::v1 as pb;
+use modelshare_proto::v1::admin_service_client::AdminServiceClient;
+use modelshare_worker::{AuthChannel, ConnectOptions, TlsOptions, Token, WorkerError};
+
+use modelshare_core::tenants::token::{TokenHash, generate};
+
+pub(crate) use output::say;
+pub use output::{OutputFormat, human_bytes};
+pub use probe::ProbeArgs;
+
+pub use error::CliError;
+use error::rpc;
+
+/// A token as given on the command line or in `MODELSHARE_TOKEN`; `Debug` does not show it.
+/// Validated when the connection is made, so that a malformed token is never echoed by clap.
+#[derive(Clone)]
+pub struct TokenArg(String);
+
+impl std::fmt::Debug for TokenArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenArg(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for TokenArg {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+/// Options common to every client command (listed under their own heading, and hidden from
+/// `serve --help` and `demo --help`, which refuse them).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Client options")]
+pub struct ClientArgs {
+    /// Server address: `unix:/path/to/socket`, `http://host:port` or `https://host:port` (TLS).
+    /// Default: the Unix socket a local server without tenants serves on
+    /// (/tmp/modelshare-<uid>.sock) when it exists, else http://127.0.0.1:50051.
+    #[arg(long, short = 's', env = "MODELSHARE_SERVER", global = true)]
+    pub server: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "table", global = true)]
+    pub output: OutputFormat,
+    /// Bearer token sent with every call (prefer --token-file: arguments are visible to other
+    /// users of the machine).
+    #[arg(long, env = "MODELSHARE_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<TokenArg>,
+    /// File holding the bearer token.
+    #[arg(
+        long,
+        env = "MODELSHARE_TOKEN_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) to check an https:// server against (default: the web PKI roots).
+    #[arg(long, env = "MODELSHARE_TLS_CA", value_name = "PATH", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, env = "MODELSHARE_TLS_CERT", value_name = "PATH", global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS; needs --tls-cert.
+    #[arg(long, env = "MODELSHARE_TLS_KEY", value_name = "PATH", global = true)]
+    pub tls_key: Option<PathBuf>,
+    /// Name to check the server's certificate against (default: the address's host).
+    #[arg(
+        long,
+        env = "MODELSHARE_TLS_DOMAIN",
+        value_name = "NAME",
+        global = true
+    )]
+    pub tls_domain: Option<String>,
+}
+
+impl ClientArgs {
+    /// The address to call: `--server`, else the local default socket when it exists, else
+    /// `http://127.0.0.1:50051`.
+    pub fn server(&self) -> String {
+        if let Some(s) = &self.server {
+            return s.clone();
+        }
+        let socket = modelshare_server::config::default_unix_socket();
+        if socket.exists() {
+            format!("unix:{}", socket.display())
+        } else {
+            "http://127.0.0.1:50051".to_owned()
+        }
+    }
+
+    /// The token and TLS settings of these flags. TLS settings are present when any `--tls-*`
+    /// flag is given (the address must then be `https://`).
+    pub fn connect_options(&self) -> Result<ConnectOptions, WorkerError> {
+        let mut options = ConnectOptions::default();
+        match (&self.token, &self.token_file) {
+            (Some(_), Some(_)) => {
+                return Err(WorkerError::Credentials {
+                    what: "token".into(),
+                    reason: "give --token (MODELSHARE_TOKEN) or --token-file \
+                             (MODELSHARE_TOKEN_FILE), not both"
+                        .into(),
+                });
+            }
+            (Some(token), None) => options = options.with_token(Token::new(token.0.clone())?),
+            (None, Some(path)) => options = options.with_token_file(path.clone()),
+            (None, None) => {}
+        }
+        if self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_key.is_some()
+            || self.tls_domain.is_some()
+        {
+            options = options.with_tls(TlsOptions::from_files(
+                self.tls_ca.as_deref(),
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+                self.tls_domain.clone(),
+            )?);
+        }
+        Ok(options)
+    }
+}
+
+/// The admin client commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ClientCommand {
+    /// Load a model (a new version when the name exists) and wait until it is ready.
+    Load {
+        /// Model name.
+        name: String,
+        /// Path under the server's model root.
+        path: String,
+        /// Keep older versions attachable (default: retire them once this one is ready).
+        #[arg(long)]
+        keep_previous: bool,
+        /// Tenant that will own the model (only an admin may name another tenant; default:
+        /// the caller's).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Tenants that may also see and attach the model (replaces the model's access).
+        #[arg(long, value_delimiter = ',', value_name = "TENANT,...")]
+        share_with: Vec<String>,
+        /// Every tenant may see and attach the model (replaces the model's access).
+        #[arg(long)]
+        public: bool,
+        /// Devices to load it on, by UUID or by index in `stats`, or `all` (default: the
+        /// least-used device with room). Loaded from the files onto the first, copied device to
+        /// device to the others.
+        #[arg(long, value_delimiter = ',', value_name = "DEVICE,...")]
+        devices: Vec<String>,
+        /// Replicas on the least-used devices, when no device is named (default 1).
+        #[arg(long)]
+        replicas: Option<u32>,
+    },
+    /// Unload a model (every version, or one).
+    Unload {
+        /// Model name.
+        name: String,
+        /// Only this version.
+        #[arg(long)]
+        version: Option<u32>,
+        /// End the sessions still holding it now instead of draining.
+        #[arg(long)]
+        force: bool,
+        /// Drain for at most this many milliseconds, then force.
+        #[arg(long, value_name = "MS")]
+        drain_timeout_ms: Option<u32>,
+    },
+    /// List models and their versions.
+    Ls,
+    /// Show a model's versions and tensors.
+    Describe {
+        /// Model name.
+        name: String,
+        /// Version (default: latest ready).
+        #[arg(long)]
+        version: Option<u32>,
+    },
+    /// Show memory use and models by state.
+    Stats,
+    /// Exit 0 when the server is serving (started, its start-up models loaded, not shutting
+    /// down), else 1 saying why: for container health checks and readiness probes.
+    Ready,
+    /// List worker sessions, their leases, and the models they serve with what they hold.
+    Ps,
+    /// Embed texts with a model (KServe v2 ModelInfer, one BYTES input): prints each text's
+    /// embedding.
+    Embed {
+        /// Model name.
+        #[arg(long)]
+        model: String,
+        /// The texts.
+        texts: Vec<String>,
+    },
+    /// Send tensors to a model (KServe v2 ModelInfer) and print its outputs.
+    Infer {
+        /// Model name.
+        #[arg(long)]
+        model: String,
+        /// An input, as NAME:DATATYPE:SHAPE=VALUES, e.g. x:FP32:2x3=1,2,3,4,5,6 (repeatable).
+        #[arg(long = "input", required = true)]
+        inputs: Vec<infer::InputArg>,
+    },
+    /// Attach to a model like a worker, verify every tensor's checksum, report the mapping.
+    Probe(ProbeArgs),
+    /// Set who besides its owner may see and attach a model (no flags: private to the owner).
+    Access {
+        /// Model name.
+        name: String,
+        /// Tenants that may see and attach the model.
+        #[arg(long, value_delimiter = ',', value_name = "TENANT,...")]
+        share_with: Vec<String>,
+        /// Every tenant may see and attach the model.
+        #[arg(long)]
+        public: bool,
+    },
+    /// Make the server read its tenants file again; prints the tenants now in force.
+    ReloadTenants,
+    /// Make tokens and their hashes for the tenants file (no server needed).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `modelshare token ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Print a new random token and its hash: the hash goes in the tenants file, the token to
+    /// the tenant.
+    New,
+    /// Read a token on stdin (its first line) and print its hash.
+    Hash,
+}
+
+async fn admin_client(args: &ClientArgs) -> Result<AdminServiceClient<AuthChannel>, CliError> {
+    let channel =
+        modelshare_worker::connect::authed(&args.server(), &args.connect_options()?).await?;
+    Ok(AdminServiceClient::new(channel).max_decoding_message_size(128 << 20))
+}
+
+/// The access of `--share-with` and `--public`; `None` when neither is given.
+fn access(share_with: Vec<String>, public: bool) -> Option<pb::ModelAccess> {
+    let shared_with: Vec<String> = share_with
+        .into_iter()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .collect();
+    (public || !shared_with.is_empty()).then_some(pb::ModelAccess {
+        shared_with,
+        public,
+    })
+}
+
+/// `token new` and `token hash`: no server involved.
+fn token_command(command: TokenCommand, out: OutputFormat) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::New => {
+            let token = generate().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            let hash = TokenHash::of(&token).to_string();
+            output::new_token(&token, &hash, out);
+        }
+        TokenCommand::Hash => {
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            // Validated as a worker would send it, so the hash is of what arrives.
+            let token = Token::new(line)?;
+            output::token_hash(&TokenHash::of(token.expose_secret()).to_string(), out);
+        }
+    }
+    Ok(())
+}
+
+/// Runs one client command; `shutdown` ends a holding probe.
+pub async fn run(
+    args: ClientArgs,
+    command: ClientCommand,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let out = args.output;
+    let admin = || admin_client(&args);
+    match command {
+        ClientCommand::Load {
+            name,
+            path,
+            keep_previous,
+            tenant,
+            share_with,
+            public,
+            devices,
+            replicas,
+        } => {
+            let req = pb::LoadModelRequest {
+                name,
+                path,
+                keep_previous,
+                tenant: tenant.unwrap_or_default(),
+                access: access(share_with, public),
+                devices,
+                replicas: replicas.unwrap_or(0),
+            };
+            load(&mut admin().await?, req, out).await?
+        }
+        ClientCommand::Unload {
+            name,
+            version,
+            force,
+            drain_timeout_ms,
+        } => {
+            let r = admin()
+                .await?
+                .unload_model(pb::UnloadModelRequest {
+                    name,
+                    version: version.unwrap_or(0),
+                    force,
+                    drain_timeout_ms: drain_timeout_ms.unwrap_or(0),
+                })
+                .await
+                .map_err(rpc("UnloadModel"))?
+                .into_inner();
+            output::versions(&r.versions, out);
+        }
+        ClientCommand::Ls => {
+            let r = admin()
+                .await?
+                .list_models(pb::ListModelsRequest {})
+                .await
+                .map_err(rpc("ListModels"))?
+                .into_inner();
+            output::models(&r.models, out);
+        }
+        ClientCommand::Describe { name, version } => {
+            let r = admin()
+                .await?
+                .describe_model(pb::DescribeModelRequest {
+                    name,
+                    version: version.unwrap_or(0),
+                })
+                .await
+                .map_err(rpc("DescribeModel"))?
+                .into_inner();
+            output::describe(&r, out);
+        }
+        ClientCommand::Ready => {
+            use tonic_health::pb::health_check_response::ServingStatus;
+            let channel =
+                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
+                    .await?;
+            let status = tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .map_err(rpc("Health.Check"))?
+                .into_inner()
+                .status();
+            if status != ServingStatus::Serving {
+                anyhow::bail!(
+                    "not ready: the server is {} (starting: its start-up models are still \
+                     loading; or shutting down)",
+                    status.as_str_name()
+                );
+            }
+            say!("ready");
+        }
+        ClientCommand::Stats => {
+            let r = admin()
+                .await?
+                .get_stats(pb::GetStatsRequest {})
+                .await
+                .map_err(rpc("GetStats"))?
+                .into_inner();
+            output::stats(&r, out);
+        }
+        ClientCommand::Ps => {
+            let r = admin()
+                .await?
+                .list_sessions(pb::ListSessionsRequest {})
+                .await
+                .map_err(rpc("ListSessions"))?
+                .into_inner();
+            output::sessions(&r.sessions, out);
+        }
+        ClientCommand::Embed { model, texts } => {
+            let channel =
+                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
+                    .await?;
+            infer::embed(channel, model, texts, out).await?
+        }
+        ClientCommand::Infer { model, inputs } => {
+            let channel =
+                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
+                    .await?;
+            infer::infer(channel, model, inputs, out).await?
+        }
+        ClientCommand::Probe(probe) => {
+            let options = args.connect_options()?;
+            probe::run(&args.server(), options, probe, out, shutdown).await?
+        }
+        ClientCommand::Access {
+            name,
+            share_with,
+            public,
+        } => {
+            let r = admin()
+                .await?
+                .set_model_access(pb::SetModelAccessRequest {
+                    name,
+                    access: Some(access(share_with, public).unwrap_or_default()),
+                })
+                .await
+                .map_err(rpc("SetModelAccess"))?
+                .into_inner();
+            let model = r.model.ok_or_else(|| {
+                anyhow::anyhow!("the server's SetModelAccess answer has no model")
+            })?;
+            output::access(&model, out);
+        }
+        ClientCommand::ReloadTenants => {
+            let r = admin()
+                .await?
+                .reload_tenants(pb::ReloadTenantsRequest {})
+                .await
+                .map_err(rpc("ReloadTenants"))?
+                .into_inner();
+            output::tenants_reloaded(&r, out);
+        }
+        ClientCommand::Token(command) => token_command(command, out)?,
+    }
+    Ok(())
+}
+
+async fn load(
+    admin: &mut AdminServiceClient<AuthChannel>,
+    req: pb::LoadModelRequest,
+    out: OutputFormat,
+) -> Result<(), CliError> {
+    let name = req.name.clone();
+    let mut stream = admin
+        .load_model(req)
+        .await
+        .map_err(rpc("LoadModel"))?
+        .into_inner();
+    // Drawn on stderr, and only when it is a terminal.
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    while let Some(msg) = stream.message().await.map_err(rpc("LoadModel"))? {
+        match msg.event {
+            Some(pb::load_model_progress::Event::Started(s)) => {
+                bar.set_length(s.bytes_total);
+                bar.set_message(format!("{name} v{}", s.version));
+            }
+            Some(pb::load_model_progress::Event::Progress(p)) => {
+                bar.set_length(p.bytes_total);
+                bar.set_position(p.bytes_done);
+            }
+            Some(pb::load_model_progress::Event::Done(v)) => {
+                bar.finish_and_clear();
+                output::loaded(&name, &v, out);
+                return Ok(());
+            }
+            None => {}
+        }
+    }
+    bar.abandon();
+    Err(CliError::Truncated)
+}

@@ -1,0 +1,167 @@
+//! The copy of a load whose arena is allocated, on its blocking thread, and the finish of a
+//! load adopted from memory a worker kept: the version's outcome, its metrics, its
+//! held-memory record.
+
+use std::sync::Arc;
+
+use modelshare_device::BackendKind;
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{info, warn};
+
+use crate::error::CoreError;
+use crate::held::{HeldRecord, HeldStore, record};
+use crate::loader;
+use crate::metrics::Metrics;
+use crate::model::Manifest;
+use crate::registry::{Registry, Reservation, VersionSnapshot};
+use crate::weights::{layout, source};
+
+/// A load whose arena is allocated: what the copy needs, on its blocking thread.
+pub(super) struct LoadCopy {
+    pub(super) registry: Arc<Registry>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) held: Arc<HeldStore>,
+    pub(super) threads: usize,
+    /// Hash on the CPU too where the device checksums (`load_cpu_hash`).
+    pub(super) cpu_hash: bool,
+    /// The server's chunk gate, shared with every other load.
+    pub(super) gate: Arc<loader::ChunkGate>,
+    /// When the load was asked for, and how long its arena took to allocate (for the log).
+    pub(super) requested: std::time::Instant,
+    pub(super) allocate_seconds: f64,
+    /// The CPUs of the device's NUMA node, where the machine has several.
+    pub(super) cpus: Option<Vec<usize>>,
+    pub(super) reservation: Reservation,
+    pub(super) src: source::ModelSource,
+    pub(super) plan: layout::Layout,
+    pub(super) files: Vec<record::FileId>,
+    pub(super) backend: BackendKind,
+    /// The load slot, held until the load ends.
+    pub(super) _permit: OwnedSemaphorePermit,
+}
+
+impl LoadCopy {
+    /// Fills `arena`, records the outcome, and returns the version as it then stands.
+    pub(super) fn run(
+        self,
+        arena: &modelshare_device::ArenaHandle,
+    ) -> Result<VersionSnapshot, CoreError> {
+        let started = std::time::Instant::now();
+        let before_copy = started.duration_since(self.requested).as_secs_f64();
+        match loader::copy_into(
+            &self.reservation,
+            arena,
+            &self.src,
+            &self.plan,
+            &loader::CopyOptions {
+                threads: self.threads,
+                cpu_hash: self.cpu_hash,
+                gate: &self.gate,
+                cpus: self.cpus.as_deref(),
+            },
+        ) {
+            Ok(loader::Copied { manifest, .. }) => {
+                let (registry, metrics, job, plan) =
+                    (&self.registry, &self.metrics, &self.reservation, &self.plan);
+                // The version is ready first; its held-memory record (a file synced to disk,
+                // which can wait behind other files' writeback for a long while) is written
+                // after, off this thread. A crash in between only costs the adoption of that
+                // memory by a restarted server (it loads from the files instead).
+                let record = self.held_record(&manifest);
+                registry.finish_load(&job.model, job.version, Ok(manifest));
+                if let Some(record) = record {
+                    let held = self.held.clone();
+                    match tokio::runtime::Handle::try_current() {
+                        Ok(rt) => drop(rt.spawn_blocking(move || held.remember(&record))),
+                        Err(_) => held.remember(&record),
+                    }
+                }
+                let secs = started.elapsed().as_secs_f64();
+                metrics.loads.with_label_values(&["ok"]).inc();
+                metrics.load_seconds.observe(secs);
+                metrics.load_bytes.inc_by(plan.payload_bytes);
+                info!(
+                    model = %job.model,
+                    version = job.version,
+                    bytes = plan.payload_bytes,
+                    seconds = secs,
+                    gb_per_s = plan.payload_bytes as f64 / secs.max(1e-9) / 1e9,
+                    // From the request to the copy's start, and the arena's allocation in it.
+                    before_copy_seconds = before_copy,
+                    allocate_seconds = self.allocate_seconds,
+                    "model loaded"
+                );
+                registry
+                    .version_snapshot(&job.model, job.version)
+                    .ok_or_else(|| CoreError::LoadCancelled {
+                        model: job.model.clone(),
+                        version: job.version,
+                    })
+            }
+            Err(e) => {
+                let job = &self.reservation;
+                self.metrics.loads.with_label_values(&["error"]).inc();
+                warn!(model = %job.model, version = job.version, error = %e, "load failed");
+                self.registry
+                    .finish_load(&job.model, job.version, Err(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Finishes a load with memory adopted from a worker (`record`'s bytes, checked when the
+    /// worker offered them): the version is ready with the record's checksums.
+    pub(super) fn adopted(self, record: &HeldRecord) -> Result<VersionSnapshot, CoreError> {
+        let job = &self.reservation;
+        let mut manifest = job.manifest.clone();
+        record.fill_checksums(&mut manifest);
+        self.remember(&manifest);
+        self.registry
+            .finish_load(&job.model, job.version, Ok(manifest));
+        self.held.restored(&(record.model.clone(), record.version));
+        self.metrics.loads.with_label_values(&["adopted"]).inc();
+        info!(
+            model = %job.model,
+            version = job.version,
+            bytes = job.manifest.arena_bytes,
+            "model back from memory a worker kept across the restart (not read from the files)"
+        );
+        self.registry
+            .version_snapshot(&job.model, job.version)
+            .ok_or_else(|| CoreError::LoadCancelled {
+                model: job.model.clone(),
+                version: job.version,
+            })
+    }
+
+    /// Writes the held-memory record of the loaded version (kinds whose memory can outlive
+    /// the server; a no-op otherwise).
+    fn remember(&self, manifest: &Manifest) {
+        if let Some(record) = self.held_record(manifest) {
+            self.held.remember(&record);
+        }
+    }
+
+    /// The held-memory record of this version, where there is one to write (memory that can
+    /// outlive the server, a held-records directory).
+    fn held_record(&self, manifest: &Manifest) -> Option<HeldRecord> {
+        if !self.held.enabled() {
+            return None;
+        }
+        let (owner, access) = self.registry.ownership(&manifest.model)?;
+        let backend = match self.backend {
+            BackendKind::Host => "host",
+            BackendKind::CudaVmm => "cuda-vmm",
+            BackendKind::CudaIpc => return None,
+        };
+        Some(HeldRecord::new(
+            manifest,
+            owner,
+            &access,
+            &self.src.source,
+            self.files.clone(),
+            backend,
+            &self.reservation.device,
+        ))
+    }
+}

@@ -1,0 +1,176 @@
+//! [`Engine`]: the handle to the request path that the front doors and the Serve streams hold.
+//! Every call is a message to the driver task (`super::driver`), which owns all the state.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use modelshare_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::driver::{self, Command};
+use super::error::InferError;
+use super::kind::Kind;
+use super::scheduler::WorkerId;
+pub use super::types::{
+    EngineConfig, InferRequest, InferResponse, MAILBOX, ModelServing, ServingSnapshot, StreamEnd,
+    StreamError, WorkerInfo, WorkerOffer,
+};
+use modelshare_core::metrics::Metrics;
+
+/// A registered Serve stream: its id and the events to send it. The stream ends when the
+/// sender is dropped (the driver let it go) or an `Err` comes (a protocol error, a shutdown).
+#[derive(Debug)]
+pub struct WorkerStream {
+    /// The worker's id.
+    pub id: WorkerId,
+    /// What to send it.
+    pub events: mpsc::UnboundedReceiver<Result<pb::ServeEvent, StreamError>>,
+}
+
+/// The handle to the request path. Cheap to clone.
+///
+/// Two mailboxes lead to the driver. New work (requests, results, Serve streams opening,
+/// snapshots) goes through a bounded one ([`EngineConfig::mailbox`]): a request that finds it
+/// full is refused at once, a worker's result waits for room (its stream is read no further
+/// meanwhile). What releases state (a cancel, a stream's end, a drain, new weights) goes
+/// through an unbounded one, read first: each is at most one per request or stream that the
+/// bounded one let in, and it must never be lost.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    work: mpsc::Sender<Command>,
+    tx: mpsc::UnboundedSender<Command>,
+    tickets: Arc<AtomicU64>,
+    workers: Arc<AtomicU64>,
+}
+
+impl Engine {
+    /// Starts the driver task; it stops when `shutdown` is cancelled (queued requests then fail
+    /// with UNAVAILABLE, workers are told to drain) or when every handle is gone.
+    pub fn start(config: EngineConfig, metrics: Arc<Metrics>, shutdown: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (work, work_rx) = mpsc::channel(config.mailbox.max(1));
+        tokio::spawn(driver::run(config, metrics, work_rx, rx, shutdown));
+        Self {
+            work,
+            tx,
+            tickets: Arc::new(AtomicU64::new(0)),
+            workers: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Sends what releases state (never refused while the driver runs).
+    fn send(&self, command: Command) -> Result<(), InferError> {
+        self.tx.send(command).map_err(|_| InferError::ShuttingDown)
+    }
+
+    /// Offers new work; a full mailbox refuses it at once.
+    fn offer(&self, command: Command) -> Result<(), InferError> {
+        self.work.try_send(command).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => InferError::Busy,
+            mpsc::error::TrySendError::Closed(_) => InferError::ShuttingDown,
+        })
+    }
+
+    /// Submits a request and waits for its answer, until its deadline at most. Dropping the
+    /// returned future (the caller went away) cancels the request: its queued items leave the
+    /// queue and the workers computing the others are told; so does the deadline.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, InferError> {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        let deadline = request.deadline;
+        let request_model = request.model.clone();
+        self.offer(Command::Submit {
+            ticket,
+            request,
+            arrival: Instant::now(),
+            reply,
+        })?;
+        let mut guard = CancelOnDrop {
+            tx: &self.tx,
+            ticket,
+            armed: true,
+            why: Kind::Cancelled,
+        };
+        // The driver fails items still queued at the deadline; one in flight is given up here
+        // (the guard then cancels it, and its worker is told).
+        let model = request_model;
+        let result = match tokio::time::timeout_at(deadline.into(), answer).await {
+            Ok(answer) => answer.unwrap_or(Err(InferError::ShuttingDown)),
+            Err(_) => {
+                guard.why = Kind::DeadlineExceeded;
+                return Err(InferError::DeadlineExceeded { model });
+            }
+        };
+        guard.armed = false;
+        result
+    }
+
+    /// Registers a Serve stream.
+    pub fn open_worker(&self, offer: WorkerOffer) -> Result<WorkerStream, InferError> {
+        let id = WorkerId(self.workers.fetch_add(1, Ordering::Relaxed) + 1);
+        let (events_tx, events) = mpsc::unbounded_channel();
+        self.offer(Command::OpenWorker {
+            id,
+            offer,
+            events: events_tx,
+        })?;
+        Ok(WorkerStream { id, events })
+    }
+
+    /// A worker's answer to a batch; waits while the mailbox is full.
+    pub async fn worker_result(&self, id: WorkerId, result: pb::BatchResult) {
+        let _ = self.work.send(Command::Result { id, result }).await;
+    }
+
+    /// A worker broke the protocol: its stream ends with INVALID_ARGUMENT and `message`.
+    pub fn worker_protocol_error(&self, id: WorkerId, message: String) {
+        let _ = self.send(Command::ProtocolError { id, message });
+    }
+
+    /// A Serve stream ended.
+    pub fn worker_ended(&self, id: WorkerId, end: StreamEnd) {
+        let _ = self.send(Command::Ended { id, end });
+    }
+
+    /// Sends a worker no more batches and tells it to drain.
+    pub fn drain_worker(&self, id: WorkerId, reason: String) {
+        let _ = self.send(Command::Drain { id, reason });
+    }
+
+    /// Replaces the tenants' weights in the fair queues (after the tenants file is reloaded);
+    /// a tenant not named gets the default, 1.
+    pub fn set_tenant_weights(&self, weights: std::collections::HashMap<String, u32>) {
+        let _ = self.send(Command::Weights { weights });
+    }
+
+    /// The request path as it stands.
+    pub async fn snapshot(&self) -> ServingSnapshot {
+        let (reply, answer) = oneshot::channel();
+        if self.work.send(Command::Snapshot { reply }).await.is_err() {
+            return ServingSnapshot::default();
+        }
+        answer.await.unwrap_or_default()
+    }
+}
+
+/// Cancels a submitted request unless disarmed (the answer came), saying why: the caller went
+/// away (CANCELLED) or its deadline passed (DEADLINE_EXCEEDED).
+struct CancelOnDrop<'a> {
+    tx: &'a mpsc::UnboundedSender<Command>,
+    ticket: u64,
+    armed: bool,
+    why: Kind,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.tx.send(Command::Cancel {
+                ticket: self.ticket,
+                why: self.why,
+            });
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! The engine and its driver in process: fake workers on the engine's own channels, real
+//! time (short), real tasks. The failure paths: no worker, expired deadline, cancelled caller,
+//! lost workers, full queue, and the credit rule.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use modelshare_proto::v1 as pb;
+use tokio_util::sync::CancellationToken;
+
+use super::engine::{StreamEnd, WorkerOffer, WorkerStream};
+use super::*;
+use modelshare_core::metrics::Metrics;
+
+const MODEL: &str = "enc";
+
+fn engine(config: EngineConfig) -> Engine {
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    Engine::start(config, metrics, CancellationToken::new())
+}
+
+fn quick() -> EngineConfig {
+    let mut c = EngineConfig {
+        no_worker_wait: Duration::from_millis(100),
+        ..EngineConfig::default()
+    };
+    c.limits.max_queue_delay = Duration::ZERO;
+    c
+}
+
+fn text(s: &str) -> pb::Item {
+    pb::Item {
+        input: Some(pb::item::Input::Text(pb::TextInput { text: s.into() })),
+        ..Default::default()
+    }
+}
+
+fn request(tenant: Option<&str>, texts: &[&str], timeout: Duration) -> InferRequest {
+    InferRequest {
+        tenant: tenant.map(str::to_owned),
+        model: MODEL.into(),
+        items: texts.iter().map(|t| text(t)).collect(),
+        deadline: Instant::now() + timeout,
+        max_outstanding: None,
+    }
+}
+
+fn offer(version: u32, credits: u32, max_items: usize) -> WorkerOffer {
+    WorkerOffer {
+        spec: WorkerSpec {
+            model: MODEL.into(),
+            version,
+            credits,
+            max_items,
+            max_bytes: 1 << 20,
+            serves: Serves::Everyone,
+        },
+        serve_id: format!("w{version}"),
+        session_id: "s".into(),
+        tenant: None,
+        accepts_text: true,
+        accepts_tensors: true,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    }
+}
+
+/// The next event sent to a worker (within 2 s).
+async fn next(w: &mut WorkerStream) -> pb::serve_event::Kind {
+    tokio::time::timeout(Duration::from_secs(2), w.events.recv())
+        .await
+        .expect("an event in time")
+        .expect("stream open")
+        .expect("not an error")
+        .kind
+        .expect("kind")
+}
+
+async fn next_batch(w: &mut WorkerStream) -> pb::Batch {
+    match next(w).await {
+        pb::serve_event::Kind::Batch(b) => b,
+        other => panic!("expected a batch, got {other:?}"),
+    }
+}
+
+/// Answers every item of `batch` with its text's length in one byte.
+fn answer(batch: &pb::Batch) -> pb::BatchResult {
+    pb::BatchResult {
+        batch_id: batch.batch_id,
+        results: batch
+            .items
+            .iter()
+            .map(|item| {
+                let len = match &item.input {
+                    Some(pb::item::Input::Text(t)) => t.text.len(),
+                    _ => 0,
+                };
+                pb::ItemResult {
+                    item_id: item.item_id,
+                    outcome: Some(pb::item_result::Outcome::Output(pb::ItemOutput {
+                        tensors: vec![pb::TensorOutput {
+                            name: "len".into(),
+                            data: vec![u8::try_from(len).unwrap_or(0)].into(),
+                            ..Default::default()
+                        }],
+                        parameters: Default::default(),
+                    })),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn lens(r: &InferResponse) -> Vec<u8> {
+    r.outputs.iter().map(|o| o.tensors[0].data[0]).collect()
+}
+
+async fn drained(e: &Engine) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let s = e.snapshot().await;
+        if s.drained && s.outstanding == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not drained: {s:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_request_is_batched_to_a_worker_and_answered_in_item_order() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(3, 1, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(
+                Some("a"),
+                &["x", "yyy", "zz"],
+                Duration::from_secs(5),
+            ))
+            .await
+        }
+    });
+    let batch = next_batch(&mut w).await;
+    assert_eq!(batch.items.len(), 3);
+    assert_eq!(batch.version, 3);
+    assert!(batch.items.iter().all(|i| i.deadline_unix_ms > 0));
+    // Results in any order.
+    let mut result = answer(&batch);
+    result.results.reverse();
+    e.worker_result(w.id, result).await;
+    let r = call.await.expect("task").expect("answered");
+    assert_eq!(lens(&r), vec![1, 3, 2]);
+    assert_eq!((r.version(), r.versions.clone()), (3, vec![3, 3, 3]));
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn with_no_worker_a_request_waits_then_is_unavailable_naming_the_model() {
+    let e = engine(quick());
+    let started = Instant::now();
+    let err = e
+        .infer(request(None, &["x"], Duration::from_secs(5)))
+        .await
+        .expect_err("no worker");
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    assert!(matches!(err, InferError::NoWorker { .. }), "{err:?}");
+    assert_eq!(err.kind(), crate::Kind::Unavailable);
+    assert!(err.to_string().contains("no worker serves model 'enc'"));
+    // A worker that arrives within the wait gets it.
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["abcd"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut w = e.open_worker(offer(1, 1, 8)).expect("open");
+    let batch = next_batch(&mut w).await;
+    e.worker_result(w.id, answer(&batch)).await;
+    assert_eq!(lens(&call.await.expect("task").expect("answered")), vec![4]);
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn an_expired_deadline_is_never_dispatched() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
+    // The worker's one credit is taken by a first request...
+    let first = tokio::spawn({
+        let e = e.clone();
+        async move { e.infer(request(None, &["a"], Duration::from_secs(5))).await }
+    });
+    let b1 = next_batch(&mut w).await;
+    // ...so the second waits in the queue past its deadline.
+    let err = e
+        .infer(request(None, &["b"], Duration::from_millis(50)))
+        .await
+        .expect_err("deadline");
+    assert_eq!(err.kind(), crate::Kind::DeadlineExceeded);
+    e.worker_result(w.id, answer(&b1)).await;
+    first.await.expect("task").expect("first answered");
+    // Nothing more was sent.
+    assert!(w.events.try_recv().is_err());
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_caller_leaves_the_queue_and_its_worker_is_told() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(Some("a"), &["a", "b"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    let batch = next_batch(&mut w).await;
+    call.abort();
+    match next(&mut w).await {
+        pb::serve_event::Kind::Cancel(c) => {
+            let sent: Vec<u64> = batch.items.iter().map(|i| i.item_id).collect();
+            assert_eq!(c.item_ids.len(), 2);
+            assert!(c.item_ids.iter().all(|id| sent.contains(id)));
+        }
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    // The late answer is discarded and returns the credit.
+    e.worker_result(w.id, answer(&batch)).await;
+    drained(&e).await;
+    // The credit came back: the next request is served.
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["xyz"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    let batch = next_batch(&mut w).await;
+    e.worker_result(w.id, answer(&batch)).await;
+    assert_eq!(lens(&call.await.expect("task").expect("answered")), vec![3]);
+}
+
+#[tokio::test]
+async fn a_lost_workers_items_go_to_another_once_then_fail_unavailable() {
+    let e = engine(quick());
+    let mut w1 = e.open_worker(offer(1, 1, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["abc"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    let _ = next_batch(&mut w1).await;
+    e.worker_ended(w1.id, StreamEnd::Lost);
+    let mut w2 = e.open_worker(offer(1, 1, 8)).expect("open");
+    let b = next_batch(&mut w2).await;
+    e.worker_result(w2.id, answer(&b)).await;
+    assert_eq!(lens(&call.await.expect("task").expect("requeued")), vec![3]);
+
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["abc"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    let _ = next_batch(&mut w2).await;
+    e.worker_ended(w2.id, StreamEnd::Lost);
+    let mut w3 = e.open_worker(offer(1, 1, 8)).expect("open");
+    let _ = next_batch(&mut w3).await;
+    e.worker_ended(w3.id, StreamEnd::Lost);
+    let err = call.await.expect("task").expect_err("lost twice");
+    assert_eq!(err.kind(), crate::Kind::Unavailable);
+    assert!(matches!(err, InferError::WorkersLost { .. }));
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn a_worker_never_holds_more_batches_than_its_credits() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 2, 1)).expect("open");
+    let calls: Vec<_> = (0..5)
+        .map(|i| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                e.infer(request(None, &[&"x".repeat(i + 1)], Duration::from_secs(5)))
+                    .await
+            })
+        })
+        .collect();
+    let b1 = next_batch(&mut w).await;
+    let b2 = next_batch(&mut w).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(w.events.try_recv().is_err(), "a third batch without credit");
+    e.worker_result(w.id, answer(&b1)).await;
+    let b3 = next_batch(&mut w).await;
+    for b in [b2, b3] {
+        e.worker_result(w.id, answer(&b)).await;
+    }
+    let b4 = next_batch(&mut w).await;
+    let b5 = next_batch(&mut w).await;
+    for b in [b4, b5] {
+        e.worker_result(w.id, answer(&b)).await;
+    }
+    for c in calls {
+        c.await.expect("task").expect("answered");
+    }
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn a_full_queue_and_a_tenant_over_quota_are_refused_at_once() {
+    let mut config = quick();
+    config.limits.max_queue_items = 3;
+    config.no_worker_wait = Duration::from_secs(5);
+    let e = engine(config);
+    let waiting = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(Some("a"), &["1", "2"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let err = e
+        .infer(request(Some("b"), &["3", "4"], Duration::from_secs(5)))
+        .await
+        .expect_err("full");
+    assert_eq!(err.kind(), crate::Kind::ResourceExhausted);
+    assert!(err.retry_after().is_some());
+    let mut quota = request(Some("a"), &["5"], Duration::from_secs(5));
+    quota.max_outstanding = Some(1);
+    let err = e.infer(quota).await.expect_err("over quota");
+    assert!(err.to_string().contains("tenant 'a'"), "{err}");
+    let snap = e.snapshot().await;
+    assert_eq!(snap.outstanding_for(&Some("a".into())), 1);
+    assert_eq!(snap.model(MODEL).map(|m| m.queued_items), Some(2));
+    waiting.abort();
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn items_go_to_the_newest_version_and_a_worker_error_fails_its_request_only() {
+    let e = engine(quick());
+    let mut old = e.open_worker(offer(1, 4, 8)).expect("open");
+    let mut new = e.open_worker(offer(2, 4, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["a", "b"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    let b = next_batch(&mut new).await;
+    assert_eq!(b.version, 2);
+    let mut result = answer(&b);
+    result.results[1].outcome = Some(pb::item_result::Outcome::Error(pb::ItemError {
+        code: crate::Kind::InvalidArgument.number(),
+        message: "input too long".into(),
+    }));
+    e.worker_result(new.id, result).await;
+    let err = call.await.expect("task").expect_err("item failed");
+    assert_eq!(err.kind(), crate::Kind::InvalidArgument);
+    assert_eq!(err.to_string(), "input 1: input too long");
+    assert!(old.events.try_recv().is_err());
+    drained(&e).await;
+}
+
+#[tokio::test]
+async fn a_result_for_an_unknown_batch_ends_the_stream_with_invalid_argument() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 8)).expect("open");
+    e.worker_result(
+        w.id,
+        pb::BatchResult {
+            batch_id: 999,
+            results: Vec::new(),
+        },
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(2), w.events.recv())
+        .await
+        .expect("in time")
+        .expect("an event")
+        .expect_err("an error");
+    assert_eq!(status.kind, crate::Kind::InvalidArgument);
+    assert!(e.snapshot().await.workers.is_empty());
+}
+
+#[tokio::test]
+async fn a_deadline_that_passes_in_flight_answers_deadline_exceeded_and_cancels() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["slow"], Duration::from_millis(100)))
+                .await
+        }
+    });
+    let batch = next_batch(&mut w).await;
+    let err = call.await.expect("task").expect_err("deadline");
+    assert_eq!(err.kind(), crate::Kind::DeadlineExceeded);
+    assert!(matches!(
+        next(&mut w).await,
+        pb::serve_event::Kind::Cancel(_)
+    ));
+    e.worker_result(w.id, answer(&batch)).await;
+    drained(&e).await;
+}
+
+/// The driver's mailbox of new work is bounded: with the driver not yet running, the requests
+/// past its capacity are refused at once (UNAVAILABLE, with a retry), not queued in memory,
+/// and those let in are served normally once it runs.
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_mailbox_refuses_new_requests_at_once() {
+    let mut config = quick();
+    config.mailbox = 4;
+    let e = engine(config);
+    // Each task offers its request on its first poll; none lets the driver run before all
+    // ten have offered (one thread, tasks run in the order spawned, the driver waiting).
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let e = e.clone();
+            let text = format!("t{i}");
+            tokio::spawn(async move {
+                e.infer(request(None, &[text.as_str()], Duration::from_secs(5)))
+                    .await
+            })
+        })
+        .collect();
+    let mut busy = 0;
+    let mut other = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Err(InferError::Busy) => busy += 1,
+            Err(err) => {
+                // No worker serves the model: the requests let in wait for one, then fail.
+                assert!(matches!(err, InferError::NoWorker { .. }), "{err:?}");
+                other += 1;
+            }
+            Ok(_) => panic!("no worker serves the model"),
+        }
+    }
+    assert_eq!((busy, other), (6, 4), "4 fit the mailbox, 6 are refused");
+    let refused = InferError::Busy;
+    assert_eq!(refused.kind(), crate::Kind::Unavailable);
+    assert!(refused.retry_after().is_some());
+    // Room again once the driver has taken them: the next request is let in.
+    let err = e
+        .infer(request(None, &["again"], Duration::from_secs(5)))
+        .await
+        .expect_err("no worker");
+    assert!(matches!(err, InferError::NoWorker { .. }), "{err:?}");
+}
