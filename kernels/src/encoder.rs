@@ -1036,9 +1036,10 @@ mod tests {
         assert!(row_plan("k", 1, MAX_ROW_LEN + 1, 1).is_err());
     }
 
-    /// Embedding arguments that would read out of bounds reach the device.
+    /// The embedding would take the wrong kernel for its width or alignment, or launch for
+    /// no tokens.
     #[test]
-    fn embed_checks() {
+    fn embed_picks_its_kernel() {
         let ok = |a: &EmbedArgs| plan_embed(WeightDtype::F16, a);
         let plan = ok(&embed(384)).expect("plan").expect("some");
         assert_eq!(plan.kernel, "ms_embed_ln_f16_v");
@@ -1054,6 +1055,23 @@ mod tests {
             .expect("plan"),
             None
         );
+        // Misaligned by 2 bytes: scalar kernel, not an error.
+        assert_eq!(
+            ok(&EmbedArgs {
+                word: D + 2,
+                ..embed(384)
+            })
+            .expect("plan")
+            .expect("some")
+            .kernel,
+            "ms_embed_ln_f16_s"
+        );
+    }
+
+    /// Embedding positions past the position table (with the offset) reach the device.
+    #[test]
+    fn embed_checks_positions() {
+        let ok = |a: &EmbedArgs| plan_embed(WeightDtype::F16, a);
         // Positions: seq_len + offset must fit.
         assert!(
             ok(&EmbedArgs {
@@ -1091,6 +1109,12 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    /// Embedding pointers, sizes or eps that would read out of bounds reach the device.
+    #[test]
+    fn embed_checks_pointers_and_sizes() {
+        let ok = |a: &EmbedArgs| plan_embed(WeightDtype::F16, a);
         // type_ids may be absent; other pointers may not.
         assert!(
             ok(&EmbedArgs {
@@ -1119,17 +1143,6 @@ mod tests {
                 ..embed(384)
             })
             .is_err()
-        );
-        // Misaligned by 2 bytes: scalar kernel, not an error.
-        assert_eq!(
-            ok(&EmbedArgs {
-                word: D + 2,
-                ..embed(384)
-            })
-            .expect("plan")
-            .expect("some")
-            .kernel,
-            "ms_embed_ln_f16_s"
         );
         // Out overlapping an input, bad eps, hidden limits.
         assert!(

@@ -101,6 +101,65 @@ pub fn matmul(
     alpha: f32,
     threads: Threads,
 ) -> Result<(), KernelError> {
+    check_operands(&dst, &lhs, &rhs)?;
+    let (r, c, rs, cs) = (dst.rows, dst.cols, dst.row_stride, dst.col_stride);
+    if dst.rows == 0 || dst.cols == 0 {
+        return Ok(());
+    }
+    if lhs.cols == 0 {
+        // An empty sum: gemm would leave dst unread and unwritten.
+        for i in 0..r {
+            for j in 0..c {
+                dst.data[dst.offset + i * rs + j * cs] = 0.0;
+            }
+        }
+        return Ok(());
+    }
+    let parallelism = match threads {
+        Threads::One => Parallelism::None,
+        Threads::Pool => Parallelism::Rayon(0),
+    };
+    let stride =
+        |s: usize| isize::try_from(s).map_err(|_| KernelError::bad("matmul stride past isize"));
+    let (dst_rs, dst_cs) = (stride(rs)?, stride(cs)?);
+    let (lhs_rs, lhs_cs) = (stride(lhs.row_stride)?, stride(lhs.col_stride)?);
+    let (rhs_rs, rhs_cs) = (stride(rhs.row_stride)?, stride(rhs.col_stride)?);
+    let dst_ptr = dst.data[dst.offset..].as_mut_ptr();
+    let lhs_ptr = lhs.data[lhs.offset..].as_ptr();
+    let rhs_ptr = rhs.data[rhs.offset..].as_ptr();
+    // SAFETY: every element the three views name lies inside its slice, the output's
+    // elements are pairwise distinct (both check_operands), and dst is a unique borrow,
+    // so it overlaps neither input. With read_dst false, gemm writes dst = alpha·lhs·rhs
+    // (its `beta` multiplies the product) and reads nothing of dst; f32 is a type gemm takes.
+    unsafe {
+        gemm::gemm(
+            dst.rows,
+            dst.cols,
+            lhs.cols,
+            dst_ptr,
+            dst_cs,
+            dst_rs,
+            false,
+            lhs_ptr,
+            lhs_cs,
+            lhs_rs,
+            rhs_ptr,
+            rhs_cs,
+            rhs_rs,
+            0.0,
+            alpha,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+    Ok(())
+}
+
+/// The operands of [`matmul`]: shapes that chain, every element of each view inside its
+/// slice, and an output whose elements are pairwise distinct.
+fn check_operands(dst: &MatMut<'_>, lhs: &MatRef<'_>, rhs: &MatRef<'_>) -> Result<(), KernelError> {
     if lhs.rows != dst.rows || rhs.cols != dst.cols || lhs.cols != rhs.rows {
         return Err(KernelError::bad(format!(
             "matmul of [{}, {}] by [{}, {}] into [{}, {}]: the shapes do not chain",
@@ -142,57 +201,6 @@ pub fn matmul(
         return Err(KernelError::bad(format!(
             "matmul output [{r}, {c}] with strides ({rs}, {cs}) writes some elements twice"
         )));
-    }
-    if dst.rows == 0 || dst.cols == 0 {
-        return Ok(());
-    }
-    if lhs.cols == 0 {
-        // An empty sum: gemm would leave dst unread and unwritten.
-        for i in 0..r {
-            for j in 0..c {
-                dst.data[dst.offset + i * rs + j * cs] = 0.0;
-            }
-        }
-        return Ok(());
-    }
-    let parallelism = match threads {
-        Threads::One => Parallelism::None,
-        Threads::Pool => Parallelism::Rayon(0),
-    };
-    let stride =
-        |s: usize| isize::try_from(s).map_err(|_| KernelError::bad("matmul stride past isize"));
-    let (dst_rs, dst_cs) = (stride(rs)?, stride(cs)?);
-    let (lhs_rs, lhs_cs) = (stride(lhs.row_stride)?, stride(lhs.col_stride)?);
-    let (rhs_rs, rhs_cs) = (stride(rhs.row_stride)?, stride(rhs.col_stride)?);
-    let dst_ptr = dst.data[dst.offset..].as_mut_ptr();
-    let lhs_ptr = lhs.data[lhs.offset..].as_ptr();
-    let rhs_ptr = rhs.data[rhs.offset..].as_ptr();
-    // SAFETY: every element the three views name lies inside its slice (check_view), the
-    // output's elements are pairwise distinct (checked above), and dst is a unique borrow,
-    // so it overlaps neither input. With read_dst false, gemm writes dst = alpha·lhs·rhs
-    // (its `beta` multiplies the product) and reads nothing of dst; f32 is a type gemm takes.
-    unsafe {
-        gemm::gemm(
-            dst.rows,
-            dst.cols,
-            lhs.cols,
-            dst_ptr,
-            dst_cs,
-            dst_rs,
-            false,
-            lhs_ptr,
-            lhs_cs,
-            lhs_rs,
-            rhs_ptr,
-            rhs_cs,
-            rhs_rs,
-            0.0,
-            alpha,
-            false,
-            false,
-            false,
-            parallelism,
-        );
     }
     Ok(())
 }

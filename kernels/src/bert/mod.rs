@@ -116,6 +116,37 @@ struct Buffers {
     pooled: Buffer<f32>,
 }
 
+/// One call's group as launched: `b` sequences padded to `s` tokens, `t = b·s` in all.
+///
+/// Made only by [`CudaBert::pack`], which checks it against the limits, and the safety of
+/// every launch of a pass rests on that: the pointers are the encoder's own buffers, sized
+/// in [`CudaBert::new`] for its limits (`b ≤ max_sequences`, `s ≤ max_seq_len` padded, and
+/// `t` within the `max_tokens + 8·max_sequences` tokens the buffers hold), or weights whose
+/// ranges `new` checked inside the arena that `_arena` keeps alive; all work is on the
+/// encoder's stream, in order, and nothing else touches the buffers; the arena's weights
+/// are only read.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    /// Sequences.
+    b: usize,
+    /// The padded length of each.
+    s: usize,
+    /// Tokens, `b·s`.
+    t: usize,
+}
+
+/// A group's inputs laid out as the kernels read them.
+#[derive(Debug)]
+struct Packed {
+    group: Group,
+    /// `[b, s]` token ids, 0 past each sequence's end.
+    ids: Vec<i32>,
+    /// `[b, s]` token types, likewise.
+    types: Vec<i32>,
+    /// Each sequence's length.
+    lengths: Vec<i32>,
+}
+
 /// A BERT encoder on the GPU holding an arena.
 #[derive(Debug)]
 pub struct CudaBert {
@@ -216,13 +247,29 @@ impl CudaBert {
     /// the limits (sequences of 1 to `max_seq_len` tokens; their count times the longest at
     /// most `max_tokens`), ids inside the vocabularies. Blocks until the result is on the host.
     pub fn encode(&mut self, seqs: &[Tokens<'_>]) -> Result<Vec<f32>, KernelError> {
+        let Some(packed) = self.pack(seqs)? else {
+            return Ok(Vec::new());
+        };
+        let g = packed.group;
+        self.upload(&packed)?;
+        self.embed(g)?;
+        for layer in &self.weights.layers {
+            self.project_heads(layer, g)?;
+            self.attend(g)?;
+            self.attention_output(layer, g)?;
+            self.feed_forward(layer, g)?;
+        }
+        self.pool(g)
+    }
+
+    /// Checks `seqs` against the limits and the vocabularies, and lays out their ids, types
+    /// and lengths as the kernels read them (`None` for no sequences).
+    fn pack(&self, seqs: &[Tokens<'_>]) -> Result<Option<Packed>, KernelError> {
         let d = self.dims;
-        let (h, heads) = (d.hidden, d.heads);
-        let head_dim = h / heads;
         let b = seqs.len();
         let longest = seqs.iter().map(|q| q.ids.len()).max().unwrap_or(0);
         if b == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let l = self.limits;
         if b > l.max_sequences
@@ -258,30 +305,34 @@ impl CudaBert {
             }
             lengths.push(q.ids.len() as i32);
         }
+        Ok(Some(Packed {
+            group: Group { b, s, t },
+            ids,
+            types,
+            lengths,
+        }))
+    }
+
+    /// Copies a group's ids, types and lengths into their device buffers.
+    fn upload(&mut self, p: &Packed) -> Result<(), KernelError> {
+        let Group { b, t, .. } = p.group;
         let st = self.stream.clone();
         let bu = &mut self.buffers;
-        st.memcpy_htod(&ids, &mut bu.ids.slice.slice_mut(..t))?;
-        st.memcpy_htod(&types, &mut bu.type_ids.slice.slice_mut(..t))?;
-        st.memcpy_htod(&lengths, &mut bu.lengths.slice.slice_mut(..b))?;
-        let (bu, w, dtype, cache, blas) = (
-            &self.buffers,
-            &self.weights,
-            self.dtype,
-            &self.cache,
-            &self.blas,
-        );
-        let e = &w.embeddings;
-        // Every launch below ("as above"): the pointers are this encoder's buffers, sized in
-        // `new` for `limits` (and t ≤ max_tokens, b ≤ max_sequences, s ≤ max_seq_len were
-        // checked above), or weights whose ranges `new` checked inside the arena that
-        // `_arena` keeps alive; all work is on `st`, in order, and nothing else touches the
-        // buffers; the arena's weights are only read.
-        // SAFETY: as said just above.
+        st.memcpy_htod(&p.ids, &mut bu.ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&p.types, &mut bu.type_ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&p.lengths, &mut bu.lengths.slice.slice_mut(..b))?;
+        Ok(())
+    }
+
+    /// The embedding layer: `x = LayerNorm(word[id] + position + token_type[type])`.
+    fn embed(&self, g: Group) -> Result<(), KernelError> {
+        let (d, bu, e) = (self.dims, &self.buffers, &self.weights.embeddings);
+        // SAFETY: as said on `Group`.
         unsafe {
             encoder::embed_layer_norm(
-                cache,
-                &st,
-                dtype,
+                &self.cache,
+                &self.stream,
+                self.dtype,
                 &EmbedArgs {
                     out: bu.x.ptr,
                     ids: bu.ids.ptr,
@@ -296,140 +347,199 @@ impl CudaBert {
                     token_type: e.token_type.unwrap_or(e.word),
                     gamma: e.norm.gamma,
                     beta: e.norm.beta,
-                    tokens: t,
-                    seq_len: s,
-                    hidden: h,
+                    tokens: g.t,
+                    seq_len: g.s,
+                    hidden: d.hidden,
                     vocab: d.vocab,
                     positions: d.max_positions,
                     type_vocab: d.type_vocab,
                     position_offset: d.position_offset,
                     eps: d.eps,
                 },
-            )?;
+            )
         }
-        for layer in &w.layers {
-            let linear = |x: u64, lin: &Linear<u64>, y: u64, inp: usize, out: usize| {
-                // SAFETY: as above.
-                unsafe { blas.linear(dtype, x, lin.weight, y, t, inp, out) }
+    }
+
+    /// A layer's query, key and value projections of `x` (into q, k, v), then the heads
+    /// split apart with their biases, q scaled by 1/√d (into qh, kh, vh).
+    fn project_heads(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
+        let (h, heads) = (self.dims.hidden, self.dims.heads);
+        let head_dim = h / heads;
+        let bu = &self.buffers;
+        self.linear(bu.x.ptr, &layer.query, bu.q.ptr, g, h, h)?;
+        self.linear(bu.x.ptr, &layer.key, bu.k.ptr, g, h, h)?;
+        self.linear(bu.x.ptr, &layer.value, bu.v.ptr, g, h, h)?;
+        let heads_args = HeadsArgs {
+            q: bu.q.ptr,
+            k: bu.k.ptr,
+            v: bu.v.ptr,
+            q_bias: layer.query.bias,
+            k_bias: layer.key.bias,
+            v_bias: layer.value.bias,
+            q_out: bu.qh.ptr,
+            k_out: bu.kh.ptr,
+            v_out: bu.vh.ptr,
+            batch: g.b,
+            seq: g.s,
+            heads,
+            head_dim,
+            q_scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        // SAFETY: as said on `Group`.
+        unsafe { encoder::split_heads(&self.cache, &self.stream, self.dtype, &heads_args) }
+    }
+
+    /// Attention over the split heads: the scores `qh·khᵀ` as one strided-batched product, a
+    /// masked softmax, and the context `scores·vh`, in sub-batches of sequences whose scores
+    /// fit the scores buffer. The context goes into qh (free once the scores are made).
+    fn attend(&self, g: Group) -> Result<(), KernelError> {
+        let Group { b, s, .. } = g;
+        let (bu, blas, dtype) = (&self.buffers, &self.blas, self.dtype);
+        let heads = self.dims.heads;
+        let head_dim = self.dims.hidden / heads;
+        let per_seq = heads * s * s;
+        let chunk = (self.scores_elems / per_seq).clamp(1, b);
+        let es = dtype.size_bytes() as u64;
+        for b0 in (0..b).step_by(chunk) {
+            let nb = chunk.min(b - b0);
+            let at = |base: u64, per: usize| base + (b0 * per) as u64 * es;
+            let scores = BatchedMatmul {
+                a: at(bu.qh.ptr, heads * s * head_dim),
+                b: at(bu.kh.ptr, heads * s * head_dim),
+                c: bu.scores.ptr,
+                m: s,
+                n: s,
+                k: head_dim,
+                batch: nb * heads,
+                stride_a: s * head_dim,
+                stride_b: s * head_dim,
+                stride_c: s * s,
+                b_transposed: true,
+                alpha: 1.0,
             };
-            linear(bu.x.ptr, &layer.query, bu.q.ptr, h, h)?;
-            linear(bu.x.ptr, &layer.key, bu.k.ptr, h, h)?;
-            linear(bu.x.ptr, &layer.value, bu.v.ptr, h, h)?;
-            let heads_args = HeadsArgs {
-                q: bu.q.ptr,
-                k: bu.k.ptr,
-                v: bu.v.ptr,
-                q_bias: layer.query.bias,
-                k_bias: layer.key.bias,
-                v_bias: layer.value.bias,
-                q_out: bu.qh.ptr,
-                k_out: bu.kh.ptr,
-                v_out: bu.vh.ptr,
-                batch: b,
-                seq: s,
-                heads,
-                head_dim,
-                q_scale: 1.0 / (head_dim as f32).sqrt(),
+            let context = BatchedMatmul {
+                a: bu.scores.ptr,
+                b: at(bu.vh.ptr, heads * s * head_dim),
+                c: at(bu.qh.ptr, heads * s * head_dim),
+                m: s,
+                n: head_dim,
+                k: s,
+                batch: nb * heads,
+                stride_a: s * s,
+                stride_b: s * head_dim,
+                stride_c: s * head_dim,
+                b_transposed: false,
+                alpha: 1.0,
             };
-            // SAFETY: as above.
-            unsafe { encoder::split_heads(cache, &st, dtype, &heads_args)? };
-            // The context goes into qh (free once the scores are made), then merged into q.
-            let per_seq = heads * s * s;
-            let chunk = (self.scores_elems / per_seq).clamp(1, b);
-            let es = dtype.size_bytes() as u64;
-            for b0 in (0..b).step_by(chunk) {
-                let nb = chunk.min(b - b0);
-                let at = |base: u64, per: usize| base + (b0 * per) as u64 * es;
-                let scores = BatchedMatmul {
-                    a: at(bu.qh.ptr, heads * s * head_dim),
-                    b: at(bu.kh.ptr, heads * s * head_dim),
-                    c: bu.scores.ptr,
-                    m: s,
-                    n: s,
-                    k: head_dim,
-                    batch: nb * heads,
-                    stride_a: s * head_dim,
-                    stride_b: s * head_dim,
-                    stride_c: s * s,
-                    b_transposed: true,
-                    alpha: 1.0,
-                };
-                let context = BatchedMatmul {
-                    a: bu.scores.ptr,
-                    b: at(bu.vh.ptr, heads * s * head_dim),
-                    c: at(bu.qh.ptr, heads * s * head_dim),
-                    m: s,
-                    n: head_dim,
-                    k: s,
-                    batch: nb * heads,
-                    stride_a: s * s,
-                    stride_b: s * head_dim,
-                    stride_c: s * head_dim,
-                    b_transposed: false,
-                    alpha: 1.0,
-                };
-                let lengths = bu.lengths.ptr + (b0 * 4) as u64;
-                // SAFETY: as above; the sub-batch [b0, b0 + nb) lies inside the group's
-                // heads, and its scores (nb·heads·s² ≤ scores_elems) inside `scores`.
-                unsafe {
-                    blas.batched_matmul(dtype, &scores)?;
-                    encoder::masked_softmax(
-                        cache,
-                        &st,
-                        dtype,
-                        bu.scores.ptr,
-                        lengths,
-                        nb,
-                        heads,
-                        s,
-                    )?;
-                    blas.batched_matmul(dtype, &context)?;
-                }
-            }
-            // SAFETY: as above.
+            let lengths = bu.lengths.ptr + (b0 * 4) as u64;
+            // SAFETY: as said on `Group`; the sub-batch [b0, b0 + nb) lies inside the
+            // group's heads, and its scores (nb·heads·s² ≤ scores_elems) inside `scores`.
             unsafe {
-                encoder::merge_heads(
-                    cache, &st, dtype, bu.qh.ptr, bu.q.ptr, b, heads, s, head_dim,
-                )?
-            };
-            linear(bu.q.ptr, &layer.attn_out, bu.k.ptr, h, h)?;
-            self.add_norm(bu.k.ptr, layer.attn_out.bias, &layer.attn_norm, t)?;
-            linear(bu.x.ptr, &layer.up, bu.up.ptr, h, d.intermediate)?;
-            // SAFETY: as above.
-            unsafe {
-                encoder::bias_gelu(
-                    cache,
-                    &st,
+                blas.batched_matmul(dtype, &scores)?;
+                encoder::masked_softmax(
+                    &self.cache,
+                    &self.stream,
                     dtype,
-                    bu.up.ptr,
-                    layer.up.bias,
-                    t,
-                    d.intermediate,
-                )?
-            };
-            linear(bu.up.ptr, &layer.down, bu.k.ptr, d.intermediate, h)?;
-            self.add_norm(bu.k.ptr, layer.down.bias, &layer.out_norm, t)?;
+                    bu.scores.ptr,
+                    lengths,
+                    nb,
+                    heads,
+                    s,
+                )?;
+                blas.batched_matmul(dtype, &context)?;
+            }
         }
-        // SAFETY: as above; `pooled` holds max_sequences·hidden f32.
+        Ok(())
+    }
+
+    /// The heads' context merged back (qh into q), the output projection (into k), then
+    /// bias, residual and LayerNorm fused into `x`.
+    fn attention_output(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
+        let (h, heads) = (self.dims.hidden, self.dims.heads);
+        let bu = &self.buffers;
+        // SAFETY: as said on `Group`.
+        unsafe {
+            encoder::merge_heads(
+                &self.cache,
+                &self.stream,
+                self.dtype,
+                bu.qh.ptr,
+                bu.q.ptr,
+                g.b,
+                heads,
+                g.s,
+                h / heads,
+            )?
+        };
+        self.linear(bu.q.ptr, &layer.attn_out, bu.k.ptr, g, h, h)?;
+        self.add_norm(bu.k.ptr, layer.attn_out.bias, &layer.attn_norm, g.t)
+    }
+
+    /// The feed-forward: up (into `up`), bias and exact GELU fused, down (into k), then bias,
+    /// residual and LayerNorm fused into `x`.
+    fn feed_forward(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
+        let (h, inter) = (self.dims.hidden, self.dims.intermediate);
+        let bu = &self.buffers;
+        self.linear(bu.x.ptr, &layer.up, bu.up.ptr, g, h, inter)?;
+        // SAFETY: as said on `Group`.
+        unsafe {
+            encoder::bias_gelu(
+                &self.cache,
+                &self.stream,
+                self.dtype,
+                bu.up.ptr,
+                layer.up.bias,
+                g.t,
+                inter,
+            )?
+        };
+        self.linear(bu.up.ptr, &layer.down, bu.k.ptr, g, inter, h)?;
+        self.add_norm(bu.k.ptr, layer.down.bias, &layer.out_norm, g.t)
+    }
+
+    /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then one copy down;
+    /// waits for it.
+    fn pool(&self, g: Group) -> Result<Vec<f32>, KernelError> {
+        let (d, bu) = (self.dims, &self.buffers);
+        let h = d.hidden;
+        // SAFETY: as said on `Group`; `pooled` holds max_sequences·hidden f32.
         unsafe {
             encoder::pool(
-                cache,
-                &st,
-                dtype,
+                &self.cache,
+                &self.stream,
+                self.dtype,
                 bu.x.ptr,
                 bu.lengths.ptr,
                 bu.pooled.ptr,
-                b,
-                s,
+                g.b,
+                g.s,
                 h,
                 d.pooling,
                 d.normalize,
             )?;
         }
-        let mut out = vec![0.0f32; b * h];
-        st.memcpy_dtoh(&self.buffers.pooled.slice.slice(..b * h), &mut out)?;
-        st.synchronize()?;
+        let mut out = vec![0.0f32; g.b * h];
+        self.stream
+            .memcpy_dtoh(&bu.pooled.slice.slice(..g.b * h), &mut out)?;
+        self.stream.synchronize()?;
         Ok(out)
+    }
+
+    /// `y = x·Wᵀ` over the group's tokens (the bias is fused into what follows).
+    fn linear(
+        &self,
+        x: u64,
+        lin: &Linear<u64>,
+        y: u64,
+        g: Group,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), KernelError> {
+        // SAFETY: as said on `Group`.
+        unsafe {
+            self.blas
+                .linear(self.dtype, x, lin.weight, y, g.t, inp, out)
+        }
     }
 
     /// `x = LayerNorm(y + bias + x)` over `rows` tokens, in place on the hidden states.
@@ -452,7 +562,7 @@ impl CudaBert {
             cols: self.dims.hidden,
             eps: self.dims.eps,
         };
-        // SAFETY: as in `encode`: own buffers of rows ≤ max_tokens, checked weights.
+        // SAFETY: as said on `Group` (`rows` is a group's `t`).
         unsafe { encoder::bias_residual_layer_norm(&self.cache, &self.stream, self.dtype, &args) }
     }
 }

@@ -74,6 +74,19 @@ impl Encoder for CudaEncoder {
         self.bert.limits().max_sequences
     }
 
+    /// No. The activation buffers are rewritten by every call before they are read (so stale
+    /// values alone would not matter), but a panic means a size or pointer computation of the
+    /// forward pass broke an invariant the safe layer relies on, and the launches already
+    /// made in the abandoned pass are on the stream with arguments from that same
+    /// computation: one may have written outside its buffer, into another allocation of this
+    /// context or into the shared arena that other workers read, or left a sticky context
+    /// error; cuBLAS or cudarc may also have been mid-call. None of this can be checked from
+    /// here, so the worker answers the batch with the error and exits (its supervisor starts
+    /// a fresh process: a new context, stream, cuBLAS handle and buffers).
+    fn survives_panic(&self) -> bool {
+        false
+    }
+
     fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
         let tokens: Vec<Tokens<'_>> = seqs
             .iter()

@@ -1,5 +1,6 @@
 //! What a backend does: turn tokenized sequences into sentence vectors. The engine thread
-//! owns one [`Encoder`] and calls it with sequences sorted and grouped to fit its limits.
+//! owns one [`Encoder`] and calls it with sequences sorted and grouped to fit its limits,
+//! catching a panic inside a call (see [`Encoder::survives_panic`]).
 
 use modelshare_kernels::KernelError;
 
@@ -17,6 +18,14 @@ pub enum EncodeError {
     /// The weights could not be read (the arena's view).
     #[error("weights: {0}")]
     Weights(String),
+    /// The encoder panicked on this group (the panic's message): a bug, caught on the
+    /// compute thread so that only the batch in flight fails.
+    #[error("the encoder panicked: {0}")]
+    Panicked(String),
+    /// The compute thread no longer takes work: the worker is stopping (after a panic its
+    /// encoder cannot survive, or at shutdown). Another worker may take the batch.
+    #[error("the encoder has stopped: {0}")]
+    Stopped(String),
 }
 
 /// A forward pass of the encoder and its pooling.
@@ -33,6 +42,12 @@ pub trait Encoder: Send {
     /// Whether a call pads its sequences to the longest (so groups should be of like
     /// lengths).
     fn pads(&self) -> bool;
+
+    /// Whether the encoder may be called again after a call of it panicked. `false` when a
+    /// panic may leave state the encoder cannot check (a device stream with launches of the
+    /// abandoned pass): the compute thread then stops, and the worker exits once it has
+    /// answered what it holds.
+    fn survives_panic(&self) -> bool;
 
     /// The sentence vectors of `seqs`, row-major `[seqs.len(), hidden]`. The caller keeps
     /// within [`max_tokens`](Encoder::max_tokens) and [`max_sequences`](Encoder::max_sequences)

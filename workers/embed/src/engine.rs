@@ -5,13 +5,23 @@
 //! and answers in the caller's order. Between groups it looks at each sequence's cancellation
 //! (the server cancelled its item: the caller went away or its deadline passed): a cancelled
 //! sequence is not encoded, and a group left with none is skipped.
+//!
+//! A panic inside an encode call is caught there and fails the batch in flight
+//! ([`EncodeError::Panicked`], logged at error level). An encoder that
+//! [survives a panic](Encoder::survives_panic) takes the next batch; one that does not is
+//! never called again: the thread answers what is queued with [`EncodeError::Stopped`],
+//! calls the engine's `on_fatal` with the reason (the worker then stops serving and exits),
+//! and ends. Dropping the [`Engine`] closes its channel and joins the thread, once it has
+//! finished the batch at hand; the encoder is dropped on the thread that made it.
 
+use std::any::Any;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc;
-use std::thread;
+use std::thread::{self, JoinHandle};
 
 use modelshare_worker::CancellationToken;
 use tokio::sync::oneshot;
-use tracing::error;
+use tracing::{debug, error};
 
 use crate::encoder::{EncodeError, Encoder};
 use crate::tokenize::Sequence;
@@ -32,58 +42,70 @@ pub struct Encoded {
     pub cancelled: Vec<bool>,
 }
 
-/// A handle on the compute thread; the thread ends when the last handle is dropped.
-#[derive(Debug, Clone)]
+/// Called once, on the compute thread, when it stops taking work because its encoder
+/// panicked and does not [survive it](Encoder::survives_panic) (or the thread's own loop
+/// panicked); given the reason.
+pub type OnFatal = Box<dyn FnOnce(String) + Send>;
+
+/// How the compute thread ended, checked when it is joined: `Err` with the reason when it
+/// stopped after a panic.
+type ThreadEnd = Result<(), String>;
+
+/// The handle on the compute thread. Dropping it ends the thread: its channel closes, the
+/// thread finishes the job at hand (and those queued whose callers still wait), drops the
+/// encoder and is joined.
+#[derive(Debug)]
 pub struct Engine {
-    jobs: mpsc::Sender<Job>,
+    /// `None` only while dropping.
+    jobs: Option<mpsc::Sender<Job>>,
+    /// `None` only while dropping.
+    thread: Option<JoinHandle<ThreadEnd>>,
     hidden: usize,
 }
 
 impl Engine {
     /// Starts the thread and builds the encoder on it with `make` (a CUDA encoder binds its
-    /// context to the thread that makes it). Returns once it is built, or its error.
-    pub fn start<F>(name: &str, make: F) -> Result<Self, EncodeError>
+    /// context to the thread that makes it). Returns once it is built, or its error (the
+    /// thread joined).
+    pub fn start<F>(name: &str, make: F, on_fatal: OnFatal) -> Result<Self, EncodeError>
     where
         F: FnOnce() -> Result<Box<dyn Encoder>, EncodeError> + Send + 'static,
     {
         let (jobs, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel();
-        thread::Builder::new()
+        let thread = thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || {
-                let mut encoder = match make() {
-                    Ok(e) => {
-                        let _ = ready_tx.send(Ok(e.hidden()));
-                        e
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                while let Ok(job) = rx.recv() {
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run(encoder.as_mut(), &job.seqs, &job.cancels)
-                    }));
-                    match result {
-                        Ok(r) => {
-                            let _ = job.reply.send(r);
-                        }
-                        Err(_) => {
-                            // The encoder's state is unknown now: a worker that stayed up
-                            // would fail every request. Exit, so that a supervisor restarts it.
-                            error!("the compute thread panicked; exiting");
-                            eprintln!("error: the compute thread panicked; exiting");
-                            std::process::exit(70);
-                        }
-                    }
+            .spawn(move || match make() {
+                Ok(encoder) => {
+                    let _ = ready_tx.send(Ok(encoder.hidden()));
+                    drop(ready_tx);
+                    serve(encoder, rx, on_fatal)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    Ok(())
                 }
             })
             .map_err(|e| EncodeError::Device(format!("cannot start the compute thread: {e}")))?;
-        let hidden = ready_rx
-            .recv()
-            .map_err(|_| EncodeError::Device("the compute thread ended while starting".into()))??;
-        Ok(Self { jobs, hidden })
+        let mut engine = Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            hidden: 0,
+        };
+        match ready_rx.recv() {
+            Ok(Ok(hidden)) => {
+                engine.hidden = hidden;
+                Ok(engine)
+            }
+            Ok(Err(e)) => Err(e),
+            // `make` panicked: the thread has ended; its panic is logged when it is joined.
+            Err(_) => {
+                let reason = engine.join().err().unwrap_or_else(|| "it ended".to_owned());
+                Err(EncodeError::Device(format!(
+                    "the compute thread failed while starting: {reason}"
+                )))
+            }
+        }
     }
 
     /// Length of a sentence vector.
@@ -98,19 +120,126 @@ impl Engine {
         seqs: Vec<Sequence>,
         cancels: Vec<CancellationToken>,
     ) -> Result<Encoded, EncodeError> {
+        let ended = || EncodeError::Stopped("the compute thread has ended".into());
         let (reply, answer) = oneshot::channel();
         self.jobs
+            .as_ref()
+            .ok_or_else(ended)?
             .send(Job {
                 seqs,
                 cancels,
                 reply,
             })
-            .map_err(|_| EncodeError::Device("the compute thread has ended".into()))?;
-        answer.await.unwrap_or_else(|_| {
-            error!("the compute thread dropped a job");
-            Err(EncodeError::Device("the compute thread has ended".into()))
-        })
+            .map_err(|_| ended())?;
+        // The thread drops a job unanswered only as it ends (after a panic).
+        answer.await.unwrap_or_else(|_| Err(ended()))
     }
+
+    /// Closes the channel and joins the thread, logging how it ended; `Err` with a panic's
+    /// message if it panicked outside the loop's own catch (in `make`, or dropping the
+    /// encoder). This blocks (on the runtime, where the handler is dropped) for the job at
+    /// hand at most: the serve loop has answered every batch before it drops the handler,
+    /// and jobs whose callers went away are skipped.
+    fn join(&mut self) -> Result<(), String> {
+        drop(self.jobs.take());
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        match thread.join() {
+            Ok(Ok(())) => {
+                debug!("the compute thread has ended");
+                Ok(())
+            }
+            // Logged at error level when it happened.
+            Ok(Err(reason)) => {
+                debug!(%reason, "the compute thread had stopped");
+                Ok(())
+            }
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                error!(panic = %message, "the compute thread panicked");
+                Err(message)
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
+}
+
+/// The compute thread's life once its encoder is built: runs jobs until every handle is
+/// gone (`Ok`), or until a panic the encoder does not survive (or one of the loop itself).
+/// Then it answers the jobs queued, refuses later ones, calls `on_fatal`, and drops the
+/// encoder last (after a panic, even its drop might misbehave).
+fn serve(mut encoder: Box<dyn Encoder>, jobs: mpsc::Receiver<Job>, on_fatal: OnFatal) -> ThreadEnd {
+    let ended = panic::catch_unwind(AssertUnwindSafe(|| take_jobs(encoder.as_mut(), &jobs)))
+        .unwrap_or_else(|payload| {
+            let message = panic_message(payload.as_ref());
+            error!(panic = %message, "the compute thread's loop panicked");
+            Err(format!("the compute thread panicked: {message}"))
+        });
+    if let Err(reason) = &ended {
+        for job in jobs.try_iter() {
+            let _ = job.reply.send(Err(EncodeError::Stopped(reason.clone())));
+        }
+        drop(jobs);
+        on_fatal(reason.clone());
+    }
+    drop(encoder);
+    ended
+}
+
+/// Runs jobs in turn until the channel closes (`Ok`) or the encoder panicked and does not
+/// survive it (`Err`, the reason). A job whose caller has gone (its handler call aborted) is
+/// skipped.
+fn take_jobs(encoder: &mut dyn Encoder, jobs: &mpsc::Receiver<Job>) -> ThreadEnd {
+    while let Ok(job) = jobs.recv() {
+        if job.reply.is_closed() {
+            continue;
+        }
+        let result = run(encoder, &job.seqs, &job.cancels);
+        let fatal = match &result {
+            Err(EncodeError::Panicked(message)) => {
+                let survives = encoder.survives_panic();
+                error!(
+                    panic = %message,
+                    sequences = job.seqs.len(),
+                    survives,
+                    "the encoder panicked; its batch fails"
+                );
+                (!survives).then(|| format!("the encoder panicked: {message}"))
+            }
+            _ => None,
+        };
+        let _ = job.reply.send(result);
+        if let Some(reason) = fatal {
+            return Err(reason);
+        }
+    }
+    Ok(())
+}
+
+/// The message of a panic's payload (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+/// `encoder.encode(seqs)`, a panic inside it caught and returned as
+/// [`EncodeError::Panicked`].
+fn encode_caught(encoder: &mut dyn Encoder, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
+    // AssertUnwindSafe: after a panic the encoder is called again only if it says it
+    // survives one (`take_jobs`).
+    panic::catch_unwind(AssertUnwindSafe(|| encoder.encode(seqs)))
+        .unwrap_or_else(|payload| Err(EncodeError::Panicked(panic_message(payload.as_ref()))))
 }
 
 /// Runs one job: groups by length, encodes each group's members not cancelled by then, puts
@@ -143,7 +272,7 @@ fn run(
             continue;
         }
         let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
-        let vectors = encoder.encode(&members)?;
+        let vectors = encode_caught(encoder, &members)?;
         if vectors.len() != group.len() * hidden {
             return Err(EncodeError::Device(format!(
                 "the encoder returned {} values for {} sequences of {hidden}",
@@ -199,6 +328,9 @@ pub fn plan(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
     use super::*;
 
     /// Records the groups it is given; each vector is the sequence's length.
@@ -219,6 +351,9 @@ mod tests {
         }
         fn pads(&self) -> bool {
             false
+        }
+        fn survives_panic(&self) -> bool {
+            true
         }
         fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
             self.calls.lock().expect("calls").push(seqs.len());
@@ -271,6 +406,178 @@ mod tests {
         let got = run(&mut enc, &seqs, &tokens).expect("run");
         assert_eq!(got.cancelled, vec![false; 4]);
         assert_eq!(got.vectors, vec![6.0, 5.0, 4.0, 3.0]);
+    }
+
+    /// The token id on which [`Panicky`] panics.
+    const PANIC_ID: u32 = 666;
+
+    /// Each vector is `[length, first id]`; panics (as an out-of-bounds index would) on a
+    /// sequence starting with [`PANIC_ID`], after `gate` lets it (when there is one). Records
+    /// the thread it is dropped on.
+    struct Panicky {
+        survives: bool,
+        gate: Option<mpsc::Receiver<()>>,
+        dropped_on: Arc<Mutex<Option<String>>>,
+    }
+
+    impl Encoder for Panicky {
+        fn hidden(&self) -> usize {
+            2
+        }
+        fn max_tokens(&self) -> usize {
+            1 << 20
+        }
+        fn max_sequences(&self) -> usize {
+            64
+        }
+        fn pads(&self) -> bool {
+            false
+        }
+        fn survives_panic(&self) -> bool {
+            self.survives
+        }
+        fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
+            if seqs.iter().any(|s| s.ids[0] == PANIC_ID) {
+                if let Some(gate) = &self.gate {
+                    let _ = gate.recv();
+                }
+                let table = [0.0f32; 3];
+                let at = seqs.len() + 6;
+                let _ = table[at];
+            }
+            Ok(seqs
+                .iter()
+                .flat_map(|s| [s.len() as f32, s.ids[0] as f32])
+                .collect())
+        }
+    }
+
+    impl Drop for Panicky {
+        fn drop(&mut self) {
+            // Slow enough that an engine that did not wait for its thread would be seen
+            // returning before this ran.
+            thread::sleep(Duration::from_millis(50));
+            *self.dropped_on.lock().expect("lock") = thread::current().name().map(String::from);
+        }
+    }
+
+    fn seq(first: u32, len: usize) -> Sequence {
+        let mut ids = vec![first];
+        ids.resize(len, 7);
+        Sequence {
+            ids,
+            type_ids: vec![0; len],
+        }
+    }
+
+    /// An engine over a [`Panicky`] on the thread `test-compute`; `on_fatal`'s reasons come
+    /// on the receiver.
+    fn panicky_engine(
+        survives: bool,
+        gate: Option<mpsc::Receiver<()>>,
+    ) -> (Engine, Arc<Mutex<Option<String>>>, mpsc::Receiver<String>) {
+        let dropped_on = Arc::new(Mutex::new(None));
+        let (fatal_tx, fatal_rx) = mpsc::channel();
+        let encoder = Panicky {
+            survives,
+            gate,
+            dropped_on: dropped_on.clone(),
+        };
+        let engine = Engine::start(
+            "test-compute",
+            move || Ok(Box::new(encoder) as Box<dyn Encoder>),
+            Box::new(move |reason| {
+                let _ = fatal_tx.send(reason);
+            }),
+        )
+        .expect("starts");
+        (engine, dropped_on, fatal_rx)
+    }
+
+    /// A panic in an encoder (a CPU backend's out-of-bounds index) exited the whole worker
+    /// with code 70 and the compute thread was never joined: now the batch in flight fails
+    /// with the panic's message, the next batch is served, and dropping the engine returns
+    /// only after the encoder was dropped on its own thread.
+    #[tokio::test]
+    async fn a_panic_fails_its_batch_and_the_next_is_served() {
+        let (engine, dropped_on, fatal) = panicky_engine(true, None);
+        let err = engine
+            .encode(vec![seq(5, 3), seq(PANIC_ID, 2)], Vec::new())
+            .await
+            .expect_err("the batch fails");
+        assert!(matches!(err, EncodeError::Panicked(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("the encoder panicked")
+                && message.contains("index out of bounds: the len is 3 but the index is 8"),
+            "{message}"
+        );
+        let ok = engine
+            .encode(vec![seq(5, 3), seq(9, 4)], Vec::new())
+            .await
+            .expect("the next batch is served");
+        assert_eq!(ok.vectors, vec![3.0, 5.0, 4.0, 9.0]);
+        assert!(fatal.try_recv().is_err(), "no stop asked for");
+        assert_eq!(*dropped_on.lock().expect("lock"), None);
+        drop(engine);
+        assert_eq!(
+            dropped_on.lock().expect("lock").as_deref(),
+            Some("test-compute"),
+            "the encoder was dropped on the compute thread before the engine's drop returned"
+        );
+    }
+
+    /// An encoder whose state a panic may corrupt (CUDA) would be called again, or the worker
+    /// would not be told to stop, or the batch queued behind would wait forever.
+    #[tokio::test]
+    async fn a_panic_the_encoder_does_not_survive_stops_the_engine() {
+        let (gate_tx, gate) = mpsc::channel();
+        let (engine, dropped_on, fatal) = panicky_engine(false, Some(gate));
+        // The panicking batch waits at the gate until the second one is queued behind it.
+        let (panicked, queued, ()) = tokio::join!(
+            engine.encode(vec![seq(PANIC_ID, 2)], Vec::new()),
+            engine.encode(vec![seq(5, 3)], Vec::new()),
+            async {
+                gate_tx.send(()).expect("gate");
+            },
+        );
+        let panicked = panicked.expect_err("the batch fails");
+        assert!(matches!(panicked, EncodeError::Panicked(_)), "{panicked:?}");
+        assert!(
+            panicked.to_string().contains("index out of bounds"),
+            "{panicked}"
+        );
+        let queued = queued.expect_err("the queued batch is refused");
+        assert!(matches!(queued, EncodeError::Stopped(_)), "{queued:?}");
+        let reason = fatal
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the worker is told to stop");
+        assert!(
+            reason.contains("the encoder panicked: index out of bounds"),
+            "{reason}"
+        );
+        let later = engine
+            .encode(vec![seq(5, 3)], Vec::new())
+            .await
+            .expect_err("no batch runs after it");
+        assert!(matches!(later, EncodeError::Stopped(_)), "{later:?}");
+        drop(engine);
+        assert_eq!(
+            dropped_on.lock().expect("lock").as_deref(),
+            Some("test-compute")
+        );
+    }
+
+    /// A panic while the encoder is built would leave `start` waiting, or lose its message.
+    #[test]
+    fn a_panic_while_building_is_an_error() {
+        let started = Engine::start(
+            "test-compute",
+            || panic!("no device 3"),
+            Box::new(|_| unreachable!("not serving yet")),
+        );
+        let err = started.expect_err("fails");
+        assert!(err.to_string().contains("no device 3"), "{err}");
     }
 
     /// Groups would exceed the encoder's limits, lose a sequence, or pad short ones to long.

@@ -14,6 +14,7 @@ use modelshare_worker::serve::{
 };
 use modelshare_worker::{Handler, Model};
 
+use crate::encoder::EncodeError;
 use crate::engine::{Encoded, Engine};
 use crate::tokenize::{Sequence, TextEncoder, TokenizeError};
 
@@ -95,13 +96,27 @@ impl Handler for Embedder {
                 }
             }
             Err(e) => {
-                let failure = ItemFailure::internal(format!("cannot compute the embeddings: {e}"));
+                let failure = encode_failure(&e);
                 for i in ok {
                     outcomes[i] = Err(failure.clone());
                 }
             }
         }
         outcomes
+    }
+}
+
+/// What the items of a batch the engine failed are answered: INTERNAL for the worker's own
+/// failure (a panic included, its message named), UNAVAILABLE once the engine has stopped
+/// (another worker may run them).
+fn encode_failure(e: &EncodeError) -> ItemFailure {
+    let message = format!("cannot compute the embeddings: {e}");
+    match e {
+        EncodeError::Kernel(_)
+        | EncodeError::Device(_)
+        | EncodeError::Weights(_)
+        | EncodeError::Panicked(_) => ItemFailure::internal(message),
+        EncodeError::Stopped(_) => ItemFailure::unavailable(message),
     }
 }
 
@@ -196,6 +211,24 @@ mod tests {
             _ => ids.iter().flat_map(|&i| i.to_le_bytes()).collect(),
         };
         InputTensor::new(name, dtype, vec![ids.len() as i64], Bytes::from(data))
+    }
+
+    /// A panicking batch's items would not name the panic, or items refused once the engine
+    /// stopped would not be marked for another worker (UNAVAILABLE).
+    #[test]
+    fn engine_failures_become_item_failures() {
+        assert_eq!(
+            encode_failure(&EncodeError::Panicked("index out of bounds".into())),
+            ItemFailure::internal(
+                "cannot compute the embeddings: the encoder panicked: index out of bounds"
+            )
+        );
+        assert_eq!(
+            encode_failure(&EncodeError::Stopped("the encoder panicked: x".into())),
+            ItemFailure::unavailable(
+                "cannot compute the embeddings: the encoder has stopped: the encoder panicked: x"
+            )
+        );
     }
 
     /// Items would get another item's sequence, or bad inputs and parameters would pass.

@@ -5,14 +5,17 @@
 //! input `text` and an FP32 output `embedding`).
 //!
 //! # Layout
-//! - `main` (here): the command line ([`Args`]), logging, signals.
+//! - `main` (here): the command line ([`Args`]), logging.
+//! - [`process`]: the process's life: serving until a signal, or until the compute thread
+//!   fails it after a panic its encoder cannot survive; the exit status.
 //! - [`worker`]: per attached version, the spec, tokenizer, weights, backend and offer.
 //! - [`spec`]: what to run, from the model's own files (`config.json`, the
 //!   sentence-transformers files), refusing what it cannot run with the field named.
 //! - [`tokenize`]: texts to ids with the model's `tokenizer.json`.
 //! - [`weights`]: the encoder's tensors by name, checked against the spec.
 //! - [`handler`]: a batch's items to sequences, to vectors, to answers.
-//! - [`engine`]: the compute thread: groups sequences by length and runs the [`encoder`].
+//! - [`engine`]: the compute thread: groups sequences by length and runs the [`encoder`],
+//!   catching its panics; joined when the handler is dropped.
 //! - [`cpu`], [`cuda`]: the two backends of [`encoder::Encoder`].
 //!
 //! Token and TLS settings come from the environment (`MODELSHARE_TOKEN`,
@@ -24,6 +27,7 @@ mod cuda;
 mod encoder;
 mod engine;
 mod handler;
+mod process;
 mod spec;
 mod tokenize;
 mod weights;
@@ -34,9 +38,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use modelshare_worker::ConnectOptions;
-use modelshare_worker::serve::{Target, run_process};
+use modelshare_worker::serve::Target;
 use tracing_subscriber::EnvFilter;
 
+use crate::process::Stop;
 use crate::spec::{Overrides, Pooling, parse_pooling};
 
 /// Serve sentence embeddings of a BERT-family model held by a modelshare server.
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
         eprintln!("error: cannot start {n} compute threads: {e}");
         return ExitCode::FAILURE;
     }
+    let stop = Stop::default();
     let config = worker::Config {
         credits: args.credits,
         max_batch_items: args.max_batch_items,
@@ -116,8 +122,9 @@ fn main() -> ExitCode {
             normalize: args.normalize,
             max_seq_len: args.max_seq_len,
         },
+        stop: stop.clone(),
     };
-    run_process(
+    process::run(
         || {
             Ok(Target {
                 server: args.server,
@@ -126,6 +133,7 @@ fn main() -> ExitCode {
                 connect: ConnectOptions::from_env()?,
             })
         },
+        &stop,
         |model| worker::setup(model, &config),
     )
 }

@@ -13,6 +13,7 @@ use crate::cpu::CpuEncoder;
 use crate::encoder::Encoder;
 use crate::engine::Engine;
 use crate::handler::{Embedder, INPUT_IDS, OUTPUT};
+use crate::process::Stop;
 use crate::spec::{ModelSpec, Overrides, SpecError, TOKENIZER_FILE};
 use crate::tokenize::TextEncoder;
 use crate::weights::{Found, find};
@@ -30,6 +31,8 @@ pub struct Config {
     pub max_batch_tokens: usize,
     /// The operator's settings over the model's files.
     pub overrides: Overrides,
+    /// Failed by the compute thread when its encoder cannot go on after a panic.
+    pub stop: Stop,
 }
 
 /// The handler and options for one attached version.
@@ -65,20 +68,26 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let max_sequences = config.max_batch_items.max(1) as usize;
     let engine_spec = spec.clone();
     let arena = model.view();
+    let stop = config.stop.clone();
+    let on_fatal = Box::new(move |reason| stop.fail(reason));
     let engine = tokio::task::block_in_place(|| {
-        Engine::start("embed-compute", move || {
-            let encoder: Box<dyn Encoder> = if on_device {
-                crate::cuda::encoder(engine_spec, &arena, &weights, max_tokens, max_sequences)?
-            } else {
-                Box::new(CpuEncoder::new(
-                    engine_spec,
-                    &weights,
-                    max_tokens,
-                    max_sequences,
-                )?)
-            };
-            Ok(encoder)
-        })
+        Engine::start(
+            "embed-compute",
+            move || {
+                let encoder: Box<dyn Encoder> = if on_device {
+                    crate::cuda::encoder(engine_spec, &arena, &weights, max_tokens, max_sequences)?
+                } else {
+                    Box::new(CpuEncoder::new(
+                        engine_spec,
+                        &weights,
+                        max_tokens,
+                        max_sequences,
+                    )?)
+                };
+                Ok(encoder)
+            },
+            on_fatal,
+        )
     })
     .map_err(|e| unservable(e.to_string()))?;
     let options = ServeOptions {

@@ -113,6 +113,13 @@ impl Encoder for CpuEncoder {
         self.max_sequences
     }
 
+    /// A panic leaves nothing behind: every buffer of a call is its own (allocated in
+    /// `encode`, dropped with the unwinding), the weights are only read, and rayon passes a
+    /// worker's panic to the caller with its pool intact. The next call starts afresh.
+    fn survives_panic(&self) -> bool {
+        true
+    }
+
     fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
         let c = &self.spec.encoder;
         let (h, inter) = (c.hidden, c.intermediate);
