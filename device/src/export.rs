@@ -7,17 +7,44 @@ use std::os::fd::OwnedFd;
 
 use crate::backend::BackendKind;
 
+/// The handle bytes that travel inside the attach reply, by kind: each kind's parts by name,
+/// never by position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handles {
+    /// Host memory: none (the sealed memfd's descriptor is the whole handle).
+    Host,
+    /// Legacy CUDA IPC: the memory's and the ready event's IPC handles.
+    CudaIpc {
+        /// The memory's IPC handle (64 bytes).
+        memory: Vec<u8>,
+        /// The ready event's IPC handle (64 bytes).
+        event: Vec<u8>,
+    },
+    /// CUDA VMM: the ready event's IPC handle; the memory travels as a descriptor.
+    CudaVmm {
+        /// The ready event's IPC handle (64 bytes).
+        event: Vec<u8>,
+    },
+}
+
+impl Handles {
+    /// The kind of handle.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Handles::Host => BackendKind::Host,
+            Handles::CudaIpc { .. } => BackendKind::CudaIpc,
+            Handles::CudaVmm { .. } => BackendKind::CudaVmm,
+        }
+    }
+}
+
 /// What the server hands over for one attach.
 #[derive(Debug)]
 pub struct Export {
-    /// Which kind of handle this is.
-    pub kind: BackendKind,
     /// The device the arena lives on (`"host"` for host memory).
     pub device_uuid: String,
-    /// Opaque handle bytes that travel in the attach reply, in the order the kind defines
-    /// (CUDA IPC: the memory handle, then the ready event's handle; CUDA VMM: the ready
-    /// event's handle; host: none).
-    pub handles: Vec<Vec<u8>>,
+    /// The handle bytes that travel in the attach reply; their variant is the kind.
+    pub handles: Handles,
     /// A descriptor that travels by `SCM_RIGHTS` (host: a `dup` of the sealed memfd; CUDA
     /// VMM: a `dup` of the allocation's exported descriptor).
     pub fd: Option<OwnedFd>,
@@ -27,11 +54,15 @@ pub struct Export {
 }
 
 impl Export {
+    /// Which kind of handle this is.
+    pub fn kind(&self) -> BackendKind {
+        self.handles.kind()
+    }
+
     /// A copy, when the export carries no descriptor (a descriptor is not copied here: each
     /// attach needs its own).
     pub(crate) fn without_fd(&self) -> Option<Export> {
         self.fd.is_none().then(|| Export {
-            kind: self.kind,
             device_uuid: self.device_uuid.clone(),
             handles: self.handles.clone(),
             fd: None,
@@ -43,12 +74,10 @@ impl Export {
 /// What a worker received for one attach, to [`import`](crate::Mapping::import).
 #[derive(Debug)]
 pub struct Import {
-    /// Which kind of handle this is.
-    pub kind: BackendKind,
     /// The device the arena lives on, by UUID (the worker maps it to its own ordinal).
     pub device_uuid: String,
-    /// The handle bytes of the attach reply, in the kind's order.
-    pub handles: Vec<Vec<u8>>,
+    /// The handle bytes of the attach reply; their variant is the kind.
+    pub handles: Handles,
     /// The descriptor received over the handle socket, for kinds that pass one.
     pub fd: Option<OwnedFd>,
     /// The arena's length as the manifest gives it; the mapping is checked against it.
@@ -58,19 +87,15 @@ pub struct Import {
 }
 
 impl Import {
-    /// Handle bytes `i`, which must be `N` bytes long (`what` names it in errors).
-    pub(crate) fn handle<const N: usize>(&self, i: usize, what: &str) -> crate::Result<[u8; N]> {
-        let bytes = self
-            .handles
-            .get(i)
-            .ok_or_else(|| crate::DeviceError::BadHandle {
-                reason: format!("{what} is missing"),
-            })?;
-        bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| crate::DeviceError::BadHandle {
-                reason: format!("{what} is {} bytes, not {N}", bytes.len()),
-            })
+    /// Which kind of handle this is.
+    pub fn kind(&self) -> BackendKind {
+        self.handles.kind()
     }
+}
+
+/// Handle bytes that must be `N` bytes long (`what` names them in errors).
+pub(crate) fn key<const N: usize>(bytes: &[u8], what: &str) -> crate::Result<[u8; N]> {
+    bytes.try_into().map_err(|_| crate::DeviceError::BadHandle {
+        reason: format!("{what} is {} bytes, not {N}", bytes.len()),
+    })
 }

@@ -316,9 +316,8 @@ impl Arena for HostArena {
             return Err(DeviceError::NotSealed);
         }
         Ok(Export {
-            kind: BackendKind::Host,
             device_uuid: self.device_uuid.clone(),
-            handles: Vec::new(),
+            handles: crate::export::Handles::Host,
             fd: Some(self.dup()?),
             alloc_len: 0,
         })
@@ -504,7 +503,7 @@ mod tests {
 
     fn exported_fd(arena: &dyn Arena) -> OwnedFd {
         let export = arena.export().unwrap();
-        assert_eq!(export.kind, BackendKind::Host);
+        assert_eq!(export.kind(), BackendKind::Host);
         export.fd.expect("a host export carries a descriptor")
     }
 

@@ -66,7 +66,7 @@ pub mod thread;
 
 pub use backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, PAGE};
 pub use error::{DeviceError, Result};
-pub use export::{Export, Import};
+pub use export::{Export, Handles, Import};
 pub use host::{HostArena, HostBackend, HostMapping};
 pub use host_memory::HostMemory;
 pub use mapping::Mapping;

@@ -23,7 +23,7 @@ impl Mapping {
     /// Maps what a worker received. Blocks (a CUDA import may create the device's context):
     /// call it from a blocking thread in async code.
     pub fn import(import: Import) -> Result<Self> {
-        match import.kind {
+        match import.kind() {
             BackendKind::Host => crate::host::import(import).map(Self),
             BackendKind::CudaIpc => crate::cuda::import(import).map(Self),
             BackendKind::CudaVmm => crate::cuda::import_vmm(import).map(Self),

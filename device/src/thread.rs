@@ -711,9 +711,11 @@ mod tests {
         }
         fn fixed_export(&self) -> Option<Export> {
             Some(Export {
-                kind: crate::BackendKind::CudaIpc,
                 device_uuid: "GPU-test".into(),
-                handles: vec![vec![1; 64], vec![2; 64]],
+                handles: crate::Handles::CudaIpc {
+                    memory: vec![1; 64],
+                    event: vec![2; 64],
+                },
                 fd: None,
                 alloc_len: 0,
             })
@@ -749,7 +751,13 @@ mod tests {
         let (release, held) = mpsc::channel::<()>();
         let busy = device.run(move |_| Ok(held.recv_timeout(Duration::from_secs(5)).is_ok()));
         let export = arena.export().wait().unwrap();
-        assert_eq!(export.handles, vec![vec![1; 64], vec![2; 64]]);
+        assert_eq!(
+            export.handles,
+            crate::Handles::CudaIpc {
+                memory: vec![1; 64],
+                event: vec![2; 64]
+            }
+        );
         release.send(()).unwrap();
         assert!(
             busy.wait().unwrap(),

@@ -1,7 +1,7 @@
 //! Conversions between the domain types and the generated protobuf types. Requests that fail
 //! to convert are `InvalidArgument`.
 
-use modelshare_device::{BackendKind, DeviceInfo, Export};
+use modelshare_device::{BackendKind, DeviceInfo, Export, Handles};
 use modelshare_proto::v1 as pb;
 
 use modelshare_core::error::CoreError;
@@ -189,14 +189,20 @@ pub fn attach_handle(
     export: Export,
     ticket: Option<Ticket>,
 ) -> Result<pb::attach_response::Handle, CoreError> {
+    let kind = export.kind();
     let missing = |what: &str| {
         CoreError::Internal(format!(
-            "the backend exported a {:?} handle without {what}",
-            export.kind
+            "the backend exported a {kind:?} handle without {what}"
         ))
     };
-    Ok(match export.kind {
-        BackendKind::Host => {
+    let Export {
+        device_uuid,
+        handles,
+        alloc_len,
+        ..
+    } = export;
+    Ok(match handles {
+        Handles::Host => {
             let t = ticket.ok_or_else(|| missing("a descriptor"))?;
             pb::attach_response::Handle::Host(pb::HostArenaHandle {
                 ticket: t.ticket,
@@ -204,26 +210,22 @@ pub fn attach_handle(
                 ticket_ttl_ms: u32::try_from(t.ttl.as_millis()).unwrap_or(u32::MAX),
             })
         }
-        BackendKind::CudaIpc => {
-            let [mem, event] = <[Vec<u8>; 2]>::try_from(export.handles)
-                .map_err(|_| missing("its memory and event handles"))?;
+        Handles::CudaIpc { memory, event } => {
             pb::attach_response::Handle::CudaIpc(pb::CudaIpcArenaHandle {
-                mem_handle: mem,
+                mem_handle: memory,
                 event_handle: event,
-                device_uuid: export.device_uuid,
+                device_uuid,
             })
         }
-        BackendKind::CudaVmm => {
+        Handles::CudaVmm { event } => {
             let t = ticket.ok_or_else(|| missing("a descriptor"))?;
-            let [event] = <[Vec<u8>; 1]>::try_from(export.handles)
-                .map_err(|_| missing("its event handle"))?;
             pb::attach_response::Handle::CudaVmm(pb::CudaVmmArenaHandle {
                 ticket: t.ticket,
                 handle_socket: t.handle_socket,
                 ticket_ttl_ms: u32::try_from(t.ttl.as_millis()).unwrap_or(u32::MAX),
                 event_handle: event,
-                device_uuid: export.device_uuid,
-                allocation_bytes: export.alloc_len,
+                device_uuid,
+                allocation_bytes: alloc_len,
             })
         }
     })

@@ -7,7 +7,7 @@
 //! for the allocation's descriptor, and the event handle), which
 //! [`Mapping::import`] maps on a blocking thread.
 
-use modelshare_device::{BackendKind, DeviceError, Import, Mapping, handoff};
+use modelshare_device::{DeviceError, Handles, Import, Mapping, handoff};
 use modelshare_proto::v1 as pb;
 use pb::attach_response::Handle;
 
@@ -30,18 +30,19 @@ pub(crate) async fn map(
                 .await
                 .map_err(device_err)?;
             Import {
-                kind: BackendKind::Host,
                 device_uuid: "host".to_owned(),
-                handles: Vec::new(),
+                handles: Handles::Host,
                 fd: Some(fd),
                 len,
                 alloc_len: 0,
             }
         }
         Some(Handle::CudaIpc(h)) => Import {
-            kind: BackendKind::CudaIpc,
             device_uuid: h.device_uuid,
-            handles: vec![h.mem_handle, h.event_handle],
+            handles: Handles::CudaIpc {
+                memory: h.mem_handle,
+                event: h.event_handle,
+            },
             fd: None,
             len,
             alloc_len: 0,
@@ -51,9 +52,10 @@ pub(crate) async fn map(
                 .await
                 .map_err(device_err)?;
             Import {
-                kind: BackendKind::CudaVmm,
                 device_uuid: h.device_uuid,
-                handles: vec![h.event_handle],
+                handles: Handles::CudaVmm {
+                    event: h.event_handle,
+                },
                 fd: Some(fd),
                 len,
                 alloc_len: h.allocation_bytes,
@@ -123,7 +125,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(server.await.unwrap(), "t-123");
-        assert_eq!(mapping.kind(), BackendKind::Host);
+        assert_eq!(mapping.kind(), modelshare_device::BackendKind::Host);
         assert!(mapping.read_only());
         assert_eq!(mapping.len(), bytes.len() as u64);
         assert_eq!(mapping.host_bytes(), Some(&bytes[..]));

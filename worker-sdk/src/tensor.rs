@@ -272,7 +272,7 @@ impl<T> DevicePtr<T> for DeviceView<T> {
 
 #[cfg(test)]
 mod tests {
-    use modelshare_device::{Arena, BackendKind, HostArena, Import};
+    use modelshare_device::{Arena, HostArena, Import};
 
     use super::*;
 
@@ -283,7 +283,6 @@ mod tests {
         arena.seal().expect("seal");
         let export = arena.export().expect("export");
         Mapping::import(Import {
-            kind: BackendKind::Host,
             device_uuid: "host".into(),
             handles: export.handles,
             fd: export.fd,

@@ -21,6 +21,7 @@ mod claims;
 mod graveyard;
 mod holds;
 mod leases;
+mod pending;
 mod replicas;
 mod state;
 #[cfg(test)]
@@ -38,6 +39,7 @@ use tokio::sync::broadcast;
 pub use self::claims::LoadClaim;
 use self::graveyard::Guard;
 pub use self::leases::{TicketError, TicketLimits};
+pub use self::pending::PendingLease;
 pub use self::replicas::ReplicaOnAttach;
 use self::state::{State, VersionRecord, snapshot_model, snapshot_version};
 pub use self::types::*;

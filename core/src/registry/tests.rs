@@ -728,3 +728,39 @@ fn a_tenants_stats_count_replicas_as_arenas() {
     let all = registry.stats(&Caller::Admin);
     assert_eq!((all.arena_bytes, all.arenas), (3000, 3));
 }
+
+/// An attach's lease is given back when its guard drops uncommitted (a failure after the
+/// registry's step: the export, the ticket, the reply), and kept once committed.
+#[test]
+fn a_pending_lease_is_given_back_unless_committed() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Arc::new(Registry::new(RegistryLimits::default()));
+    let admin = Caller::Admin;
+    loaded(&registry, &device, "m");
+    let s = registry
+        .open_session(&admin, WorkerHello::default())
+        .expect("session");
+    let (attached, pending) = registry
+        .attach_pending(&admin, &s.id, "m", 0, None)
+        .expect("attach");
+    assert_eq!(pending.id(), attached.lease_id);
+    let fd: std::os::fd::OwnedFd = std::fs::File::open("/dev/null").expect("fd").into();
+    let expires = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    registry
+        .issue_ticket(&attached.lease_id, fd, None, expires)
+        .expect("ticket");
+    drop(pending);
+    assert_eq!(registry.tickets(), 0, "the lease's ticket went with it");
+    let err = registry
+        .release(&admin, &s.id, &attached.lease_id)
+        .expect_err("given back already");
+    assert!(matches!(err, CoreError::LeaseNotFound(_)), "{err:?}");
+
+    let (attached, pending) = registry
+        .attach_pending(&admin, &s.id, "m", 0, None)
+        .expect("attach");
+    assert_eq!(pending.commit(), attached.lease_id);
+    registry
+        .release(&admin, &s.id, &attached.lease_id)
+        .expect("kept, so released once");
+}

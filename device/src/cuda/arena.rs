@@ -26,7 +26,7 @@ use super::event::ReadyEvent;
 use super::sys;
 use crate::backend::{ArenaWriter, BackendKind, check_range};
 use crate::error::{DeviceError, Result};
-use crate::export::Export;
+use crate::export::{Export, Handles};
 use crate::thread::{Arena, ArenaHandle, DeviceCtx, Executor, OnDevice};
 
 /// Bytes of one pinned staging buffer: 4 MiB of a chunk, and one page more so that a direct
@@ -117,19 +117,19 @@ impl CudaArena {
         let len = mem.len();
         let mem = Arc::new(mem);
         let ready = ReadyEvent::gated(parts.gate_ctx)?;
-        let mut handles = Vec::with_capacity(2);
-        let kind = if fd.is_some() {
-            BackendKind::CudaVmm
+        let event = ready.ipc_handle()?.to_vec();
+        let handles = if fd.is_some() {
+            Handles::CudaVmm { event }
         } else {
-            handles.push(mem.ipc_handle()?.to_vec());
-            BackendKind::CudaIpc
+            Handles::CudaIpc {
+                memory: mem.ipc_handle()?.to_vec(),
+                event,
+            }
         };
-        handles.push(ready.ipc_handle()?.to_vec());
         if sealed {
             ready.open();
         }
         let export = Export {
-            kind,
             device_uuid: parts.device_uuid.to_owned(),
             handles,
             fd: None,

@@ -12,8 +12,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use super::sys::{self, IPC_HANDLE_BYTES};
 use crate::backend::{BackendKind, Mapped};
-use crate::error::Result;
-use crate::export::Import;
+use crate::error::{DeviceError, Result};
+use crate::export::{Handles, Import, key};
 
 type Key = [u8; IPC_HANDLE_BYTES];
 
@@ -138,8 +138,13 @@ impl Mapped for CudaMapping {
 
 /// Opens a received legacy IPC handle: handles `[memory, ready event]`, 64 bytes each.
 pub(crate) fn import(import: Import) -> Result<Arc<dyn Mapped>> {
-    let mem: Key = import.handle(0, "the memory handle")?;
-    let event: Key = import.handle(1, "the event handle")?;
+    let Handles::CudaIpc { memory, event } = &import.handles else {
+        return Err(DeviceError::BadHandle {
+            reason: "not a CUDA IPC handle".into(),
+        });
+    };
+    let mem: Key = key(memory, "the memory handle")?;
+    let event: Key = key(event, "the event handle")?;
     Ok(Arc::new(CudaMapping::open(
         &mem,
         &event,

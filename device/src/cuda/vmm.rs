@@ -22,7 +22,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use super::sys::{self, IPC_HANDLE_BYTES};
 use crate::backend::{BackendKind, Mapped};
 use crate::error::{DeviceError, Result};
-use crate::export::Import;
+use crate::export::{Handles, Import, key};
 
 /// A worker's read-only view of a VMM arena.
 #[derive(Debug)]
@@ -111,7 +111,12 @@ impl Mapped for VmmMapping {
 /// Maps a received VMM arena: handles `[ready event]` (64 bytes), the descriptor, and the
 /// allocation's size.
 pub(crate) fn import(import: Import) -> Result<Arc<dyn Mapped>> {
-    let event: [u8; IPC_HANDLE_BYTES] = import.handle(0, "the event handle")?;
+    let Handles::CudaVmm { event } = &import.handles else {
+        return Err(DeviceError::BadHandle {
+            reason: "not a CUDA VMM handle".into(),
+        });
+    };
+    let event: [u8; IPC_HANDLE_BYTES] = key(event, "the event handle")?;
     let fd = import.fd.ok_or_else(|| DeviceError::BadHandle {
         reason: "a CUDA VMM handle carries a descriptor, and none came".into(),
     })?;

@@ -301,8 +301,10 @@ impl WorkerApi {
             .then_some(req.device_uuid.as_str());
         // The worker's device among the server's (`None`: one this server does not serve).
         let served = device.and_then(|d| self.app.host.devices.with_uuid(d));
-        let att =
-            match registry.attach_on(caller, &req.session_id, &req.model, req.version, device) {
+        // The lease goes back on every failure below, as `pending` drops, unless committed.
+        let (att, pending) =
+            match registry.attach_pending(caller, &req.session_id, &req.model, req.version, device)
+            {
                 Err(CoreError::NotOnDevice(mut not)) => {
                     not.served = served.is_some();
                     match served {
@@ -318,27 +320,20 @@ impl WorkerApi {
                 self.app
                     .refuse(self.restoring_or(caller, &req.model, req.version, e))
             })?;
-        // Exported on the device thread; the lease is given back if that fails.
-        let mut export = match att.arena.export().await {
-            Ok(export) => export,
-            Err(e) => {
-                let _ = registry.release(caller, &req.session_id, &att.lease_id);
-                return Err(crate::status::from_core(CoreError::Device(e)));
-            }
-        };
+        // Exported on the device thread.
+        let mut export = att
+            .arena
+            .export()
+            .await
+            .map_err(|e| crate::status::from_core(CoreError::Device(e)))?;
         // A descriptor travels by the handle socket, against a ticket filed on the lease.
         let ticket = match export.fd.take() {
             Some(fd) => {
                 let ttl = self.app.config.ticket_ttl;
                 let expires = tokio::time::Instant::now() + ttl;
-                let ticket =
-                    match registry.issue_ticket(&att.lease_id, fd, peer_uid, expires.into_std()) {
-                        Ok(ticket) => ticket,
-                        Err(e) => {
-                            let _ = registry.release(caller, &req.session_id, &att.lease_id);
-                            return Err(self.app.refuse(e));
-                        }
-                    };
+                let ticket = registry
+                    .issue_ticket(&att.lease_id, fd, peer_uid, expires.into_std())
+                    .map_err(|e| self.app.refuse(e))?;
                 self.app.host.timer.schedule(
                     expires,
                     Expiry::Ticket {
@@ -354,11 +349,7 @@ impl WorkerApi {
             }
             None => None,
         };
-        let handle = convert::attach_handle(export, ticket)
-            .inspect_err(|_| {
-                let _ = registry.release(caller, &req.session_id, &att.lease_id);
-            })
-            .or_status()?;
+        let handle = convert::attach_handle(export, ticket).or_status()?;
         debug!(session = %req.session_id, model = %req.model, version = att.manifest.version, lease = %att.lease_id, "attach");
         // A manifest of many tensors is megabytes of reply: built on the request pool, off
         // the runtime that carries every session's heartbeats.
@@ -366,22 +357,16 @@ impl WorkerApi {
         // About 32 bytes of reply per tensor, beside its name.
         let size = manifest.tensors.len().saturating_mul(32);
         let build_by = std::time::Instant::now() + self.app.config.serving.max_request_time;
-        let manifest = match self
+        let manifest = self
             .app
             .cpu
             .run_sized(size, build_by, move || convert::manifest(&manifest))
             .await
-        {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = registry.release(caller, &req.session_id, &att.lease_id);
-                return Err(Status::unavailable(format!(
-                    "the attach reply could not be built: {e}"
-                )));
-            }
-        };
+            .map_err(|e| {
+                Status::unavailable(format!("the attach reply could not be built: {e}"))
+            })?;
         Ok(pb::AttachResponse {
-            lease_id: att.lease_id,
+            lease_id: pending.commit(),
             manifest: Some(manifest),
             device: self
                 .app
