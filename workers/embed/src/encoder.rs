@@ -1,4 +1,4 @@
-//! What a backend does: turn tokenized sequences into sentence vectors. The engine thread
+//! What a backend does: turn tokenized sequences into sentence vectors. The compute thread
 //! owns one [`Encoder`] and calls it with sequences sorted and grouped to fit its limits,
 //! catching a panic inside a call (see [`Encoder::survives_panic`]).
 

@@ -14,8 +14,8 @@ use modelshare_worker::serve::{
 };
 use modelshare_worker::{Handler, Model};
 
+use crate::compute::{ComputeThread, Encoded};
 use crate::encoder::EncodeError;
-use crate::engine::{Encoded, Engine};
 use crate::tokenize::{Sequence, TextEncoder, TokenizeError};
 
 /// The name of the output tensor.
@@ -27,17 +27,17 @@ pub const INPUT_IDS: &str = "input_ids";
 #[derive(Debug)]
 pub struct Embedder {
     text: Arc<TextEncoder>,
-    engine: Engine,
+    compute: ComputeThread,
     /// Held so that the version's lease and mapping live as long as the handler.
     _model: Arc<Model>,
 }
 
 impl Embedder {
-    /// A handler over a tokenizer and an engine serving `model`.
-    pub fn new(text: Arc<TextEncoder>, engine: Engine, model: Arc<Model>) -> Self {
+    /// A handler over a tokenizer and an compute serving `model`.
+    pub fn new(text: Arc<TextEncoder>, compute: ComputeThread, model: Arc<Model>) -> Self {
         Self {
             text,
-            engine,
+            compute,
             _model: model,
         }
     }
@@ -49,13 +49,13 @@ impl Handler for Embedder {
         let items = batch.items;
         let count = items.len();
         let cancels: Vec<_> = items.iter().map(Item::cancellation).collect();
-        let hidden = self.engine.hidden();
+        let hidden = self.compute.hidden();
         let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items, hidden)).await;
         let Ok(tokenized) = tokenized else {
             return vec![Err(ItemFailure::internal("tokenization failed")); count];
         };
         // Each item's outcome so far (its failure, or a placeholder until its vector comes);
-        // the good ones' sequences go to the engine.
+        // the good ones' sequences go to the compute.
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(count);
         let (mut ok, mut seqs) = (Vec::new(), Vec::new());
         for (i, r) in tokenized.into_iter().enumerate() {
@@ -76,7 +76,7 @@ impl Handler for Embedder {
                 cancelled: Vec::new(),
             })
         } else {
-            self.engine.encode(seqs, cancels).await
+            self.compute.encode(seqs, cancels).await
         };
         match encoded {
             Ok(encoded) => {
@@ -106,8 +106,8 @@ impl Handler for Embedder {
     }
 }
 
-/// What the items of a batch the engine failed are answered: INTERNAL for the worker's own
-/// failure (a panic included, its message named), UNAVAILABLE once the engine has stopped
+/// What the items of a batch the compute failed are answered: INTERNAL for the worker's own
+/// failure (a panic included, its message named), UNAVAILABLE once the compute has stopped
 /// (another worker may run them).
 fn encode_failure(e: &EncodeError) -> ItemFailure {
     let message = format!("cannot compute the embeddings: {e}");
@@ -213,7 +213,7 @@ mod tests {
         InputTensor::new(name, dtype, vec![ids.len() as i64], Bytes::from(data))
     }
 
-    /// A panicking batch's items would not name the panic, or items refused once the engine
+    /// A panicking batch's items would not name the panic, or items refused once the compute
     /// stopped would not be marked for another worker (UNAVAILABLE).
     #[test]
     fn engine_failures_become_item_failures() {

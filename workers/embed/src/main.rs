@@ -14,7 +14,7 @@
 //! - [`tokenize`]: texts to ids with the model's `tokenizer.json`.
 //! - [`weights`]: the encoder's tensors by name, checked against the spec.
 //! - [`handler`]: a batch's items to sequences, to vectors, to answers.
-//! - [`engine`]: the compute thread: groups sequences by length and runs the [`encoder`],
+//! - [`compute`]: the compute thread: groups sequences by length and runs the [`encoder`],
 //!   catching its panics; joined when the handler is dropped.
 //! - [`cpu`], [`cuda`]: the two backends of [`encoder::Encoder`].
 //!
@@ -22,10 +22,10 @@
 //! `MODELSHARE_TOKEN_FILE`, `MODELSHARE_TLS_*`), as for every SDK worker.
 #![forbid(unsafe_code)]
 
+mod compute;
 mod cpu;
 mod cuda;
 mod encoder;
-mod engine;
 mod handler;
 mod process;
 mod spec;

@@ -9,9 +9,9 @@ use modelshare_worker::serve::{ServeOptions, tensor_spec};
 use modelshare_worker::{Model, Tensor, WorkerError};
 use tracing::info;
 
+use crate::compute::ComputeThread;
 use crate::cpu::CpuEncoder;
 use crate::encoder::Encoder;
-use crate::engine::Engine;
 use crate::handler::{Embedder, INPUT_IDS, OUTPUT};
 use crate::process::Stop;
 use crate::spec::{ModelSpec, Overrides, SpecError, TOKENIZER_FILE};
@@ -70,8 +70,8 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let arena = model.view();
     let stop = config.stop.clone();
     let on_fatal = Box::new(move |reason| stop.fail(reason));
-    let engine = tokio::task::block_in_place(|| {
-        Engine::start(
+    let compute = tokio::task::block_in_place(|| {
+        ComputeThread::start(
             "embed-compute",
             move || {
                 let encoder: Box<dyn Encoder> = if on_device {
@@ -105,7 +105,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         )],
         ..ServeOptions::default()
     };
-    Ok((options, Embedder::new(text, engine, model)))
+    Ok((options, Embedder::new(text, compute, model)))
 }
 
 /// A tensor of the model as the weight finder sees it.

@@ -10,8 +10,8 @@
 //! ([`EncodeError::Panicked`], logged at error level). An encoder that
 //! [survives a panic](Encoder::survives_panic) takes the next batch; one that does not is
 //! never called again: the thread answers what is queued with [`EncodeError::Stopped`],
-//! calls the engine's `on_fatal` with the reason (the worker then stops serving and exits),
-//! and ends. Dropping the [`Engine`] closes its channel and joins the thread, once it has
+//! calls the compute's `on_fatal` with the reason (the worker then stops serving and exits),
+//! and ends. Dropping the [`ComputeThread`] closes its channel and joins the thread, once it has
 //! finished the batch at hand; the encoder is dropped on the thread that made it.
 
 use std::any::Any;
@@ -55,7 +55,7 @@ type ThreadEnd = Result<(), String>;
 /// thread finishes the job at hand (and those queued whose callers still wait), drops the
 /// encoder and is joined.
 #[derive(Debug)]
-pub struct Engine {
+pub struct ComputeThread {
     /// `None` only while dropping.
     jobs: Option<mpsc::Sender<Job>>,
     /// `None` only while dropping.
@@ -63,7 +63,7 @@ pub struct Engine {
     hidden: usize,
 }
 
-impl Engine {
+impl ComputeThread {
     /// Starts the thread and builds the encoder on it with `make` (a CUDA encoder binds its
     /// context to the thread that makes it). Returns once it is built, or its error (the
     /// thread joined).
@@ -87,20 +87,23 @@ impl Engine {
                 }
             })
             .map_err(|e| EncodeError::Device(format!("cannot start the compute thread: {e}")))?;
-        let mut engine = Self {
+        let mut compute = Self {
             jobs: Some(jobs),
             thread: Some(thread),
             hidden: 0,
         };
         match ready_rx.recv() {
             Ok(Ok(hidden)) => {
-                engine.hidden = hidden;
-                Ok(engine)
+                compute.hidden = hidden;
+                Ok(compute)
             }
             Ok(Err(e)) => Err(e),
             // `make` panicked: the thread has ended; its panic is logged when it is joined.
             Err(_) => {
-                let reason = engine.join().err().unwrap_or_else(|| "it ended".to_owned());
+                let reason = compute
+                    .join()
+                    .err()
+                    .unwrap_or_else(|| "it ended".to_owned());
                 Err(EncodeError::Device(format!(
                     "the compute thread failed while starting: {reason}"
                 )))
@@ -164,7 +167,7 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for ComputeThread {
     fn drop(&mut self) {
         let _ = self.join();
     }
@@ -454,7 +457,7 @@ mod tests {
 
     impl Drop for Panicky {
         fn drop(&mut self) {
-            // Slow enough that an engine that did not wait for its thread would be seen
+            // Slow enough that an compute that did not wait for its thread would be seen
             // returning before this ran.
             thread::sleep(Duration::from_millis(50));
             *self.dropped_on.lock().expect("lock") = thread::current().name().map(String::from);
@@ -470,12 +473,16 @@ mod tests {
         }
     }
 
-    /// An engine over a [`Panicky`] on the thread `test-compute`; `on_fatal`'s reasons come
+    /// An compute over a [`Panicky`] on the thread `test-compute`; `on_fatal`'s reasons come
     /// on the receiver.
-    fn panicky_engine(
+    fn panicky_compute(
         survives: bool,
         gate: Option<mpsc::Receiver<()>>,
-    ) -> (Engine, Arc<Mutex<Option<String>>>, mpsc::Receiver<String>) {
+    ) -> (
+        ComputeThread,
+        Arc<Mutex<Option<String>>>,
+        mpsc::Receiver<String>,
+    ) {
         let dropped_on = Arc::new(Mutex::new(None));
         let (fatal_tx, fatal_rx) = mpsc::channel();
         let encoder = Panicky {
@@ -483,7 +490,7 @@ mod tests {
             gate,
             dropped_on: dropped_on.clone(),
         };
-        let engine = Engine::start(
+        let compute = ComputeThread::start(
             "test-compute",
             move || Ok(Box::new(encoder) as Box<dyn Encoder>),
             Box::new(move |reason| {
@@ -491,17 +498,17 @@ mod tests {
             }),
         )
         .expect("starts");
-        (engine, dropped_on, fatal_rx)
+        (compute, dropped_on, fatal_rx)
     }
 
     /// A panic in an encoder (a CPU backend's out-of-bounds index) exited the whole worker
     /// with code 70 and the compute thread was never joined: now the batch in flight fails
-    /// with the panic's message, the next batch is served, and dropping the engine returns
+    /// with the panic's message, the next batch is served, and dropping the compute returns
     /// only after the encoder was dropped on its own thread.
     #[tokio::test]
     async fn a_panic_fails_its_batch_and_the_next_is_served() {
-        let (engine, dropped_on, fatal) = panicky_engine(true, None);
-        let err = engine
+        let (compute, dropped_on, fatal) = panicky_compute(true, None);
+        let err = compute
             .encode(vec![seq(5, 3), seq(PANIC_ID, 2)], Vec::new())
             .await
             .expect_err("the batch fails");
@@ -512,18 +519,18 @@ mod tests {
                 && message.contains("index out of bounds: the len is 3 but the index is 8"),
             "{message}"
         );
-        let ok = engine
+        let ok = compute
             .encode(vec![seq(5, 3), seq(9, 4)], Vec::new())
             .await
             .expect("the next batch is served");
         assert_eq!(ok.vectors, vec![3.0, 5.0, 4.0, 9.0]);
         assert!(fatal.try_recv().is_err(), "no stop asked for");
         assert_eq!(*dropped_on.lock().expect("lock"), None);
-        drop(engine);
+        drop(compute);
         assert_eq!(
             dropped_on.lock().expect("lock").as_deref(),
             Some("test-compute"),
-            "the encoder was dropped on the compute thread before the engine's drop returned"
+            "the encoder was dropped on the compute thread before the compute's drop returned"
         );
     }
 
@@ -532,11 +539,11 @@ mod tests {
     #[tokio::test]
     async fn a_panic_the_encoder_does_not_survive_stops_the_engine() {
         let (gate_tx, gate) = mpsc::channel();
-        let (engine, dropped_on, fatal) = panicky_engine(false, Some(gate));
+        let (compute, dropped_on, fatal) = panicky_compute(false, Some(gate));
         // The panicking batch waits at the gate until the second one is queued behind it.
         let (panicked, queued, ()) = tokio::join!(
-            engine.encode(vec![seq(PANIC_ID, 2)], Vec::new()),
-            engine.encode(vec![seq(5, 3)], Vec::new()),
+            compute.encode(vec![seq(PANIC_ID, 2)], Vec::new()),
+            compute.encode(vec![seq(5, 3)], Vec::new()),
             async {
                 gate_tx.send(()).expect("gate");
             },
@@ -556,12 +563,12 @@ mod tests {
             reason.contains("the encoder panicked: index out of bounds"),
             "{reason}"
         );
-        let later = engine
+        let later = compute
             .encode(vec![seq(5, 3)], Vec::new())
             .await
             .expect_err("no batch runs after it");
         assert!(matches!(later, EncodeError::Stopped(_)), "{later:?}");
-        drop(engine);
+        drop(compute);
         assert_eq!(
             dropped_on.lock().expect("lock").as_deref(),
             Some("test-compute")
@@ -571,7 +578,7 @@ mod tests {
     /// A panic while the encoder is built would leave `start` waiting, or lose its message.
     #[test]
     fn a_panic_while_building_is_an_error() {
-        let started = Engine::start(
+        let started = ComputeThread::start(
             "test-compute",
             || panic!("no device 3"),
             Box::new(|_| unreachable!("not serving yet")),
