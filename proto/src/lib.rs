@@ -2,35 +2,46 @@
 //!
 //! # Layout
 //! - `modelshare/v1/common.proto`: dtypes, version states, manifests, device info.
-//! - `modelshare/v1/admin.proto`: [`v1::admin_service_client`] / [`v1::admin_service_server`],
+//! - `modelshare/v1/admin.proto`: `v1::admin_service_client` / `v1::admin_service_server`,
 //!   the operator API (load, unload, list, describe, stats, sessions).
-//! - `modelshare/v1/worker.proto`: [`v1::worker_service_client`] / [`v1::worker_service_server`],
+//! - `modelshare/v1/worker.proto`: `v1::worker_service_client` / `v1::worker_service_server`,
 //!   sessions, attach and release, and `Serve`: the stream over which a worker pulls batches of
 //!   requests by credit and answers them.
 //! - `modelshare/v1/serving.proto`: the messages of `Serve` (offer, batch, item, result, cancel,
 //!   drain).
-//! - `inference/grpc_predict_v2.proto`: [`inference::grpc_inference_service_client`] /
-//!   [`inference::grpc_inference_service_server`], the KServe v2 Open Inference Protocol
+//! - `inference/grpc_predict_v2.proto`: `inference::grpc_inference_service_client` /
+//!   `inference::grpc_inference_service_server`, the KServe v2 Open Inference Protocol
 //!   (package `inference`), wire-compatible with the specification so that its clients work
 //!   unchanged.
+//! - [`limits`]: the sizes and counts both sides enforce (message bounds, a Serve batch's
+//!   bytes, items and credits).
+//! - [`dtype`]: bytes per element of each [`v1::DType`], the one table.
+//! - `codec` (with `client` or `server`): the codec of every generated service.
 //!
 //! The code is generated at build time into `OUT_DIR`; [`FILE_DESCRIPTOR_SET`] is the compiled
-//! descriptor set, for gRPC server reflection. Client and server stubs sit behind the `client`
-//! and `server` features so that the worker SDK does not build server code.
+//! descriptor set, for gRPC server reflection.
+//!
+//! # Features
+//! None by default: the messages build with prost alone, without tonic or any HTTP crate.
+//! `client` adds the client stubs (the worker SDK and the CLI), `server` the server traits (the
+//! server); either brings tonic and `codec`.
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "client", feature = "server"))]
 pub mod codec;
+pub mod dtype;
+pub mod limits;
 
 /// Package `modelshare.v1`.
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod v1 {
-    tonic::include_proto!("modelshare.v1");
+    include!(concat!(env!("OUT_DIR"), "/modelshare.v1.rs"));
 }
 
 /// Package `inference`: the KServe v2 Open Inference Protocol.
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod inference {
-    tonic::include_proto!("inference");
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of every `.proto` file of the crate: packages

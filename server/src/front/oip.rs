@@ -79,7 +79,7 @@ pub fn element_size(d: pb::DType) -> Option<usize> {
     if datatype(d).is_empty() {
         None
     } else {
-        serve::element_size(d)
+        modelshare_proto::dtype::size_of(d)
     }
 }
 

@@ -345,17 +345,10 @@ fn split_strings(mut data: &[u8]) -> Option<Vec<&[u8]>> {
     Some(out)
 }
 
-/// Bytes per element of `dtype`; `None` for BYTES (variable) and for no dtype.
+/// Bytes per element of `dtype`; `None` for BYTES (variable) and for no dtype: the
+/// contract's table, [`modelshare_proto::dtype::size_of`].
 pub fn element_size(dtype: pb::DType) -> Option<usize> {
-    use pb::DType as D;
-    match dtype {
-        D::DtypeBool | D::DtypeU8 | D::DtypeI8 => Some(1),
-        D::DtypeF8E4m3 | D::DtypeF8E5m2 | D::DtypeF8E8m0 => Some(1),
-        D::DtypeI16 | D::DtypeU16 | D::DtypeF16 | D::DtypeBf16 => Some(2),
-        D::DtypeI32 | D::DtypeU32 | D::DtypeF32 => Some(4),
-        D::DtypeF64 | D::DtypeI64 | D::DtypeU64 | D::DtypeC64 => Some(8),
-        D::DtypeBytes | D::DtypeUnspecified => None,
-    }
+    modelshare_proto::dtype::size_of(dtype)
 }
 
 /// The name the OIP gives `dtype` ("FP32", "INT64", "BYTES", ...), as a [`pb::TensorSpec`]
