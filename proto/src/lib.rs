@@ -25,6 +25,20 @@
 //! None by default: the messages build with prost alone, without tonic or any HTTP crate.
 //! `client` adds the client stubs (the worker SDK and the CLI), `server` the server traits (the
 //! server); either brings tonic and `codec`.
+//!
+//! # The contract's versions
+//! Workers outlive server restarts and upgrades, so workers and servers of different builds
+//! must keep talking:
+//! - The wire check. `wire-baseline.txt` lists every message, field (number, name, type,
+//!   label, oneof), reserved number, enum value, service and method of both packages, one line
+//!   each. `tests/wire_compat.rs` compares the descriptors with it and fails on a change a peer
+//!   built from the baseline would misread (a field renumbered, retyped, relabelled, moved in or
+//!   out of a oneof, or removed without reserving its number; a number reused; an enum value
+//!   renumbered or removed; a removed message still used; a removed or reshaped method), and
+//!   also on compatible changes not yet in the baseline, so that the baseline stays current.
+//!   After a compatible change: `cargo run -p modelshare-proto --example wire_check --
+//!   --update`, and commit the baseline with the change. The code is in `wire/` (not part of
+//!   the library).
 #![forbid(unsafe_code)]
 
 #[cfg(any(feature = "client", feature = "server"))]
