@@ -16,6 +16,8 @@
 //! - [`limits`]: the sizes and counts both sides enforce (message bounds, a Serve batch's
 //!   bytes, items and credits).
 //! - [`dtype`]: bytes per element of each [`v1::DType`], the one table.
+//! - [`version`]: the protocol version of a session ([`PROTOCOL_VERSION`]) and how the two
+//!   sides agree on it.
 //! - `codec` (with `client` or `server`): the codec of every generated service.
 //!
 //! The code is generated at build time into `OUT_DIR`; [`FILE_DESCRIPTOR_SET`] is the compiled
@@ -28,7 +30,7 @@
 //!
 //! # The contract's versions
 //! Workers outlive server restarts and upgrades, so workers and servers of different builds
-//! must keep talking:
+//! must keep talking. Two guards:
 //! - The wire check. `wire-baseline.txt` lists every message, field (number, name, type,
 //!   label, oneof), reserved number, enum value, service and method of both packages, one line
 //!   each. `tests/wire_compat.rs` compares the descriptors with it and fails on a change a peer
@@ -39,12 +41,18 @@
 //!   After a compatible change: `cargo run -p modelshare-proto --example wire_check --
 //!   --update`, and commit the baseline with the change. The code is in `wire/` (not part of
 //!   the library).
+//! - The protocol version, for changes of meaning the wire cannot show: a worker says the
+//!   newest it speaks in `Hello.protocol_version`, the server answers the session's in
+//!   `Welcome.protocol_version`; see [`version`].
 #![forbid(unsafe_code)]
 
 #[cfg(any(feature = "client", feature = "server"))]
 pub mod codec;
 pub mod dtype;
 pub mod limits;
+pub mod version;
+
+pub use version::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 /// Package `modelshare.v1`.
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
