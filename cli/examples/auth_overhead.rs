@@ -105,7 +105,7 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
         kind: Some(pb::session_request::Kind::Hello(pb::Hello {
             worker_name: "bench".into(),
             pid: std::process::id(),
-            labels: Default::default(),
+            ..Default::default()
         })),
     })
     .await

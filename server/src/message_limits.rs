@@ -35,15 +35,15 @@ use tonic::codegen::http;
 use tower::{Layer, Service};
 
 /// The bound on a request message of methods that carry no payload (names, ids, heartbeats).
-pub const SMALL_REQUEST_BYTES: u32 = 64 << 10;
+pub const SMALL_REQUEST_BYTES: u32 = modelshare_proto::limits::SMALL_REQUEST_BYTES;
 
 /// The bound on an admin request: names, paths and access lists need kilobytes; a client's
 /// megabytes there are refused before they are decoded (answers may still be large).
-pub const ADMIN_REQUEST_BYTES: u32 = 1 << 20;
+pub const ADMIN_REQUEST_BYTES: u32 = modelshare_proto::limits::ADMIN_REQUEST_BYTES;
 
 /// The bound on a request of the methods that carry payloads, and on any message the server
 /// sends (manifests with metadata files can be large).
-pub const PAYLOAD_MESSAGE_BYTES: u32 = 128 << 20;
+pub const PAYLOAD_MESSAGE_BYTES: u32 = modelshare_proto::limits::PAYLOAD_MESSAGE_BYTES;
 
 /// Methods whose requests carry payloads.
 const PAYLOAD_METHODS: &[&str] = &[

@@ -26,12 +26,13 @@ fn event(kind: pb::session_event::Kind) -> Result<pb::SessionEvent, Status> {
 }
 
 /// Opens a session for `caller` from its `hello` (the first message of `inbound`), registers
-/// it in the hub and the timer, and serves it in the background. Returns the welcome first,
-/// then events, on the returned channel.
+/// it in the hub and the timer, and serves it in the background. Returns the welcome first
+/// (saying `protocol_version`, agreed from the hello's), then events, on the returned channel.
 pub fn open(
     app: &App,
     caller: Caller,
     hello: WorkerHello,
+    protocol_version: u32,
     peer: PeerWatch,
     inbound: Streaming<pb::SessionRequest>,
     device: pb::DeviceInfo,
@@ -82,6 +83,7 @@ pub fn open(
             .map(crate::convert::device)
             .collect(),
         device: Some(device),
+        protocol_version,
     });
     // The channel is empty and has room: this cannot fail.
     let _ = tx.try_send(event(welcome));

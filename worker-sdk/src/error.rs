@@ -39,6 +39,9 @@ pub enum WorkerError {
     /// The server broke the protocol (a missing field, an unknown handle kind).
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The server's welcome said a protocol version this worker does not speak.
+    #[error("session: {0}")]
+    ProtocolVersion(#[from] modelshare_proto::version::VersionError),
     /// Mapping the arena failed.
     #[error("arena of '{model}' version {version}: {source}")]
     Device {
@@ -110,7 +113,7 @@ impl WorkerError {
     }
 
     /// Whether trying again cannot help: a bad address or credentials, options, a protocol
-    /// or a model the worker refuses, or a refusal of the server that retrying cannot fix
+    /// (or protocol version) or a model the worker refuses, or a refusal of the server that retrying cannot fix
     /// (INVALID_ARGUMENT, PERMISSION_DENIED, UNIMPLEMENTED).
     pub fn is_fatal(&self) -> bool {
         match self {
@@ -119,6 +122,7 @@ impl WorkerError {
             | WorkerError::BadServeOptions(_)
             | WorkerError::WrongSession { .. }
             | WorkerError::Protocol(_)
+            | WorkerError::ProtocolVersion(_)
             | WorkerError::Unservable { .. } => true,
             WorkerError::Rpc { status, .. } => matches!(
                 status.code(),

@@ -49,8 +49,8 @@ pub use supervise::{Target, run_process, serve_latest, stop_on_signals};
 use crate::link::{Link, SessionCore};
 use crate::{Model, Session, SessionEvent, WorkerError};
 
-/// The server's gRPC message size: a worker must not declare a larger `max_batch_bytes`.
-pub const MAX_MESSAGE_BYTES: u64 = 128 << 20;
+/// The limits of an offer, as the server enforces them (from the contract, `modelshare_proto`).
+pub use modelshare_proto::limits::{MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_CREDITS};
 /// The heartbeat interval when neither the options nor the session's welcome give one.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 /// First delay before offering again after a broken stream; doubles up to [`MAX_BACKOFF`].
@@ -63,12 +63,13 @@ const REATTACH_POLL: Duration = Duration::from_millis(20);
 /// How a worker serves a model.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// How many batches the worker takes at once (handler calls at once). Default 1.
+    /// How many batches the worker takes at once (handler calls at once). At most
+    /// [`MAX_CREDITS`]. Default 1.
     pub credits: u32,
-    /// Most items in one batch. Default 32.
+    /// Most items in one batch. At most [`MAX_BATCH_ITEMS`]. Default 32.
     pub max_batch_items: u32,
-    /// Most input bytes (text bytes plus tensor data bytes) in one batch; 0: no limit but the
-    /// message size. At most [`MAX_MESSAGE_BYTES`]. Default 0.
+    /// Most input bytes (text bytes plus tensor data bytes) in one batch, at most
+    /// [`MAX_BATCH_BYTES`] (a batch travels in one message); 0: that most. Default 0.
     pub max_batch_bytes: u64,
     /// The input kinds taken. Default both.
     pub accepts: Accepts,
@@ -106,17 +107,31 @@ impl ServeOptions {
     /// Refuses what the server would refuse.
     fn check(&self) -> Result<(), WorkerError> {
         let bad = |reason: &str| Err(WorkerError::BadServeOptions(reason.to_owned()));
+        let over = |what: &str, value: u64, most: u64| {
+            Err(WorkerError::BadServeOptions(format!(
+                "{what} {value} is over the server's limit, {most}"
+            )))
+        };
         if self.credits == 0 {
             return bad("credits must be at least 1");
         }
         if self.max_batch_items == 0 {
             return bad("max_batch_items must be at least 1");
         }
-        if self.max_batch_bytes > MAX_MESSAGE_BYTES {
-            return Err(WorkerError::BadServeOptions(format!(
-                "max_batch_bytes {} is over the server's message size, {MAX_MESSAGE_BYTES}",
-                self.max_batch_bytes
-            )));
+        if self.credits > MAX_CREDITS {
+            return over("credits", self.credits.into(), MAX_CREDITS.into());
+        }
+        if self.max_batch_items > MAX_BATCH_ITEMS {
+            let items = self.max_batch_items.into();
+            return over("max_batch_items", items, MAX_BATCH_ITEMS.into());
+        }
+        if self.max_batch_bytes > MAX_BATCH_BYTES {
+            let bytes = self.max_batch_bytes;
+            return over(
+                "max_batch_bytes (a batch travels in one message)",
+                bytes,
+                MAX_BATCH_BYTES,
+            );
         }
         if !self.accepts.text && !self.accepts.tensor {
             return bad("accepts must take text, tensors or both");
@@ -322,6 +337,44 @@ async fn ready_link(
                 Err(broadcast::error::RecvError::Closed) => listening = false,
                 _ => {}
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Options the server refuses would be sent (the stream then fails at the offer, after
+    /// the worker has started), or options it takes would be refused here: the limits are the
+    /// contract's, the same figures the server checks.
+    #[test]
+    fn options_are_checked_against_the_servers_limits() {
+        let at_limits = ServeOptions {
+            credits: MAX_CREDITS,
+            max_batch_items: MAX_BATCH_ITEMS,
+            max_batch_bytes: MAX_BATCH_BYTES,
+            ..ServeOptions::default()
+        };
+        assert!(at_limits.check().is_ok());
+        let over = [
+            ServeOptions {
+                credits: MAX_CREDITS + 1,
+                ..at_limits.clone()
+            },
+            ServeOptions {
+                max_batch_items: MAX_BATCH_ITEMS + 1,
+                ..at_limits.clone()
+            },
+            // The message bound (128 MiB) less the batch's envelope: 120 MiB.
+            ServeOptions {
+                max_batch_bytes: MAX_BATCH_BYTES + 1,
+                ..at_limits.clone()
+            },
+        ];
+        for options in over {
+            let e = options.check().unwrap_err();
+            assert!(e.to_string().contains("over the server's limit"), "{e}");
         }
     }
 }

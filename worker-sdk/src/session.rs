@@ -303,6 +303,7 @@ async fn handshake(
             worker_name: inner.options.worker_name.clone(),
             pid: std::process::id(),
             labels: inner.options.labels.clone(),
+            protocol_version: modelshare_proto::PROTOCOL_VERSION,
         })),
     };
     tx.send(hello)
@@ -332,6 +333,7 @@ async fn handshake(
             ));
         }
     };
+    modelshare_proto::version::accept_welcome(welcome.protocol_version)?;
     let device_uuid = match &inner.options.device_uuid {
         Some(uuid) => Some(uuid.clone()),
         None if welcome.devices.len() > 1 => own_device().await,
@@ -353,6 +355,17 @@ fn refused_credentials(e: &WorkerError) -> bool {
         || matches!(
             e.code(),
             Some(tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
+        )
+}
+
+/// Whether a failed reconnection was about the protocol version: the welcome's (this worker
+/// refused it) or the hello's (the server refused it: FAILED_PRECONDITION on `Session`).
+fn refused_version(e: &WorkerError) -> bool {
+    matches!(e, WorkerError::ProtocolVersion(_))
+        || matches!(
+            e,
+            WorkerError::Rpc { call: "Session", status }
+                if status.code() == tonic::Code::FailedPrecondition
         )
 }
 
@@ -402,12 +415,13 @@ async fn supervise_streams(
             match handshake(inner).await {
                 Ok(ok) => break ok,
                 Err(e) => {
-                    // Refused credentials need an operator (a revoked token, a bad token file):
-                    // say so, but not at every attempt.
-                    if refused_credentials(&e)
+                    // Refused credentials need an operator (a revoked token, a bad token file),
+                    // and so does a server upgraded to a protocol version this worker does not
+                    // speak: say so, but not at every attempt.
+                    if (refused_credentials(&e) || refused_version(&e))
                         && warned.is_none_or(|at| at.elapsed() >= AUTH_WARN_EVERY)
                     {
-                        warn!(error = %e, "reconnect refused: check the token; retrying");
+                        warn!(error = %e, "reconnect refused (token or version); retrying");
                         warned = Some(Instant::now());
                     } else {
                         debug!(error = %e, "reconnect failed; retrying");

@@ -122,6 +122,7 @@ async fn a_closed_session_releases_its_leases() {
             worker_name: "short".into(),
             pid: 4242,
             labels: [("role".to_string(), "test".to_string())].into(),
+            ..Default::default()
         },
     )
     .await;

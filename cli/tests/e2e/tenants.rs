@@ -166,7 +166,7 @@ pub async fn session_as(
         kind: Some(pb::session_request::Kind::Hello(pb::Hello {
             worker_name: name.into(),
             pid: std::process::id(),
-            labels: Default::default(),
+            ..Default::default()
         })),
     })
     .await

@@ -72,15 +72,13 @@ impl DType {
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per element: the contract's table (`modelshare_proto::dtype`); every dtype here
+    /// is one of the contract's (the tests below check each size).
     pub fn size_bytes(self) -> u64 {
-        match self {
-            DType::Bool | DType::U8 | DType::I8 => 1,
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E8M0 => 1,
-            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
-            DType::I32 | DType::U32 | DType::F32 => 4,
-            DType::F64 | DType::I64 | DType::U64 | DType::C64 => 8,
-        }
+        use modelshare_proto::dtype::{from_safetensors_name, size_of};
+        from_safetensors_name(self.as_str())
+            .and_then(size_of)
+            .map_or(0, |n| n as u64)
     }
 }
 

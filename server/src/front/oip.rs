@@ -12,8 +12,6 @@ use modelshare_proto::inference as oip;
 use modelshare_proto::v1 as pb;
 use prost::bytes::{Bytes, BytesMut};
 
-use modelshare_worker::serve;
-
 use modelshare_serving::InferError;
 
 /// One tensor of a request or a response, in the raw layout.
@@ -70,7 +68,7 @@ pub fn dtype(datatype: &str) -> Result<pb::DType, InferError> {
 /// The OIP datatype name of a dtype (`""` for a dtype the OIP has no name for): the SDK's
 /// name, where it is one the OIP knows.
 pub fn datatype(d: pb::DType) -> &'static str {
-    let name = serve::oip_datatype(d);
+    let name = modelshare_proto::dtype::oip_datatype(d);
     if dtype(name).is_ok() { name } else { "" }
 }
 
@@ -79,7 +77,7 @@ pub fn element_size(d: pb::DType) -> Option<usize> {
     if datatype(d).is_empty() {
         None
     } else {
-        serve::element_size(d)
+        modelshare_proto::dtype::size_of(d)
     }
 }
 

@@ -25,11 +25,11 @@ use modelshare_serving::{WorkerId, WorkerSpec};
 pub type ServeStream = Pin<Box<dyn Stream<Item = Result<pb::ServeEvent, Status>> + Send>>;
 
 /// The largest `max_batch_bytes` a worker may declare: what fits in one message.
-const MAX_BATCH_BYTES: u64 = 120 << 20;
+const MAX_BATCH_BYTES: u64 = modelshare_proto::limits::MAX_BATCH_BYTES;
 /// The most credits a worker may declare.
-const MAX_CREDITS: u32 = 1024;
+const MAX_CREDITS: u32 = modelshare_proto::limits::MAX_CREDITS;
 /// The most items per batch a worker may declare.
-const MAX_BATCH_ITEMS: u32 = 65_536;
+const MAX_BATCH_ITEMS: u32 = modelshare_proto::limits::MAX_BATCH_ITEMS;
 
 /// Opens a Serve stream for `caller`, whose first message must be an offer.
 pub async fn open(

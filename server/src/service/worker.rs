@@ -135,10 +135,12 @@ impl WorkerService for WorkerApi {
         let first = tokio::time::timeout(deadline, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no hello within the heartbeat deadline"))??;
-        let hello = match first.and_then(|m| m.kind) {
-            Some(pb::session_request::Kind::Hello(h)) => {
-                crate::convert::worker_hello(h).or_status()?
-            }
+        let (protocol_version, hello) = match first.and_then(|m| m.kind) {
+            Some(pb::session_request::Kind::Hello(h)) => (
+                modelshare_proto::version::negotiate_hello(h.protocol_version)
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?,
+                crate::convert::worker_hello(h).or_status()?,
+            ),
             _ => {
                 return Err(Status::invalid_argument(
                     "the first message of a session must be a hello",
@@ -146,8 +148,16 @@ impl WorkerService for WorkerApi {
             }
         };
         let device = convert::device(self.app.host.devices.primary().info());
-        let outbound = crate::sessions::open(&self.app, caller, hello, peer, inbound, device)
-            .map_err(|e| self.app.refuse(e))?;
+        let outbound = crate::sessions::open(
+            &self.app,
+            caller,
+            hello,
+            protocol_version,
+            peer,
+            inbound,
+            device,
+        )
+        .map_err(|e| self.app.refuse(e))?;
         Ok(Response::new(Box::pin(ReceiverStream::new(outbound))))
     }
 

@@ -345,45 +345,13 @@ fn split_strings(mut data: &[u8]) -> Option<Vec<&[u8]>> {
     Some(out)
 }
 
-/// Bytes per element of `dtype`; `None` for BYTES (variable) and for no dtype.
+/// Bytes per element of `dtype`; `None` for BYTES (variable) and for no dtype: the
+/// contract's table, [`modelshare_proto::dtype::size_of`].
 pub fn element_size(dtype: pb::DType) -> Option<usize> {
-    use pb::DType as D;
-    match dtype {
-        D::DtypeBool | D::DtypeU8 | D::DtypeI8 => Some(1),
-        D::DtypeF8E4m3 | D::DtypeF8E5m2 | D::DtypeF8E8m0 => Some(1),
-        D::DtypeI16 | D::DtypeU16 | D::DtypeF16 | D::DtypeBf16 => Some(2),
-        D::DtypeI32 | D::DtypeU32 | D::DtypeF32 => Some(4),
-        D::DtypeF64 | D::DtypeI64 | D::DtypeU64 | D::DtypeC64 => Some(8),
-        D::DtypeBytes | D::DtypeUnspecified => None,
-    }
+    modelshare_proto::dtype::size_of(dtype)
 }
 
-/// The name the OIP gives `dtype` ("FP32", "INT64", "BYTES", ...), as a [`pb::TensorSpec`]
-/// carries it; dtypes the OIP lacks keep their safetensors name ("F8_E4M3", "C64").
-pub fn oip_datatype(dtype: pb::DType) -> &'static str {
-    use pb::DType as D;
-    match dtype {
-        D::DtypeBool => "BOOL",
-        D::DtypeU8 => "UINT8",
-        D::DtypeI8 => "INT8",
-        D::DtypeI16 => "INT16",
-        D::DtypeU16 => "UINT16",
-        D::DtypeF16 => "FP16",
-        D::DtypeBf16 => "BF16",
-        D::DtypeI32 => "INT32",
-        D::DtypeU32 => "UINT32",
-        D::DtypeF32 => "FP32",
-        D::DtypeF64 => "FP64",
-        D::DtypeI64 => "INT64",
-        D::DtypeU64 => "UINT64",
-        D::DtypeF8E4m3 => "F8_E4M3",
-        D::DtypeF8E5m2 => "F8_E5M2",
-        D::DtypeF8E8m0 => "F8_E8M0",
-        D::DtypeC64 => "C64",
-        D::DtypeBytes => "BYTES",
-        D::DtypeUnspecified => "UNSPECIFIED",
-    }
-}
+pub use modelshare_proto::dtype::oip_datatype;
 
 /// A [`pb::TensorSpec`] for the offer's `inputs` / `outputs` (shape per item, -1 for a
 /// dimension of any size).

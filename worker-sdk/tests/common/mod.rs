@@ -30,6 +30,10 @@ pub struct State {
     /// Event senders of the open session streams, by session id.
     pub live: HashMap<String, mpsc::Sender<Result<pb::SessionEvent, Status>>>,
     pub released: Vec<String>,
+    /// The `protocol_version` of every hello, in order.
+    pub hello_versions: Vec<u32>,
+    /// The `protocol_version` the welcomes say (0 by default: a server built before the field).
+    pub welcome_version: u32,
 }
 
 pub struct Fake {
@@ -106,8 +110,8 @@ impl WorkerService for Service {
         let mut inbound = request.into_inner();
         match inbound.next().await {
             Some(Ok(pb::SessionRequest {
-                kind: Some(pb::session_request::Kind::Hello(_)),
-            })) => {}
+                kind: Some(pb::session_request::Kind::Hello(hello)),
+            })) => self.0.state().hello_versions.push(hello.protocol_version),
             _ => {
                 return Err(Status::invalid_argument(
                     "the first message must be a hello",
@@ -115,12 +119,12 @@ impl WorkerService for Service {
             }
         }
         let (tx, rx) = mpsc::channel(8);
-        let id = {
+        let (id, protocol_version) = {
             let mut state = self.0.state();
             state.sessions += 1;
             let id = format!("s{}", state.sessions);
             state.live.insert(id.clone(), tx.clone());
-            id
+            (id, state.welcome_version)
         };
         let welcome = pb::SessionEvent {
             kind: Some(pb::session_event::Kind::Welcome(pb::Welcome {
@@ -128,6 +132,7 @@ impl WorkerService for Service {
                 heartbeat_interval_ms: 20,
                 device: None,
                 devices: Vec::new(),
+                protocol_version,
             })),
         };
         tx.send(Ok(welcome)).await.expect("the receiver is here");
