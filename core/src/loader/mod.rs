@@ -125,8 +125,7 @@ pub fn copy_into(
     // An empty list answers whether the backend checksums on the device at all.
     let device_sums = arena.checksums(Vec::new()).wait()?.is_some();
     let cpu_hash = cpu_hash || !device_sums;
-    let mut order: Vec<usize> = (0..layout.tensors.len()).collect();
-    order.sort_by_key(|i| std::cmp::Reverse(layout.tensors[*i].byte_length));
+    let order = largest_first(layout);
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let threads = threads.clamp(1, order.len().max(1));
@@ -137,7 +136,63 @@ pub fn copy_into(
     let running = AtomicUsize::new(threads);
     let _registered = gate.start();
     let started = std::time::Instant::now();
-    let results: Vec<Result<Vec<(usize, u64)>, CoreError>> = std::thread::scope(|scope| {
+    let shared = Shared {
+        order: &order,
+        next: &next,
+        failed: &failed,
+        cpu_hash,
+        direct: &direct,
+        bytes: &bytes,
+        gate,
+        running: &running,
+    };
+    let results = run_threads(job, arena, source, layout, &shared, threads, cpus);
+
+    let mut manifest = job.manifest.clone();
+    record_cpu_sums(&mut manifest, results)?;
+    check_cancel(job)?;
+    let copied = started.elapsed();
+    record_device_sums(arena, &mut manifest)?;
+    arena.seal().wait()?;
+    let (cached, direct_bytes) = (
+        bytes.page_cache.load(Ordering::Relaxed),
+        bytes.direct.load(Ordering::Relaxed),
+    );
+    log_phases(
+        job,
+        threads,
+        cpu_hash,
+        (cached, direct_bytes),
+        copied,
+        started,
+    );
+    Ok(Copied {
+        manifest,
+        page_cache_bytes: cached,
+        direct_bytes,
+    })
+}
+
+/// The indices of `layout`'s tensors, largest first (the order threads take them in).
+fn largest_first(layout: &Layout) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..layout.tensors.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(layout.tensors[*i].byte_length));
+    order
+}
+
+/// Runs `threads` load threads (each bound to `cpus` where given) that take tensors from
+/// `shared` until none are left; each thread's checksums, or its error, in thread order. A
+/// thread that fails tells the others to stop.
+fn run_threads(
+    job: &Reservation,
+    arena: &ArenaHandle,
+    source: &ModelSource,
+    layout: &Layout,
+    shared: &Shared<'_>,
+    threads: usize,
+    cpus: Option<&[usize]>,
+) -> Vec<Result<Vec<(usize, u64)>, CoreError>> {
+    std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
@@ -145,19 +200,9 @@ pub fn copy_into(
                         // Best effort: an unbound thread loads as well, only farther away.
                         let _ = modelshare_device::numa::pin_current_thread(cpus);
                     }
-                    let shared = Shared {
-                        order: &order,
-                        next: &next,
-                        failed: &failed,
-                        cpu_hash,
-                        direct: &direct,
-                        bytes: &bytes,
-                        gate,
-                        running: &running,
-                    };
-                    let r = copy_some(job, arena, source, layout, &shared);
+                    let r = copy_some(job, arena, source, layout, shared);
                     if r.is_err() {
-                        failed.store(true, Ordering::SeqCst);
+                        shared.failed.store(true, Ordering::SeqCst);
                     }
                     r
                 })
@@ -170,9 +215,15 @@ pub fn copy_into(
                     .unwrap_or_else(|_| Err(CoreError::Internal("a load thread panicked".into())))
             })
             .collect()
-    });
+    })
+}
 
-    let mut manifest = job.manifest.clone();
+/// Writes the threads' XXH3 sums into `manifest`'s tensors, or returns the error that says
+/// most about why the load failed.
+fn record_cpu_sums(
+    manifest: &mut Manifest,
+    results: Vec<Result<Vec<(usize, u64)>, CoreError>>,
+) -> Result<(), CoreError> {
     let mut first_error = None;
     for r in results {
         match r {
@@ -194,8 +245,11 @@ pub fn copy_into(
     if let Some(e) = first_error {
         return Err(e);
     }
-    check_cancel(job)?;
-    let copied = started.elapsed();
+    Ok(())
+}
+
+/// Writes the device's ms64 of every tensor into `manifest`, where the backend computes them.
+fn record_device_sums(arena: &ArenaHandle, manifest: &mut Manifest) -> Result<(), CoreError> {
     let ranges: Vec<(u64, u64)> = manifest
         .tensors
         .iter()
@@ -206,11 +260,19 @@ pub fn copy_into(
             t.ms64 = sum;
         }
     }
-    arena.seal().wait()?;
-    let (cached, direct_bytes) = (
-        bytes.page_cache.load(Ordering::Relaxed),
-        bytes.direct.load(Ordering::Relaxed),
-    );
+    Ok(())
+}
+
+/// The "load phases" line: threads, hashing, how the bytes were read (`(page cache, direct)`),
+/// the copy's time and the checksums' and seal's after it.
+fn log_phases(
+    job: &Reservation,
+    threads: usize,
+    cpu_hash: bool,
+    (cached, direct_bytes): (u64, u64),
+    copied: std::time::Duration,
+    started: std::time::Instant,
+) {
     tracing::info!(
         model = %job.model,
         version = job.version,
@@ -227,11 +289,6 @@ pub fn copy_into(
         checksum_seconds = (started.elapsed() - copied).as_secs_f64(),
         "load phases"
     );
-    Ok(Copied {
-        manifest,
-        page_cache_bytes: cached,
-        direct_bytes,
-    })
 }
 
 /// What a load thread reports when it stopped because another failed.

@@ -7,13 +7,20 @@
 //! Label values are bounded: service and method names of this server only, status codes,
 //! states, model names, tenant names, device UUIDs, reasons.
 //!
+//! The families are made and registered in `families`, one group at a time.
+//!
 //! A leaf: nothing here imports the registry, the tenants, the services or the app.
 
+mod families;
 pub mod gauges;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    TextEncoder,
+};
+
+use families::{
+    Distributions, Families, LoadFamilies, MemoryGauges, RequestFamilies, SessionDeviceGauges,
 };
 
 /// The `tenant` label of the admin (and of every caller when no tenants file is given), in
@@ -82,224 +89,48 @@ pub struct Metrics {
     device_used: IntGaugeVec,
 }
 
-fn latency_buckets() -> Vec<f64> {
-    vec![
-        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-        5.0, 10.0,
-    ]
-}
-
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok::<_, prometheus::Error>(c)
-        };
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok::<_, prometheus::Error>(g)
-        };
-        let grpc_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "modelshare_grpc_request_duration_seconds",
-                "gRPC request latency to the response head, by service, method and status code.",
-            )
-            .buckets(latency_buckets()),
-            &["service", "method", "code"],
-        )?;
-        registry.register(Box::new(grpc_seconds.clone()))?;
-        let attach_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "modelshare_attach_duration_seconds",
-                "Server-side latency of successful attaches (lease, export, ticket).",
-            )
-            .buckets(latency_buckets()),
-        )?;
-        registry.register(Box::new(attach_seconds.clone()))?;
-        let load_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "modelshare_load_duration_seconds",
-                "Duration of successful loads (copy, checksums, seal).",
-            )
-            .buckets(vec![
-                0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-            ]),
-        )?;
-        registry.register(Box::new(load_seconds.clone()))?;
-        let load_bytes = IntCounter::new(
-            "modelshare_load_bytes_total",
-            "Bytes copied into arenas by loads.",
-        )?;
-        registry.register(Box::new(load_bytes.clone()))?;
-        let replica_copy_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "modelshare_replica_copy_duration_seconds",
-                "Duration of replica copies from a version's first device, by target device.",
-            )
-            .buckets(vec![
-                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
-            &["device"],
-        )?;
-        registry.register(Box::new(replica_copy_seconds.clone()))?;
-        let histogram_vec = |name: &str, help: &str, buckets: Vec<f64>| {
-            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &["model"])?;
-            registry.register(Box::new(h.clone()))?;
-            Ok::<_, prometheus::Error>(h)
-        };
-        let inference_seconds = histogram_vec(
-            "modelshare_inference_request_duration_seconds",
-            "Inference request latency, from arrival to answer, by model.",
-            latency_buckets(),
-        )?;
-        let inference_queue_seconds = histogram_vec(
-            "modelshare_inference_queue_duration_seconds",
-            "Time items waited in the queue before a batch took them, by model.",
-            latency_buckets(),
-        )?;
-        let inference_batch_items = histogram_vec(
-            "modelshare_inference_batch_items",
-            "Items per batch sent to workers, by model.",
-            vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
-        )?;
-        let versions = IntGaugeVec::new(
-            Opts::new("modelshare_model_versions", "Model versions by state."),
-            &["state"],
-        )?;
-        registry.register(Box::new(versions.clone()))?;
-        let arena_bytes = IntGaugeVec::new(
-            Opts::new(
-                "modelshare_arena_bytes",
-                "Bytes held by arenas, by model and device.",
-            ),
-            &["model", "device"],
-        )?;
-        registry.register(Box::new(arena_bytes.clone()))?;
-        let held_by_workers = IntGaugeVec::new(
-            Opts::new(
-                "modelshare_held_by_workers_bytes",
-                "Bytes of versions from before a server restart that only workers may hold now \
-                 (not yet adopted back), by model and device.",
-            ),
-            &["model", "device"],
-        )?;
-        registry.register(Box::new(held_by_workers.clone()))?;
-        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok::<_, prometheus::Error>(g)
-        };
+        let families = Families(&registry);
+        let distributions = Distributions::register(&families)?;
+        let memory = MemoryGauges::register(&families)?;
+        let requests = RequestFamilies::register(&families)?;
+        let loads = LoadFamilies::register(&families)?;
+        let gauges = SessionDeviceGauges::register(&families)?;
         Ok(Self {
-            auth_refusals: counter_vec(
-                "modelshare_auth_refusals_total",
-                "Requests refused by authentication, by reason (missing, malformed, unknown_token, uid).",
-                &["reason"],
-            )?,
-            quota_denials: counter_vec(
-                "modelshare_quota_denials_total",
-                "Calls refused for a tenant quota, by tenant and quota.",
-                &["tenant", "quota"],
-            )?,
-            grpc_requests: counter_vec(
-                "modelshare_grpc_requests_total",
-                "gRPC requests by service, method and status code.",
-                &["service", "method", "code"],
-            )?,
-            grpc_seconds,
-            connections: gauge_vec(
-                "modelshare_connections",
-                "Open connections, by listener (grpc_tcp, grpc_unix, http, handles).",
-                &["listener"],
-            )?,
-            connections_closed: counter_vec(
-                "modelshare_connections_closed_total",
-                "Connections the server refused or closed, by listener and reason \
-                 (listener_full, peer_full, handshake_timeout, idle_timeout).",
-                &["listener", "reason"],
-            )?,
-            inference_requests: counter_vec(
-                "modelshare_inference_requests_total",
-                "Inference requests by model, tenant (admin: the admin) and gRPC status code.",
-                &["model", "tenant", "code"],
-            )?,
-            inference_seconds,
-            inference_queue_seconds,
-            inference_batch_items,
-            inference_queue_items: gauge_vec(
-                "modelshare_inference_queue_items",
-                "Items queued for a batch, by model.",
-                &["model"],
-            )?,
-            inference_outstanding: gauge_vec(
-                "modelshare_inference_requests_outstanding",
-                "Inference requests queued or in flight, by tenant (admin: the admin).",
-                &["tenant"],
-            )?,
-            cancel_overruns: counter_vec(
-                "modelshare_inference_cancel_overruns_total",
-                "Worker Serve streams ended because the worker neither answered nor acknowledged \
-                 cancelled items within their deadline plus the grace, by model.",
-                &["model"],
-            )?,
-            serving_workers: gauge_vec(
-                "modelshare_serving_workers",
-                "Worker Serve streams, by model.",
-                &["model"],
-            )?,
-            attaches: counter_vec(
-                "modelshare_attaches_total",
-                "Attaches by result.",
-                &["result"],
-            )?,
-            attach_seconds,
-            loads: counter_vec("modelshare_loads_total", "Loads by result.", &["result"])?,
-            load_seconds,
-            load_bytes,
-            replica_copies: counter_vec(
-                "modelshare_replica_copies_total",
-                "Replica copies to further devices, by target device and result.",
-                &["device", "result"],
-            )?,
-            replica_copy_seconds,
-            sessions_ended: counter_vec(
-                "modelshare_sessions_ended_total",
-                "Worker sessions ended, by reason.",
-                &["reason"],
-            )?,
-            versions,
-            arena_bytes,
-            held_by_workers,
-            models: gauge("modelshare_models", "Model names on record.")?,
-            sessions: gauge_vec(
-                "modelshare_sessions",
-                "Open worker sessions, by tenant (empty: admin, or no tenants configured).",
-                &["tenant"],
-            )?,
-            leases: gauge_vec(
-                "modelshare_leases",
-                "Leases held, by tenant (empty: admin, or no tenants configured).",
-                &["tenant"],
-            )?,
-            device_total: gauge_vec(
-                "modelshare_device_memory_total_bytes",
-                "Memory of the device arenas live on (host: MemTotal), by device.",
-                &["device"],
-            )?,
-            device_used: gauge_vec(
-                "modelshare_device_memory_used_bytes",
-                "Device memory in use as the device reports it (CUDA); arena bytes on the host backend. By device.",
-                &["device"],
-            )?,
-            device_info: gauge_vec(
-                "modelshare_device_info",
-                "1 per device, labelled with how its arenas are shared with workers (handles: \
-                 cuda-vmm, cuda-ipc or host).",
-                &["device", "handles"],
-            )?,
+            auth_refusals: requests.auth_refusals,
+            quota_denials: requests.quota_denials,
+            grpc_requests: requests.grpc_requests,
+            grpc_seconds: distributions.grpc_seconds,
+            connections: requests.connections,
+            connections_closed: requests.connections_closed,
+            inference_requests: requests.inference_requests,
+            inference_seconds: distributions.inference_seconds,
+            inference_queue_seconds: distributions.inference_queue_seconds,
+            inference_batch_items: distributions.inference_batch_items,
+            inference_queue_items: requests.inference_queue_items,
+            inference_outstanding: requests.inference_outstanding,
+            cancel_overruns: requests.cancel_overruns,
+            serving_workers: requests.serving_workers,
+            attaches: loads.attaches,
+            attach_seconds: distributions.attach_seconds,
+            loads: loads.loads,
+            load_seconds: distributions.load_seconds,
+            load_bytes: distributions.load_bytes,
+            replica_copies: loads.replica_copies,
+            replica_copy_seconds: distributions.replica_copy_seconds,
+            sessions_ended: loads.sessions_ended,
+            versions: memory.versions,
+            arena_bytes: memory.arena_bytes,
+            held_by_workers: memory.held_by_workers,
+            models: gauges.models,
+            sessions: gauges.sessions,
+            leases: gauges.leases,
+            device_total: gauges.device_total,
+            device_used: gauges.device_used,
+            device_info: gauges.device_info,
             registry,
         })
     }

@@ -5,9 +5,11 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+use modelshare_device::ArenaHandle;
+
 use super::Registry;
 use super::leases::{self, IssueError, TicketError};
-use super::state::SessionRecord;
+use super::state::{SessionRecord, State};
 use super::types::{Attachment, OpenedSession, Revocation, SessionSnapshot, WorkerHello};
 use super::versions::now_unix_ms;
 use crate::error::CoreError;
@@ -159,30 +161,10 @@ impl Registry {
         device: Option<&str>,
     ) -> Result<Attachment, CoreError> {
         let mut st = self.lock();
-        let own = st.own_session(caller, session)?;
-        let (held, tenant) = (own.leases.len(), own.tenant.clone());
-        if held >= self.limits.max_leases_per_session {
-            return Err(CoreError::LimitExceeded {
-                what: "leases held by one session".into(),
-                limit: self.limits.max_leases_per_session as u64,
-                requested: held as u64 + 1,
-            });
-        }
-        let rec = st.visible_model(caller, model)?;
-        let version = if version == 0 {
-            rec.latest_attachable()
-                .ok_or_else(|| CoreError::NoReadyVersion(model.to_owned()))?
-        } else {
-            version
-        };
+        let tenant = session_with_room(&st, caller, session, self.limits.max_leases_per_session)?;
+        let version = attach_version(&st, caller, model, version)?;
         // Checked now (it reads the whole state), reported after the version's own refusals.
-        let within_quota = match caller {
-            Caller::Tenant { name, quota } => {
-                let used = st.usage(name).leases;
-                quota.check(name, Resource::Leases, u64::from(used), 1)
-            }
-            Caller::Admin => Ok(()),
-        };
+        let within_quota = lease_quota(&st, caller);
         let v = st
             .version_mut(model, version)
             .ok_or_else(|| CoreError::VersionNotFound {
@@ -199,50 +181,13 @@ impl Registry {
             }))
         })?;
         let on = on.to_owned();
-        // A replica still being copied is attachable where the version's first arena would be
-        // while loading (its ready event orders a worker's reads after the copy).
-        let state = match v.state {
-            VersionState::Ready if copying => VersionState::Loading,
-            s => s,
-        };
-        let arena = match (state, arena) {
-            // A replica being copied where a worker cannot attach before it is done (host
-            // memory): a moment from now it can be.
-            (VersionState::Loading, Some(arena)) if copying && !arena.attach_while_loading() => {
-                return Err(CoreError::Allocating {
-                    model: model.to_owned(),
-                    version,
-                });
-            }
-            (VersionState::Ready, Some(arena)) => arena.clone(),
-            (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
-            // The arena is being allocated (outside the lock): a moment from now it can be.
-            (VersionState::Loading, None) => {
-                return Err(CoreError::Allocating {
-                    model: model.to_owned(),
-                    version,
-                });
-            }
-            (state, _) => {
-                return Err(CoreError::WrongState {
-                    model: model.to_owned(),
-                    version,
-                    state,
-                });
-            }
-        };
+        let (state, arena) = attachable_arena(v.state, arena, copying, model, version)?;
         within_quota?;
         v.leases += 1;
         let manifest = v.manifest.clone();
         let loading = state == VersionState::Loading;
         let device = on;
-        let lease_id = uuid::Uuid::new_v4().simple().to_string();
-        let mut lease = leases::LeaseRecord::new(session, tenant.as_deref(), model, version);
-        lease.device = Some(device.clone());
-        st.leases.insert(lease_id.clone(), lease);
-        if let Some(s) = st.sessions.get_mut(session) {
-            s.leases.push(lease_id.clone());
-        }
+        let lease_id = record_lease(&mut st, session, tenant.as_deref(), model, version, &device);
         Ok(Attachment {
             lease_id,
             manifest,
@@ -356,4 +301,114 @@ impl Registry {
         out.sort_by(|a, b| (a.opened_unix_ms, &a.id).cmp(&(b.opened_unix_ms, &b.id)));
         out
     }
+}
+
+/// The tenant of `caller`'s `session`, which must hold fewer than `max_leases` leases.
+fn session_with_room(
+    st: &State,
+    caller: &Caller,
+    session: &str,
+    max_leases: usize,
+) -> Result<Option<String>, CoreError> {
+    let own = st.own_session(caller, session)?;
+    let (held, tenant) = (own.leases.len(), own.tenant.clone());
+    if held >= max_leases {
+        return Err(CoreError::LimitExceeded {
+            what: "leases held by one session".into(),
+            limit: max_leases as u64,
+            requested: held as u64 + 1,
+        });
+    }
+    Ok(tenant)
+}
+
+/// The version of `model` (one `caller` may see) an attach asks for: `version`, or for 0 the
+/// latest attachable one.
+fn attach_version(
+    st: &State,
+    caller: &Caller,
+    model: &str,
+    version: u32,
+) -> Result<u32, CoreError> {
+    let rec = st.visible_model(caller, model)?;
+    Ok(if version == 0 {
+        rec.latest_attachable()
+            .ok_or_else(|| CoreError::NoReadyVersion(model.to_owned()))?
+    } else {
+        version
+    })
+}
+
+/// Whether `caller` may hold one lease more.
+fn lease_quota(st: &State, caller: &Caller) -> Result<(), CoreError> {
+    match caller {
+        Caller::Tenant { name, quota } => {
+            let used = st.usage(name).leases;
+            quota.check(name, Resource::Leases, u64::from(used), 1)
+        }
+        Caller::Admin => Ok(()),
+    }
+}
+
+/// The state an attach sees and the arena it attaches to, or why it cannot attach to
+/// `model`@`version` now.
+fn attachable_arena(
+    state: VersionState,
+    arena: Option<&ArenaHandle>,
+    copying: bool,
+    model: &str,
+    version: u32,
+) -> Result<(VersionState, ArenaHandle), CoreError> {
+    // A replica still being copied is attachable where the version's first arena would be
+    // while loading (its ready event orders a worker's reads after the copy).
+    let state = match state {
+        VersionState::Ready if copying => VersionState::Loading,
+        s => s,
+    };
+    let arena = match (state, arena) {
+        // A replica being copied where a worker cannot attach before it is done (host
+        // memory): a moment from now it can be.
+        (VersionState::Loading, Some(arena)) if copying && !arena.attach_while_loading() => {
+            return Err(CoreError::Allocating {
+                model: model.to_owned(),
+                version,
+            });
+        }
+        (VersionState::Ready, Some(arena)) => arena.clone(),
+        (VersionState::Loading, Some(arena)) if arena.attach_while_loading() => arena.clone(),
+        // The arena is being allocated (outside the lock): a moment from now it can be.
+        (VersionState::Loading, None) => {
+            return Err(CoreError::Allocating {
+                model: model.to_owned(),
+                version,
+            });
+        }
+        (state, _) => {
+            return Err(CoreError::WrongState {
+                model: model.to_owned(),
+                version,
+                state,
+            });
+        }
+    };
+    Ok((state, arena))
+}
+
+/// Records a new lease of `session` on `model`@`version` on `device`; its id.
+fn record_lease(
+    st: &mut State,
+    session: &str,
+    tenant: Option<&str>,
+    model: &str,
+    version: u32,
+    device: &str,
+) -> String {
+    let lease_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut lease = leases::LeaseRecord::new(session, tenant, model, version);
+    lease.device = Some(device.to_owned());
+    st.leases.insert(lease_id.clone(), lease);
+    if let Some(s) = st.sessions.get_mut(session) {
+        s.leases.push(lease_id.clone());
+    }
+    lease_id
 }

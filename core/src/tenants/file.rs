@@ -177,6 +177,117 @@ fn nonzero<T: Default + PartialEq>(v: Option<T>) -> Option<T> {
     v.filter(|x| *x != T::default())
 }
 
+/// The token hashes `list` of `owner` (`[admin]`, or a tenant's place in the file), each
+/// parsed and checked to be in no other list of the file (`seen` holds those already read).
+fn token_hashes(
+    list: &[String],
+    owner: &str,
+    seen: &mut HashSet<TokenHash>,
+) -> Result<Vec<TokenHash>, String> {
+    if list.len() > MAX_TOKENS_PER_TENANT {
+        return Err(format!(
+            "{owner}: {} token hashes, more than the limit of {MAX_TOKENS_PER_TENANT}",
+            list.len()
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, text)| {
+            // The value is never shown: it may be a token pasted by mistake.
+            let h: TokenHash = text
+                .parse()
+                .map_err(|e| format!("{owner}: token_hashes[{i}]: {e}"))?;
+            if !seen.insert(h) {
+                return Err(format!(
+                    "{owner}: token_hashes[{i}] is also listed elsewhere in the file; \
+                     a token must belong to one tenant"
+                ));
+            }
+            Ok(h)
+        })
+        .collect()
+}
+
+/// Tenant `t`, found at `at` in the file, validated: its name, token hashes (none listed
+/// elsewhere: `seen`), model directory, weight and quota.
+fn tenant_spec(
+    t: RawTenant,
+    at: &str,
+    seen: &mut HashSet<TokenHash>,
+) -> Result<TenantSpec, String> {
+    validate_name(&t.name).map_err(|e| format!("{at}: tenant name: {e}"))?;
+    let token_hashes = token_hashes(&t.token_hashes, at, seen)?;
+    let model_dir = t
+        .model_dir
+        .as_deref()
+        .map(|d| {
+            normalize_relative(d)
+                .map_err(|e| format!("{at}: model_dir '{}': {e}", d.escape_debug()))
+        })
+        .transpose()?;
+    Ok(TenantSpec {
+        name: t.name,
+        token_hashes,
+        uids: t.uids,
+        model_dir,
+        weight: match t.weight {
+            None => 1,
+            Some(w @ 1..=1000) => w,
+            Some(w) => {
+                return Err(format!("{at}: weight must be between 1 and 1000, got {w}"));
+            }
+        },
+        quota: quota(&t.quota),
+    })
+}
+
+/// A tenant's quota as the file gives it, a missing or 0 limit unlimited.
+fn quota(raw: &RawQuota) -> Quota {
+    Quota {
+        device_bytes: nonzero(raw.device_bytes),
+        models: nonzero(raw.models),
+        sessions: nonzero(raw.sessions),
+        leases: nonzero(raw.leases),
+        inflight: nonzero(raw.inflight),
+        requests: nonzero(raw.requests),
+        loads: nonzero(raw.loads),
+    }
+}
+
+/// Every token hash by its prefix, with its holder: the admin's, then each tenant's.
+fn holder_index(
+    admin_hashes: &[TokenHash],
+    tenants: &BTreeMap<String, TenantSpec>,
+) -> HashMap<u64, Vec<(TokenHash, Holder)>> {
+    let mut index: HashMap<u64, Vec<(TokenHash, Holder)>> = HashMap::new();
+    let admin = Holder {
+        caller: Caller::Admin,
+        uids: Arc::from([]),
+    };
+    for h in admin_hashes {
+        index
+            .entry(h.prefix())
+            .or_default()
+            .push((*h, admin.clone()));
+    }
+    for t in tenants.values() {
+        let holder = Holder {
+            caller: Caller::Tenant {
+                name: Arc::from(t.name.as_str()),
+                quota: t.quota,
+            },
+            uids: Arc::from(t.uids.as_slice()),
+        };
+        for h in &t.token_hashes {
+            index
+                .entry(h.prefix())
+                .or_default()
+                .push((*h, holder.clone()));
+        }
+    }
+    index
+}
+
 impl TenantTable {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, TenantsFileError> {
@@ -209,96 +320,16 @@ impl TenantTable {
             ));
         }
         let mut seen = HashSet::new();
-        let mut hashes = |list: &[String], owner: &str| -> Result<Vec<TokenHash>, String> {
-            if list.len() > MAX_TOKENS_PER_TENANT {
-                return Err(format!(
-                    "{owner}: {} token hashes, more than the limit of {MAX_TOKENS_PER_TENANT}",
-                    list.len()
-                ));
-            }
-            list.iter()
-                .enumerate()
-                .map(|(i, text)| {
-                    // The value is never shown: it may be a token pasted by mistake.
-                    let h: TokenHash = text
-                        .parse()
-                        .map_err(|e| format!("{owner}: token_hashes[{i}]: {e}"))?;
-                    if !seen.insert(h) {
-                        return Err(format!(
-                            "{owner}: token_hashes[{i}] is also listed elsewhere in the file; \
-                             a token must belong to one tenant"
-                        ));
-                    }
-                    Ok(h)
-                })
-                .collect()
-        };
-        let admin_hashes = hashes(&raw.admin.token_hashes, "[admin]")?;
+        let admin_hashes = token_hashes(&raw.admin.token_hashes, "[admin]", &mut seen)?;
         let mut tenants = BTreeMap::new();
         for (i, t) in raw.tenants.into_iter().enumerate() {
             let at = format!("tenants[{i}] ('{}')", t.name.escape_debug());
-            validate_name(&t.name).map_err(|e| format!("{at}: tenant name: {e}"))?;
-            let token_hashes = hashes(&t.token_hashes, &at)?;
-            let model_dir = t
-                .model_dir
-                .as_deref()
-                .map(|d| {
-                    normalize_relative(d)
-                        .map_err(|e| format!("{at}: model_dir '{}': {e}", d.escape_debug()))
-                })
-                .transpose()?;
-            let spec = TenantSpec {
-                name: t.name.clone(),
-                token_hashes,
-                uids: t.uids,
-                model_dir,
-                weight: match t.weight {
-                    None => 1,
-                    Some(w @ 1..=1000) => w,
-                    Some(w) => {
-                        return Err(format!("{at}: weight must be between 1 and 1000, got {w}"));
-                    }
-                },
-                quota: Quota {
-                    device_bytes: nonzero(t.quota.device_bytes),
-                    models: nonzero(t.quota.models),
-                    sessions: nonzero(t.quota.sessions),
-                    leases: nonzero(t.quota.leases),
-                    inflight: nonzero(t.quota.inflight),
-                    requests: nonzero(t.quota.requests),
-                    loads: nonzero(t.quota.loads),
-                },
-            };
-            if tenants.insert(t.name.clone(), spec).is_some() {
+            let spec = tenant_spec(t, &at, &mut seen)?;
+            if tenants.insert(spec.name.clone(), spec).is_some() {
                 return Err(format!("{at}: a tenant of that name is already defined"));
             }
         }
-        let mut index: HashMap<u64, Vec<(TokenHash, Holder)>> = HashMap::new();
-        let admin = Holder {
-            caller: Caller::Admin,
-            uids: Arc::from([]),
-        };
-        for h in &admin_hashes {
-            index
-                .entry(h.prefix())
-                .or_default()
-                .push((*h, admin.clone()));
-        }
-        for t in tenants.values() {
-            let holder = Holder {
-                caller: Caller::Tenant {
-                    name: Arc::from(t.name.as_str()),
-                    quota: t.quota,
-                },
-                uids: Arc::from(t.uids.as_slice()),
-            };
-            for h in &t.token_hashes {
-                index
-                    .entry(h.prefix())
-                    .or_default()
-                    .push((*h, holder.clone()));
-            }
-        }
+        let index = holder_index(&admin_hashes, &tenants);
         Ok(Self {
             tenants,
             admin_hashes,

@@ -57,6 +57,38 @@ pub fn parse_header(
     file_len: u64,
     limits: &WeightLimits,
 ) -> Result<Header, WeightsError> {
+    let (header_len, text) = read_header_text(display, reader, file_len, limits)?;
+    let data_start = header_len
+        .checked_add(LENGTH_PREFIX_BYTES)
+        .ok_or_else(|| WeightsError::malformed(display, 0, "header length overflows"))?;
+    let data_len = file_len
+        .checked_sub(data_start)
+        .ok_or_else(|| WeightsError::malformed(display, 0, "header runs past the file"))?;
+
+    check_json_object(display, &text)?;
+    let (mut tensors, metadata) = parse_entries(display, &text, limits)?;
+
+    // Stable: ties keep file order.
+    tensors.sort_by_key(|t| (t.begin, t.end));
+    check_ranges(display, &tensors, data_start, data_len)?;
+
+    Ok(Header {
+        header_len,
+        data_start,
+        data_len,
+        tensors,
+        metadata,
+    })
+}
+
+/// Reads the 8-byte length prefix and the header it announces, once the length is checked
+/// against the file and the limits: the header's length and bytes.
+fn read_header_text(
+    display: &str,
+    reader: &mut impl Read,
+    file_len: u64,
+    limits: &WeightLimits,
+) -> Result<(u64, Vec<u8>), WeightsError> {
     let Some(room) = file_len.checked_sub(LENGTH_PREFIX_BYTES) else {
         return Err(WeightsError::malformed(
             display,
@@ -69,6 +101,25 @@ pub fn parse_header(
     let mut prefix = [0u8; 8];
     read_exact(display, reader, &mut prefix, 0)?;
     let header_len = u64::from_le_bytes(prefix);
+    check_header_len(display, header_len, room, file_len, limits)?;
+    let len = usize::try_from(header_len).map_err(|_| {
+        WeightsError::limit(display, "header length", usize::MAX as u64, header_len)
+    })?;
+    // Bounded: header_len is at most max_header_bytes and at most the file's length.
+    let mut text = vec![0u8; len];
+    read_exact(display, reader, &mut text, LENGTH_PREFIX_BYTES)?;
+    Ok((header_len, text))
+}
+
+/// Checks a header length read from the prefix: within the `room` the file has after the
+/// prefix, within the limit, not 0.
+fn check_header_len(
+    display: &str,
+    header_len: u64,
+    room: u64,
+    file_len: u64,
+    limits: &WeightLimits,
+) -> Result<(), WeightsError> {
     if header_len > room {
         return Err(WeightsError::malformed(
             display,
@@ -91,20 +142,12 @@ pub fn parse_header(
             "header is empty; it must be a JSON object",
         ));
     }
-    let len = usize::try_from(header_len).map_err(|_| {
-        WeightsError::limit(display, "header length", usize::MAX as u64, header_len)
-    })?;
-    // Bounded: header_len is at most max_header_bytes and at most the file's length.
-    let mut text = vec![0u8; len];
-    read_exact(display, reader, &mut text, LENGTH_PREFIX_BYTES)?;
-    let data_start = header_len
-        .checked_add(LENGTH_PREFIX_BYTES)
-        .ok_or_else(|| WeightsError::malformed(display, 0, "header length overflows"))?;
-    let data_len = file_len
-        .checked_sub(data_start)
-        .ok_or_else(|| WeightsError::malformed(display, 0, "header runs past the file"))?;
+    Ok(())
+}
 
-    if let Err(e) = std::str::from_utf8(&text) {
+/// Checks that the header's bytes are UTF-8 and open a JSON object.
+fn check_json_object(display: &str, text: &[u8]) -> Result<(), WeightsError> {
+    if let Err(e) = std::str::from_utf8(text) {
         let at = u64::try_from(e.valid_up_to()).unwrap_or(u64::MAX);
         return Err(WeightsError::malformed(
             display,
@@ -119,37 +162,32 @@ pub fn parse_header(
             "header does not begin with '{'; it must be a JSON object",
         ));
     }
+    Ok(())
+}
 
+/// Parses the header's JSON object: its tensors, in file order, and its `__metadata__`. A
+/// limit reached while parsing is the error, else the JSON error with its position.
+fn parse_entries(
+    display: &str,
+    text: &[u8],
+    limits: &WeightLimits,
+) -> Result<(Vec<TensorEntry>, BTreeMap<String, String>), WeightsError> {
     let ctx = Ctx {
         display,
         limits,
         limit_hit: Cell::new(None),
     };
-    let mut de = serde_json::Deserializer::from_slice(&text);
+    let mut de = serde_json::Deserializer::from_slice(text);
     let parsed = HeaderSeed { ctx: &ctx }
         .deserialize(&mut de)
         .and_then(|raw| de.end().map(|()| raw));
-    let (mut tensors, metadata) = match parsed {
-        Ok(raw) => raw,
-        Err(e) => {
-            return Err(ctx
-                .limit_hit
-                .take()
-                .unwrap_or_else(|| json_error(display, LENGTH_PREFIX_BYTES, &text, &e)));
-        }
-    };
-
-    // Stable: ties keep file order.
-    tensors.sort_by_key(|t| (t.begin, t.end));
-    check_ranges(display, &tensors, data_start, data_len)?;
-
-    Ok(Header {
-        header_len,
-        data_start,
-        data_len,
-        tensors,
-        metadata,
-    })
+    match parsed {
+        Ok(raw) => Ok(raw),
+        Err(e) => Err(ctx
+            .limit_hit
+            .take()
+            .unwrap_or_else(|| json_error(display, LENGTH_PREFIX_BYTES, text, &e))),
+    }
 }
 
 /// Reads exactly `buf.len()` bytes that sit at `offset` in the file.

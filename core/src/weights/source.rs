@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use super::WeightLimits;
 use super::error::{WeightsError, quoted};
 use super::header::{Header, LENGTH_PREFIX_BYTES, parse_header};
-use super::index::{INDEX_FILE, parse_index};
+use super::index::{INDEX_FILE, Index, parse_index};
 
 // Moved to `super::path`; re-exported for callers of the old path.
 pub(crate) use super::path::normalize_relative;
@@ -266,26 +266,51 @@ fn sharded(
     limits: &WeightLimits,
 ) -> Result<Vec<Shard>, WeightsError> {
     let index_display = format!("{source}/{INDEX_FILE}");
+    let index = read_index(root, dir, &index_display, limits)?;
+    let shards = open_index_shards(root, dir, source, &index, &index_display, limits)?;
+    let holder = tensor_holders(&index, &shards, &index_display, limits)?;
+    check_index_agrees(&index, &shards, &holder, &index_display)?;
+    Ok(shards)
+}
+
+/// Reads and parses the index file of directory `dir` (shown as `index_display`).
+fn read_index(
+    root: &Root,
+    dir: &Path,
+    index_display: &str,
+    limits: &WeightLimits,
+) -> Result<Index, WeightsError> {
     let index_path =
-        canonicalize_under(root, &dir.join(INDEX_FILE), &index_display)?.ok_or_else(|| {
+        canonicalize_under(root, &dir.join(INDEX_FILE), index_display)?.ok_or_else(|| {
             WeightsError::NotFound {
-                path: index_display.clone(),
+                path: index_display.to_owned(),
             }
         })?;
     let bytes = read_bounded(
         &index_path,
-        &index_display,
+        index_display,
         limits.max_header_bytes,
         "index file size",
     )?;
-    let index = parse_index(&index_display, &bytes, limits)?;
+    parse_index(index_display, &bytes, limits)
+}
 
+/// Opens and validates each shard the index names, in its order; a shard that does not exist
+/// is the index's error.
+fn open_index_shards(
+    root: &Root,
+    dir: &Path,
+    source: &str,
+    index: &Index,
+    index_display: &str,
+    limits: &WeightLimits,
+) -> Result<Vec<Shard>, WeightsError> {
     let mut shards = Vec::with_capacity(index.shards.len());
     for name in &index.shards {
         let display = format!("{source}/{name}");
         let path = canonicalize_under(root, &dir.join(name), &display)?.ok_or_else(|| {
             WeightsError::malformed(
-                &index_display,
+                index_display,
                 0,
                 format!(
                     "the index names shard {}, which does not exist",
@@ -295,11 +320,20 @@ fn sharded(
         })?;
         shards.push(open_shard(&path, display, limits)?);
     }
+    Ok(shards)
+}
 
-    // Which shard holds each tensor; no tensor may be in two.
+/// Which shard holds each tensor, by name: no tensor may be in two, and all of them together
+/// stay within the tensor count limit.
+fn tensor_holders<'a>(
+    index: &'a Index,
+    shards: &'a [Shard],
+    index_display: &str,
+    limits: &WeightLimits,
+) -> Result<HashMap<&'a str, &'a str>, WeightsError> {
     let mut holder: HashMap<&str, &str> = HashMap::new();
     let mut total: usize = 0;
-    for (name, shard) in index.shards.iter().zip(&shards) {
+    for (name, shard) in index.shards.iter().zip(shards) {
         for t in &shard.header.tensors {
             total = total.saturating_add(1);
             if let Some(other) = holder.insert(&t.name, name) {
@@ -317,14 +351,23 @@ fn sharded(
     }
     if total > limits.max_tensors {
         return Err(WeightsError::limit(
-            &index_display,
+            index_display,
             "tensor count",
             u64::try_from(limits.max_tensors).unwrap_or(u64::MAX),
             u64::try_from(total).unwrap_or(u64::MAX),
         ));
     }
+    Ok(holder)
+}
 
-    // The index and the shards must agree exactly.
+/// The index and the shards must agree exactly: every tensor the index lists is in the shard
+/// it names (`holder` says where each is), and every tensor of a shard is listed.
+fn check_index_agrees(
+    index: &Index,
+    shards: &[Shard],
+    holder: &HashMap<&str, &str>,
+    index_display: &str,
+) -> Result<(), WeightsError> {
     let mut listed: HashMap<&str, &str> = HashMap::with_capacity(index.weight_map.len());
     for (tensor, shard) in &index.weight_map {
         listed.insert(tensor, shard);
@@ -335,7 +378,7 @@ fn sharded(
                     .map(|s| format!(" (it is in shard {})", quoted(s)))
                     .unwrap_or_default();
                 return Err(WeightsError::malformed(
-                    &index_display,
+                    index_display,
                     0,
                     format!(
                         "index names tensor {} in shard {}, which does not contain it{elsewhere}",
@@ -346,11 +389,11 @@ fn sharded(
             }
         }
     }
-    for (name, shard) in index.shards.iter().zip(&shards) {
+    for (name, shard) in index.shards.iter().zip(shards) {
         for t in &shard.header.tensors {
             if !listed.contains_key(t.name.as_str()) {
                 return Err(WeightsError::malformed(
-                    &index_display,
+                    index_display,
                     0,
                     format!(
                         "shard {} holds tensor {}, which the index does not list",
@@ -361,7 +404,7 @@ fn sharded(
             }
         }
     }
-    Ok(shards)
+    Ok(())
 }
 
 /// The sentence-transformers file naming the module directories of a model.
