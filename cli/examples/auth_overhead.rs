@@ -4,6 +4,7 @@
 //!
 //! `cargo run --release -p modelshare-server --example auth_overhead [-- ROUNDS]`
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use modelshare_core::tenants::token::TokenHash;
@@ -14,6 +15,8 @@ use modelshare_server::config::{BackendChoice, Config, ServeArgs};
 use modelshare_server::daemon;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 
 const TOKEN: &str = "ms_bench_tenant_token";
 
@@ -59,8 +62,24 @@ fn tenants_file(dir: &std::path::Path, tenants: usize) -> std::path::PathBuf {
     path
 }
 
-/// Median and 99th percentile of `rounds` Attach + Release pairs, in microseconds.
-async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
+/// A worker client carrying the bench's bearer token (or none).
+type Worker = WorkerServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// An in-process server on a Unix socket in a temporary directory.
+struct Server {
+    /// The directory of the model, the tenants file and the sockets; removed when dropped.
+    _dir: tempfile::TempDir,
+    /// The gRPC socket.
+    socket: PathBuf,
+    /// Stops the server.
+    stop: tokio::sync::oneshot::Sender<()>,
+    /// The server, until it stops.
+    task: tokio::task::JoinHandle<Result<(), daemon::ServeError>>,
+}
+
+/// Starts a server (host backend) over a directory holding the model, with a tenants file of
+/// `tenants` tenants (none: no tenants), and waits until it is ready.
+async fn start_server(tenants: Option<usize>) -> Server {
     let dir = tempfile::tempdir().expect("tmp");
     write_model(dir.path());
     let socket = dir.path().join("grpc.sock");
@@ -75,7 +94,7 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
     .expect("config");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let server = tokio::spawn(daemon::run_notify(
+    let task = tokio::spawn(daemon::run_notify(
         config,
         async move {
             let _ = stop_rx.await;
@@ -83,12 +102,17 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
         Some(ready_tx),
     ));
     ready_rx.await.expect("server ready");
-    let address = format!("unix:{}", socket.display());
-    let ch = modelshare_worker::connect::channel(&address)
-        .await
-        .expect("connect");
-    let auth = Bearer(tenants.map(|_| format!("Bearer {TOKEN}").parse().expect("ascii")));
-    let mut admin = AdminServiceClient::with_interceptor(ch.clone(), auth.clone());
+    Server {
+        _dir: dir,
+        socket,
+        stop: stop_tx,
+        task,
+    }
+}
+
+/// Loads the model `m`, waiting for the load's stream to end.
+async fn load_model(ch: Channel, auth: Bearer) {
+    let mut admin = AdminServiceClient::with_interceptor(ch, auth);
     let mut load = admin
         .load_model(pb::LoadModelRequest {
             name: "m".into(),
@@ -99,7 +123,17 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
         .expect("load")
         .into_inner();
     while load.message().await.expect("progress").is_some() {}
-    let mut worker = WorkerServiceClient::with_interceptor(ch, auth);
+}
+
+/// Opens a worker session: its id, its events (open while the session is), and the task that
+/// heartbeats it.
+async fn open_session(
+    worker: &mut Worker,
+) -> (
+    String,
+    tonic::Streaming<pb::SessionEvent>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(pb::SessionRequest {
         kind: Some(pb::session_request::Kind::Hello(pb::Hello {
@@ -135,13 +169,19 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
             }
         }
     });
+    (session_id, events, beat)
+}
+
+/// The times of `rounds` Attach + Release pairs, in microseconds, after a tenth as many to
+/// warm up.
+async fn attach_release_rounds(worker: &mut Worker, session_id: &str, rounds: usize) -> Vec<f64> {
     let mut samples = Vec::with_capacity(rounds);
     for i in 0..rounds + rounds / 10 {
         let t = Instant::now();
         let lease = worker
             .attach(pb::AttachRequest {
                 device_uuid: String::new(),
-                session_id: session_id.clone(),
+                session_id: session_id.to_owned(),
                 model: "m".into(),
                 version: 0,
             })
@@ -151,7 +191,7 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
             .lease_id;
         worker
             .release(pb::ReleaseRequest {
-                session_id: session_id.clone(),
+                session_id: session_id.to_owned(),
                 lease_id: lease,
             })
             .await
@@ -161,10 +201,25 @@ async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
+    samples
+}
+
+/// Median and 99th percentile of `rounds` Attach + Release pairs, in microseconds.
+async fn run(tenants: Option<usize>, rounds: usize) -> (f64, f64) {
+    let server = start_server(tenants).await;
+    let address = format!("unix:{}", server.socket.display());
+    let ch = modelshare_worker::connect::channel(&address)
+        .await
+        .expect("connect");
+    let auth = Bearer(tenants.map(|_| format!("Bearer {TOKEN}").parse().expect("ascii")));
+    load_model(ch.clone(), auth.clone()).await;
+    let mut worker = WorkerServiceClient::with_interceptor(ch, auth);
+    let (session_id, events, beat) = open_session(&mut worker).await;
+    let mut samples = attach_release_rounds(&mut worker, &session_id, rounds).await;
     beat.abort();
     drop(events);
-    let _ = stop_tx.send(());
-    let _ = server.await;
+    let _ = server.stop.send(());
+    let _ = server.task.await;
     samples.sort_by(f64::total_cmp);
     let pct = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
     (pct(0.5), pct(0.99))

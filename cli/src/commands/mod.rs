@@ -4,29 +4,35 @@
 //! `MODELSHARE_TOKEN_FILE`), over TLS for `https://` addresses (`--tls-*`). `token new` and
 //! `token hash` need no server: they make what goes in the tenants file. `embed` and `infer`
 //! call the OIP front door (`GRPCInferenceService.ModelInfer`).
+//!
+//! # Layout
+//! - here: the client flags ([`ClientArgs`]), the commands ([`ClientCommand`]) and [`run`],
+//!   which hands each to its module.
+//! - `models`: `load`, `unload`, `ls`, `describe`, `access`.
+//! - `status`: `ready`, `stats`, `ps`.
+//! - `tenants`: `reload-tenants`, `token new`, `token hash`.
+//! - `infer`: `embed`, `infer`; `probe`: `probe`.
+//! - `output`: what each prints, as a table or JSON; `error`: [`CliError`].
 
 mod error;
 mod infer;
+mod models;
 pub(crate) mod output;
 mod probe;
+mod status;
+mod tenants;
 
-use std::io::BufRead;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::admin_service_client::AdminServiceClient;
 use modelshare_worker::{AuthChannel, ConnectOptions, TlsOptions, Token, WorkerError};
-
-use modelshare_core::tenants::token::{TokenHash, generate};
 
 pub(crate) use output::say;
 pub use output::{OutputFormat, human_bytes};
 pub use probe::ProbeArgs;
 
 pub use error::CliError;
-use error::rpc;
 
 /// A token as given on the command line or in `MODELSHARE_TOKEN`; `Debug` does not show it.
 /// Validated when the connection is made, so that a malformed token is never echoed by clap.
@@ -249,42 +255,16 @@ pub enum TokenCommand {
     Hash,
 }
 
+/// A client of the admin service at `--server`, with the token and TLS of the flags.
 async fn admin_client(args: &ClientArgs) -> Result<AdminServiceClient<AuthChannel>, CliError> {
     let channel =
         modelshare_worker::connect::authed(&args.server(), &args.connect_options()?).await?;
     Ok(AdminServiceClient::new(channel).max_decoding_message_size(128 << 20))
 }
 
-/// The access of `--share-with` and `--public`; `None` when neither is given.
-fn access(share_with: Vec<String>, public: bool) -> Option<pb::ModelAccess> {
-    let shared_with: Vec<String> = share_with
-        .into_iter()
-        .map(|t| t.trim().to_owned())
-        .filter(|t| !t.is_empty())
-        .collect();
-    (public || !shared_with.is_empty()).then_some(pb::ModelAccess {
-        shared_with,
-        public,
-    })
-}
-
-/// `token new` and `token hash`: no server involved.
-fn token_command(command: TokenCommand, out: OutputFormat) -> anyhow::Result<()> {
-    match command {
-        TokenCommand::New => {
-            let token = generate().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-            let hash = TokenHash::of(&token).to_string();
-            output::new_token(&token, &hash, out);
-        }
-        TokenCommand::Hash => {
-            let mut line = String::new();
-            std::io::stdin().lock().read_line(&mut line)?;
-            // Validated as a worker would send it, so the hash is of what arrives.
-            let token = Token::new(line)?;
-            output::token_hash(&TokenHash::of(token.expose_secret()).to_string(), out);
-        }
-    }
-    Ok(())
+/// A channel to `--server`, with the token and TLS of the flags.
+async fn channel(args: &ClientArgs) -> Result<AuthChannel, WorkerError> {
+    modelshare_worker::connect::authed(&args.server(), &args.connect_options()?).await
 }
 
 /// Runs one client command; `shutdown` ends a holding probe.
@@ -294,7 +274,6 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let out = args.output;
-    let admin = || admin_client(&args);
     match command {
         ClientCommand::Load {
             name,
@@ -311,11 +290,11 @@ pub async fn run(
                 path,
                 keep_previous,
                 tenant: tenant.unwrap_or_default(),
-                access: access(share_with, public),
+                access: models::access(share_with, public),
                 devices,
                 replicas: replicas.unwrap_or(0),
             };
-            load(&mut admin().await?, req, out).await?
+            models::load(&mut admin_client(&args).await?, req, out).await?
         }
         ClientCommand::Unload {
             name,
@@ -323,91 +302,30 @@ pub async fn run(
             force,
             drain_timeout_ms,
         } => {
-            let r = admin()
-                .await?
-                .unload_model(pb::UnloadModelRequest {
-                    name,
-                    version: version.unwrap_or(0),
-                    force,
-                    drain_timeout_ms: drain_timeout_ms.unwrap_or(0),
-                })
-                .await
-                .map_err(rpc("UnloadModel"))?
-                .into_inner();
-            output::versions(&r.versions, out);
+            let req = pb::UnloadModelRequest {
+                name,
+                version: version.unwrap_or(0),
+                force,
+                drain_timeout_ms: drain_timeout_ms.unwrap_or(0),
+            };
+            models::unload(&mut admin_client(&args).await?, req, out).await?
         }
-        ClientCommand::Ls => {
-            let r = admin()
-                .await?
-                .list_models(pb::ListModelsRequest {})
-                .await
-                .map_err(rpc("ListModels"))?
-                .into_inner();
-            output::models(&r.models, out);
-        }
+        ClientCommand::Ls => models::list(&mut admin_client(&args).await?, out).await?,
         ClientCommand::Describe { name, version } => {
-            let r = admin()
-                .await?
-                .describe_model(pb::DescribeModelRequest {
-                    name,
-                    version: version.unwrap_or(0),
-                })
-                .await
-                .map_err(rpc("DescribeModel"))?
-                .into_inner();
-            output::describe(&r, out);
+            let req = pb::DescribeModelRequest {
+                name,
+                version: version.unwrap_or(0),
+            };
+            models::describe(&mut admin_client(&args).await?, req, out).await?
         }
-        ClientCommand::Ready => {
-            use tonic_health::pb::health_check_response::ServingStatus;
-            let channel =
-                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
-                    .await?;
-            let status = tonic_health::pb::health_client::HealthClient::new(channel)
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .map_err(rpc("Health.Check"))?
-                .into_inner()
-                .status();
-            if status != ServingStatus::Serving {
-                anyhow::bail!(
-                    "not ready: the server is {} (starting: its start-up models are still \
-                     loading; or shutting down)",
-                    status.as_str_name()
-                );
-            }
-            say!("ready");
-        }
-        ClientCommand::Stats => {
-            let r = admin()
-                .await?
-                .get_stats(pb::GetStatsRequest {})
-                .await
-                .map_err(rpc("GetStats"))?
-                .into_inner();
-            output::stats(&r, out);
-        }
-        ClientCommand::Ps => {
-            let r = admin()
-                .await?
-                .list_sessions(pb::ListSessionsRequest {})
-                .await
-                .map_err(rpc("ListSessions"))?
-                .into_inner();
-            output::sessions(&r.sessions, out);
-        }
+        ClientCommand::Ready => status::ready(channel(&args).await?).await?,
+        ClientCommand::Stats => status::stats(&mut admin_client(&args).await?, out).await?,
+        ClientCommand::Ps => status::sessions(&mut admin_client(&args).await?, out).await?,
         ClientCommand::Embed { model, texts } => {
-            let channel =
-                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
-                    .await?;
-            infer::embed(channel, model, texts, out).await?
+            infer::embed(channel(&args).await?, model, texts, out).await?
         }
         ClientCommand::Infer { model, inputs } => {
-            let channel =
-                modelshare_worker::connect::authed(&args.server(), &args.connect_options()?)
-                    .await?;
-            infer::infer(channel, model, inputs, out).await?
+            infer::infer(channel(&args).await?, model, inputs, out).await?
         }
         ClientCommand::Probe(probe) => {
             let options = args.connect_options()?;
@@ -418,73 +336,17 @@ pub async fn run(
             share_with,
             public,
         } => {
-            let r = admin()
-                .await?
-                .set_model_access(pb::SetModelAccessRequest {
-                    name,
-                    access: Some(access(share_with, public).unwrap_or_default()),
-                })
-                .await
-                .map_err(rpc("SetModelAccess"))?
-                .into_inner();
-            let model = r.model.ok_or_else(|| {
-                anyhow::anyhow!("the server's SetModelAccess answer has no model")
-            })?;
-            output::access(&model, out);
+            let req = pb::SetModelAccessRequest {
+                name,
+                access: Some(models::access(share_with, public).unwrap_or_default()),
+            };
+            models::set_access(&mut admin_client(&args).await?, req, out).await?
         }
         ClientCommand::ReloadTenants => {
-            let r = admin()
-                .await?
-                .reload_tenants(pb::ReloadTenantsRequest {})
-                .await
-                .map_err(rpc("ReloadTenants"))?
-                .into_inner();
-            output::tenants_reloaded(&r, out);
+            tenants::reload(&mut admin_client(&args).await?, out).await?
         }
-        ClientCommand::Token(command) => token_command(command, out)?,
+        ClientCommand::Token(TokenCommand::New) => tenants::new_token(out)?,
+        ClientCommand::Token(TokenCommand::Hash) => tenants::hash_token(out)?,
     }
     Ok(())
-}
-
-async fn load(
-    admin: &mut AdminServiceClient<AuthChannel>,
-    req: pb::LoadModelRequest,
-    out: OutputFormat,
-) -> Result<(), CliError> {
-    let name = req.name.clone();
-    let mut stream = admin
-        .load_model(req)
-        .await
-        .map_err(rpc("LoadModel"))?
-        .into_inner();
-    // Drawn on stderr, and only when it is a terminal.
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(200));
-    while let Some(msg) = stream.message().await.map_err(rpc("LoadModel"))? {
-        match msg.event {
-            Some(pb::load_model_progress::Event::Started(s)) => {
-                bar.set_length(s.bytes_total);
-                bar.set_message(format!("{name} v{}", s.version));
-            }
-            Some(pb::load_model_progress::Event::Progress(p)) => {
-                bar.set_length(p.bytes_total);
-                bar.set_position(p.bytes_done);
-            }
-            Some(pb::load_model_progress::Event::Done(v)) => {
-                bar.finish_and_clear();
-                output::loaded(&name, &v, out);
-                return Ok(());
-            }
-            None => {}
-        }
-    }
-    bar.abandon();
-    Err(CliError::Truncated)
 }
