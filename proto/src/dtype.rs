@@ -27,6 +27,33 @@ pub fn from_safetensors_name(name: &str) -> Option<DType> {
     DType::from_str_name(&format!("DTYPE_{name}"))
 }
 
+/// The name the OIP gives `dtype` ("FP32", "INT64", "BYTES", ...), as a [`crate::v1::TensorSpec`]
+/// carries it; dtypes the OIP lacks keep their safetensors name ("F8_E4M3", "C64").
+pub fn oip_datatype(dtype: DType) -> &'static str {
+    use DType as D;
+    match dtype {
+        D::DtypeBool => "BOOL",
+        D::DtypeU8 => "UINT8",
+        D::DtypeI8 => "INT8",
+        D::DtypeI16 => "INT16",
+        D::DtypeU16 => "UINT16",
+        D::DtypeF16 => "FP16",
+        D::DtypeBf16 => "BF16",
+        D::DtypeI32 => "INT32",
+        D::DtypeU32 => "UINT32",
+        D::DtypeF32 => "FP32",
+        D::DtypeF64 => "FP64",
+        D::DtypeI64 => "INT64",
+        D::DtypeU64 => "UINT64",
+        D::DtypeF8E4m3 => "F8_E4M3",
+        D::DtypeF8E5m2 => "F8_E5M2",
+        D::DtypeF8E8m0 => "F8_E8M0",
+        D::DtypeC64 => "C64",
+        D::DtypeBytes => "BYTES",
+        D::DtypeUnspecified => "UNSPECIFIED",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,32 +107,5 @@ mod tests {
                 assert_eq!(from_safetensors_name(name), Some(d));
             }
         }
-    }
-}
-
-/// The name the OIP gives `dtype` ("FP32", "INT64", "BYTES", ...), as a [`crate::v1::TensorSpec`]
-/// carries it; dtypes the OIP lacks keep their safetensors name ("F8_E4M3", "C64").
-pub fn oip_datatype(dtype: DType) -> &'static str {
-    use DType as D;
-    match dtype {
-        D::DtypeBool => "BOOL",
-        D::DtypeU8 => "UINT8",
-        D::DtypeI8 => "INT8",
-        D::DtypeI16 => "INT16",
-        D::DtypeU16 => "UINT16",
-        D::DtypeF16 => "FP16",
-        D::DtypeBf16 => "BF16",
-        D::DtypeI32 => "INT32",
-        D::DtypeU32 => "UINT32",
-        D::DtypeF32 => "FP32",
-        D::DtypeF64 => "FP64",
-        D::DtypeI64 => "INT64",
-        D::DtypeU64 => "UINT64",
-        D::DtypeF8E4m3 => "F8_E4M3",
-        D::DtypeF8E5m2 => "F8_E5M2",
-        D::DtypeF8E8m0 => "F8_E8M0",
-        D::DtypeC64 => "C64",
-        D::DtypeBytes => "BYTES",
-        D::DtypeUnspecified => "UNSPECIFIED",
     }
 }
