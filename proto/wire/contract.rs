@@ -321,124 +321,154 @@ impl Contract {
     pub fn parse(text: &str) -> Result<Contract, ParseError> {
         let mut contract = Contract::default();
         for (index, line) in text.lines().enumerate() {
-            let bad = |reason| ParseError {
+            let fact = line.trim();
+            if fact.is_empty() || fact.starts_with('#') {
+                continue;
+            }
+            let words: Vec<&str> = fact.split_whitespace().collect();
+            contract.add_fact(&words).map_err(|reason| ParseError {
                 line: index + 1,
                 text: line.to_owned(),
                 reason,
-            };
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let number = |s: &str| s.parse::<i32>().map_err(|_| bad("not a number"));
-            let range = |s: &str| match s.split_once('-') {
-                Some((a, b)) => Ok((number(a)?, number(b)?)),
-                None => number(s).map(|n| (n, n)),
-            };
-            match words.as_slice() {
-                ["message", name] | ["message", name, "map-entry"] => {
-                    let m = Message {
-                        map_entry: words.len() == 3,
-                        ..Message::default()
-                    };
-                    contract.messages.insert((*name).to_owned(), m);
-                }
-                ["field", message, n, name, label, ty, rest @ ..] => {
-                    let oneof = match rest {
-                        [] => None,
-                        [o] => Some(
-                            o.strip_prefix("oneof=")
-                                .ok_or_else(|| bad("expected oneof=<name>"))?
-                                .to_owned(),
-                        ),
-                        _ => return Err(bad("too many words")),
-                    };
-                    let field = Field {
-                        name: (*name).to_owned(),
-                        label: Label::parse(label).ok_or_else(|| bad("unknown label"))?,
-                        ty: (*ty).to_owned(),
-                        oneof,
-                    };
-                    let m = contract
-                        .messages
-                        .get_mut(*message)
-                        .ok_or_else(|| bad("a field of a message not declared above"))?;
-                    m.fields.insert(number(n)?, field);
-                }
-                ["reserved", message, r] => contract
-                    .messages
-                    .get_mut(*message)
-                    .ok_or_else(|| bad("a range of a message not declared above"))?
-                    .reserved
-                    .push(range(r)?),
-                ["reserved-name", message, name] => {
-                    contract
-                        .messages
-                        .get_mut(*message)
-                        .ok_or_else(|| bad("a name of a message not declared above"))?
-                        .reserved_names
-                        .insert((*name).to_owned());
-                }
-                ["enum", name] => {
-                    contract.enums.insert((*name).to_owned(), Enum::default());
-                }
-                ["value", e, n, name] => {
-                    contract
-                        .enums
-                        .get_mut(*e)
-                        .ok_or_else(|| bad("a value of an enum not declared above"))?
-                        .values
-                        .insert(number(n)?, (*name).to_owned());
-                }
-                ["enum-reserved", e, r] => contract
-                    .enums
-                    .get_mut(*e)
-                    .ok_or_else(|| bad("a range of an enum not declared above"))?
-                    .reserved
-                    .push(range(r)?),
-                ["enum-reserved-name", e, name] => {
-                    contract
-                        .enums
-                        .get_mut(*e)
-                        .ok_or_else(|| bad("a name of an enum not declared above"))?
-                        .reserved_names
-                        .insert((*name).to_owned());
-                }
-                ["service", name] => {
-                    contract
-                        .services
-                        .insert((*name).to_owned(), Service::default());
-                }
-                ["rpc", service, method, rest @ ..] => {
-                    let (client_streaming, rest) = match rest {
-                        ["stream", rest @ ..] => (true, rest),
-                        rest => (false, rest),
-                    };
-                    let (input, server_streaming, output) = match rest {
-                        [input, "returns", "stream", output] => (input, true, output),
-                        [input, "returns", output] => (input, false, output),
-                        _ => {
-                            return Err(bad("expected [stream] <input> returns [stream] <output>"));
-                        }
-                    };
-                    let m = Method {
-                        input: (*input).to_owned(),
-                        output: (*output).to_owned(),
-                        client_streaming,
-                        server_streaming,
-                    };
-                    contract
-                        .services
-                        .get_mut(*service)
-                        .ok_or_else(|| bad("a method of a service not declared above"))?
-                        .methods
-                        .insert((*method).to_owned(), m);
-                }
-                _ => return Err(bad("not a fact of the baseline")),
-            }
+            })?;
         }
         Ok(contract)
+    }
+
+    /// Adds the fact of one baseline line, split into its words; `Err` says what is wrong
+    /// with the line.
+    fn add_fact(&mut self, words: &[&str]) -> Result<(), &'static str> {
+        match words {
+            ["message", name] | ["message", name, "map-entry"] => {
+                let m = Message {
+                    map_entry: words.len() == 3,
+                    ..Message::default()
+                };
+                self.messages.insert((*name).to_owned(), m);
+            }
+            ["field", message, n, name, label, ty, rest @ ..] => {
+                self.add_field(message, n, name, label, ty, rest)?;
+            }
+            ["reserved", message, r] => self
+                .messages
+                .get_mut(*message)
+                .ok_or("a range of a message not declared above")?
+                .reserved
+                .push(range(r)?),
+            ["reserved-name", message, name] => {
+                self.messages
+                    .get_mut(*message)
+                    .ok_or("a name of a message not declared above")?
+                    .reserved_names
+                    .insert((*name).to_owned());
+            }
+            ["enum", name] => {
+                self.enums.insert((*name).to_owned(), Enum::default());
+            }
+            ["value", e, n, name] => {
+                self.enums
+                    .get_mut(*e)
+                    .ok_or("a value of an enum not declared above")?
+                    .values
+                    .insert(number(n)?, (*name).to_owned());
+            }
+            ["enum-reserved", e, r] => self
+                .enums
+                .get_mut(*e)
+                .ok_or("a range of an enum not declared above")?
+                .reserved
+                .push(range(r)?),
+            ["enum-reserved-name", e, name] => {
+                self.enums
+                    .get_mut(*e)
+                    .ok_or("a name of an enum not declared above")?
+                    .reserved_names
+                    .insert((*name).to_owned());
+            }
+            ["service", name] => {
+                self.services.insert((*name).to_owned(), Service::default());
+            }
+            ["rpc", service, method, rest @ ..] => self.add_method(service, method, rest)?,
+            _ => return Err("not a fact of the baseline"),
+        }
+        Ok(())
+    }
+
+    /// A `field` line: `<message> <number> <name> <label> <type> [oneof=<name>]`.
+    fn add_field(
+        &mut self,
+        message: &str,
+        n: &str,
+        name: &str,
+        label: &str,
+        ty: &str,
+        rest: &[&str],
+    ) -> Result<(), &'static str> {
+        let oneof = match rest {
+            [] => None,
+            [o] => Some(
+                o.strip_prefix("oneof=")
+                    .ok_or("expected oneof=<name>")?
+                    .to_owned(),
+            ),
+            _ => return Err("too many words"),
+        };
+        let field = Field {
+            name: name.to_owned(),
+            label: Label::parse(label).ok_or("unknown label")?,
+            ty: ty.to_owned(),
+            oneof,
+        };
+        let m = self
+            .messages
+            .get_mut(message)
+            .ok_or("a field of a message not declared above")?;
+        m.fields.insert(number(n)?, field);
+        Ok(())
+    }
+
+    /// An `rpc` line after its service and method: `[stream] <input> returns [stream]
+    /// <output>`.
+    fn add_method(
+        &mut self,
+        service: &str,
+        method: &str,
+        rest: &[&str],
+    ) -> Result<(), &'static str> {
+        let (client_streaming, rest) = match rest {
+            ["stream", rest @ ..] => (true, rest),
+            rest => (false, rest),
+        };
+        let (input, server_streaming, output) = match rest {
+            [input, "returns", "stream", output] => (input, true, output),
+            [input, "returns", output] => (input, false, output),
+            _ => return Err("expected [stream] <input> returns [stream] <output>"),
+        };
+        let m = Method {
+            input: (*input).to_owned(),
+            output: (*output).to_owned(),
+            client_streaming,
+            server_streaming,
+        };
+        self.services
+            .get_mut(service)
+            .ok_or("a method of a service not declared above")?
+            .methods
+            .insert(method.to_owned(), m);
+        Ok(())
+    }
+}
+
+/// A baseline number.
+fn number(s: &str) -> Result<i32, &'static str> {
+    s.parse::<i32>().map_err(|_| "not a number")
+}
+
+/// A baseline range, `7` or `8-10`.
+fn range(s: &str) -> Result<(i32, i32), &'static str> {
+    match s.split_once('-') {
+        Some((a, b)) => Ok((number(a)?, number(b)?)),
+        None => number(s).map(|n| (n, n)),
     }
 }
 

@@ -1,0 +1,264 @@
+//! The steps of a [`CudaBert`] call, all enqueued on its stream: the inputs up, the
+//! embeddings, each layer's attention and feed-forward, then pooling and the copy down.
+
+use super::model::CudaBert;
+use super::pack::{Group, Packed};
+use super::weights::{Layer, Linear, Norm};
+use crate::blas::BatchedMatmul;
+use crate::encoder::{self, EmbedArgs, HeadsArgs, ResidualNormArgs};
+use crate::error::KernelError;
+
+impl CudaBert {
+    /// Copies a group's ids, types and lengths into their device buffers.
+    pub(super) fn upload(&mut self, p: &Packed) -> Result<(), KernelError> {
+        let Group { b, t, .. } = p.group;
+        let st = self.stream.clone();
+        let bu = &mut self.buffers;
+        st.memcpy_htod(&p.ids, &mut bu.ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&p.types, &mut bu.type_ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&p.lengths, &mut bu.lengths.slice.slice_mut(..b))?;
+        Ok(())
+    }
+
+    /// The embedding layer: `x = LayerNorm(word[id] + position + token_type[type])`.
+    pub(super) fn embed(&self, g: Group) -> Result<(), KernelError> {
+        let (d, bu, e) = (self.dims, &self.buffers, &self.weights.embeddings);
+        // SAFETY: as said on `Group`.
+        unsafe {
+            encoder::embed_layer_norm(
+                &self.cache,
+                &self.stream,
+                self.dtype,
+                &EmbedArgs {
+                    out: bu.x.ptr,
+                    ids: bu.ids.ptr,
+                    type_ids: if e.token_type.is_some() {
+                        bu.type_ids.ptr
+                    } else {
+                        0
+                    },
+                    word: e.word,
+                    position: e.position,
+                    // No table: any valid pointer (type_vocab 0 makes every type a zero row).
+                    token_type: e.token_type.unwrap_or(e.word),
+                    gamma: e.norm.gamma,
+                    beta: e.norm.beta,
+                    tokens: g.t,
+                    seq_len: g.s,
+                    hidden: d.hidden,
+                    vocab: d.vocab,
+                    positions: d.max_positions,
+                    type_vocab: d.type_vocab,
+                    position_offset: d.position_offset,
+                    eps: d.eps,
+                },
+            )
+        }
+    }
+
+    /// A layer's query, key and value projections of `x` (into q, k, v), then the heads
+    /// split apart with their biases, q scaled by 1/√d (into qh, kh, vh).
+    pub(super) fn project_heads(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
+        let (h, heads) = (self.dims.hidden, self.dims.heads);
+        let head_dim = h / heads;
+        let bu = &self.buffers;
+        self.linear(bu.x.ptr, &layer.query, bu.q.ptr, g, h, h)?;
+        self.linear(bu.x.ptr, &layer.key, bu.k.ptr, g, h, h)?;
+        self.linear(bu.x.ptr, &layer.value, bu.v.ptr, g, h, h)?;
+        let heads_args = HeadsArgs {
+            q: bu.q.ptr,
+            k: bu.k.ptr,
+            v: bu.v.ptr,
+            q_bias: layer.query.bias,
+            k_bias: layer.key.bias,
+            v_bias: layer.value.bias,
+            q_out: bu.qh.ptr,
+            k_out: bu.kh.ptr,
+            v_out: bu.vh.ptr,
+            batch: g.b,
+            seq: g.s,
+            heads,
+            head_dim,
+            q_scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        // SAFETY: as said on `Group`.
+        unsafe { encoder::split_heads(&self.cache, &self.stream, self.dtype, &heads_args) }
+    }
+
+    /// Attention over the split heads: the scores `qh·khᵀ` as one strided-batched product, a
+    /// masked softmax, and the context `scores·vh`, in sub-batches of sequences whose scores
+    /// fit the scores buffer. The context goes into qh (free once the scores are made).
+    pub(super) fn attend(&self, g: Group) -> Result<(), KernelError> {
+        let Group { b, s, .. } = g;
+        let (bu, blas, dtype) = (&self.buffers, &self.blas, self.dtype);
+        let heads = self.dims.heads;
+        let head_dim = self.dims.hidden / heads;
+        let per_seq = heads * s * s;
+        let chunk = (self.scores_elems / per_seq).clamp(1, b);
+        let es = dtype.size_bytes() as u64;
+        for b0 in (0..b).step_by(chunk) {
+            let nb = chunk.min(b - b0);
+            let at = |base: u64, per: usize| base + (b0 * per) as u64 * es;
+            let scores = BatchedMatmul {
+                a: at(bu.qh.ptr, heads * s * head_dim),
+                b: at(bu.kh.ptr, heads * s * head_dim),
+                c: bu.scores.ptr,
+                m: s,
+                n: s,
+                k: head_dim,
+                batch: nb * heads,
+                stride_a: s * head_dim,
+                stride_b: s * head_dim,
+                stride_c: s * s,
+                b_transposed: true,
+                alpha: 1.0,
+            };
+            let context = BatchedMatmul {
+                a: bu.scores.ptr,
+                b: at(bu.vh.ptr, heads * s * head_dim),
+                c: at(bu.qh.ptr, heads * s * head_dim),
+                m: s,
+                n: head_dim,
+                k: s,
+                batch: nb * heads,
+                stride_a: s * s,
+                stride_b: s * head_dim,
+                stride_c: s * head_dim,
+                b_transposed: false,
+                alpha: 1.0,
+            };
+            let lengths = bu.lengths.ptr + (b0 * 4) as u64;
+            // SAFETY: as said on `Group`; the sub-batch [b0, b0 + nb) lies inside the
+            // group's heads, and its scores (nb·heads·s² ≤ scores_elems) inside `scores`.
+            unsafe {
+                blas.batched_matmul(dtype, &scores)?;
+                encoder::masked_softmax(
+                    &self.cache,
+                    &self.stream,
+                    dtype,
+                    bu.scores.ptr,
+                    lengths,
+                    nb,
+                    heads,
+                    s,
+                )?;
+                blas.batched_matmul(dtype, &context)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The heads' context merged back (qh into q), the output projection (into k), then
+    /// bias, residual and LayerNorm fused into `x`.
+    pub(super) fn attention_output(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
+        let (h, heads) = (self.dims.hidden, self.dims.heads);
+        let bu = &self.buffers;
+        // SAFETY: as said on `Group`.
+        unsafe {
+            encoder::merge_heads(
+                &self.cache,
+                &self.stream,
+                self.dtype,
+                bu.qh.ptr,
+                bu.q.ptr,
+                g.b,
+                heads,
+                g.s,
+                h / heads,
+            )?
+        };
+        self.linear(bu.q.ptr, &layer.attn_out, bu.k.ptr, g, h, h)?;
+        self.add_norm(bu.k.ptr, layer.attn_out.bias, &layer.attn_norm, g.t)
+    }
+
+    /// The feed-forward: up (into `up`), bias and exact GELU fused, down (into k), then bias,
+    /// residual and LayerNorm fused into `x`.
+    pub(super) fn feed_forward(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
+        let (h, inter) = (self.dims.hidden, self.dims.intermediate);
+        let bu = &self.buffers;
+        self.linear(bu.x.ptr, &layer.up, bu.up.ptr, g, h, inter)?;
+        // SAFETY: as said on `Group`.
+        unsafe {
+            encoder::bias_gelu(
+                &self.cache,
+                &self.stream,
+                self.dtype,
+                bu.up.ptr,
+                layer.up.bias,
+                g.t,
+                inter,
+            )?
+        };
+        self.linear(bu.up.ptr, &layer.down, bu.k.ptr, g, inter, h)?;
+        self.add_norm(bu.k.ptr, layer.down.bias, &layer.out_norm, g.t)
+    }
+
+    /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then one copy down;
+    /// waits for it.
+    pub(super) fn pool(&self, g: Group) -> Result<Vec<f32>, KernelError> {
+        let (d, bu) = (self.dims, &self.buffers);
+        let h = d.hidden;
+        // SAFETY: as said on `Group`; `pooled` holds max_sequences·hidden f32.
+        unsafe {
+            encoder::pool(
+                &self.cache,
+                &self.stream,
+                self.dtype,
+                bu.x.ptr,
+                bu.lengths.ptr,
+                bu.pooled.ptr,
+                g.b,
+                g.s,
+                h,
+                d.pooling,
+                d.normalize,
+            )?;
+        }
+        let mut out = vec![0.0f32; g.b * h];
+        self.stream
+            .memcpy_dtoh(&bu.pooled.slice.slice(..g.b * h), &mut out)?;
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
+    /// `y = x·Wᵀ` over the group's tokens (the bias is fused into what follows).
+    fn linear(
+        &self,
+        x: u64,
+        lin: &Linear<u64>,
+        y: u64,
+        g: Group,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), KernelError> {
+        // SAFETY: as said on `Group`.
+        unsafe {
+            self.blas
+                .linear(self.dtype, x, lin.weight, y, g.t, inp, out)
+        }
+    }
+
+    /// `x = LayerNorm(y + bias + x)` over `rows` tokens, in place on the hidden states.
+    fn add_norm(
+        &self,
+        y: u64,
+        bias: u64,
+        norm: &Norm<u64>,
+        rows: usize,
+    ) -> Result<(), KernelError> {
+        let x = self.buffers.x.ptr;
+        let args = ResidualNormArgs {
+            out: x,
+            x: y,
+            bias,
+            residual: x,
+            gamma: norm.gamma,
+            beta: norm.beta,
+            rows,
+            cols: self.dims.hidden,
+            eps: self.dims.eps,
+        };
+        // SAFETY: as said on `Group` (`rows` is a group's `t`).
+        unsafe { encoder::bias_residual_layer_norm(&self.cache, &self.stream, self.dtype, &args) }
+    }
+}

@@ -1,0 +1,125 @@
+//! Tests of the encoder's sizes: the weights' expected sizes, padding, and the limits.
+
+use super::placement::expected_sizes;
+use super::sizes::{buffer_tokens, check_dims, padded_len, scores_elems};
+use super::*;
+use crate::WeightDtype;
+use crate::encoder::Pooling;
+
+fn dims(type_vocab: usize) -> Dims {
+    Dims {
+        vocab: 50,
+        hidden: 8,
+        heads: 2,
+        intermediate: 16,
+        max_positions: 64,
+        type_vocab,
+        position_offset: 0,
+        eps: 1e-12,
+        pooling: Pooling::Mean,
+        normalize: true,
+    }
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_tokens: 256,
+        max_sequences: 8,
+        max_seq_len: 30,
+    }
+}
+
+fn weights(layers: usize, token_types: bool) -> EncoderWeights<u32> {
+    let lin = || Linear { weight: 0, bias: 0 };
+    let norm = || Norm { gamma: 0, beta: 0 };
+    EncoderWeights {
+        dtype: WeightDtype::F16,
+        embeddings: Embeddings {
+            word: 0,
+            position: 0,
+            token_type: token_types.then_some(0),
+            norm: norm(),
+        },
+        layers: (0..layers)
+            .map(|_| Layer {
+                query: lin(),
+                key: lin(),
+                value: lin(),
+                attn_out: lin(),
+                attn_norm: norm(),
+                up: lin(),
+                down: lin(),
+                out_norm: norm(),
+            })
+            .collect(),
+    }
+}
+
+/// The expected sizes would drift from try_map's order, checking each weight against
+/// another's size.
+#[test]
+fn expected_sizes_follow_try_maps_order() {
+    for token_types in [true, false] {
+        let d = dims(if token_types { 2 } else { 0 });
+        let w = weights(3, token_types);
+        let mut visited = 0;
+        w.try_map(|_| -> Result<(), ()> {
+            visited += 1;
+            Ok(())
+        })
+        .expect("maps");
+        let sizes: Vec<u64> = expected_sizes(&d, 3, token_types).collect();
+        assert_eq!(sizes.len(), visited);
+        let mut want = vec![50 * 8, 64 * 8];
+        if token_types {
+            want.push(2 * 8);
+        }
+        want.extend([8, 8, 8 * 8, 8]);
+        assert_eq!(&sizes[..want.len()], &want[..]);
+        // The last layer ends with up (16x8, 16), down (8x16, 8), out_norm (8, 8).
+        assert_eq!(&sizes[sizes.len() - 6..], &[16 * 8, 16, 8 * 16, 8, 8, 8]);
+    }
+}
+
+/// Padding would pass the position table or shrink a length; limits past the kernels' or
+/// memory sizes would be accepted.
+#[test]
+fn padding_and_limits_are_checked() {
+    assert_eq!(padded_len(1, 512), 8);
+    assert_eq!(padded_len(8, 512), 8);
+    assert_eq!(padded_len(250, 252), 252);
+    assert_eq!(padded_len(252, 252), 252);
+    assert!(check_dims(&dims(2), &limits()).is_ok());
+    let l = Limits {
+        max_seq_len: 65,
+        ..limits()
+    };
+    assert!(check_dims(&dims(2), &l).is_err(), "past the position table");
+    let wide = Dims {
+        hidden: 8194,
+        heads: 2,
+        ..dims(2)
+    };
+    assert!(check_dims(&wide, &limits()).is_err(), "past MAX_ROW_LEN");
+    assert_eq!(
+        buffer_tokens(&dims(2), &limits(), 2).expect("fits"),
+        256 + 8 * 8
+    );
+    for l in [
+        Limits {
+            max_sequences: 1 << 62,
+            ..limits()
+        },
+        Limits {
+            max_tokens: usize::MAX - 10,
+            ..limits()
+        },
+        Limits {
+            max_tokens: 1 << 60,
+            ..limits()
+        },
+    ] {
+        assert!(buffer_tokens(&dims(2), &l, 2).is_err(), "{l:?}");
+    }
+    assert!(scores_elems(&dims(2), &limits(), 2) >= 2 * 32 * 32);
+}

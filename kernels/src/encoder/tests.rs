@@ -1,0 +1,409 @@
+//! Tests of the launchers' checks and plans: kernel names, grids, pointers and sizes.
+
+use super::embed::plan_embed;
+use super::gelu::plan_bias_gelu;
+use super::heads::{plan_merge, plan_split};
+use super::names::*;
+use super::plan::*;
+use super::pool::plan_pool;
+use super::residual_norm::plan_residual;
+use super::softmax::plan_softmax;
+use super::*;
+use crate::compile::ENCODER_SOURCE;
+use crate::gemv::WeightDtype;
+
+const A: u64 = 0x7f00_0000_0000;
+const B: u64 = 0x7f10_0000_0000;
+const C: u64 = 0x7f20_0000_0000;
+const D: u64 = 0x7f30_0000_0000;
+const E: u64 = 0x7f40_0000_0000;
+const F: u64 = 0x7f50_0000_0000;
+const G: u64 = 0x7f60_0000_0000;
+const H: u64 = 0x7f70_0000_0000;
+const I: u64 = 0x7f80_0000_0000;
+
+fn embed(hidden: usize) -> EmbedArgs {
+    EmbedArgs {
+        out: A,
+        ids: B,
+        type_ids: C,
+        word: D,
+        position: E,
+        token_type: F,
+        gamma: G,
+        beta: H,
+        tokens: 6,
+        seq_len: 3,
+        hidden,
+        vocab: 100,
+        positions: 512,
+        type_vocab: 2,
+        position_offset: 0,
+        eps: 1e-12,
+    }
+}
+
+/// A launcher picks a kernel name that `encoder.cu` does not define.
+#[test]
+fn kernel_names_are_in_the_source() {
+    let code = ENCODER_SOURCE.code;
+    for op in [
+        "embed_ln",
+        "residual_ln",
+        "softmax",
+        "bias_gelu",
+        "split_heads",
+        "merge_heads",
+    ] {
+        assert!(code.contains(&format!(", {op})")), "{op}");
+    }
+    for name in POOL {
+        assert!(code.contains(name), "{name}");
+    }
+    assert_eq!(kernel_names().count(), 39);
+    assert_eq!(pick(&SOFTMAX, WeightDtype::BF16, true), "ms_softmax_bf16_v");
+    assert_eq!(
+        pick(&EMBED_LN, WeightDtype::F32, false),
+        "ms_embed_ln_f32_s"
+    );
+    assert_eq!(
+        pick(&MERGE_HEADS, WeightDtype::F16, true),
+        "ms_merge_heads_f16_v"
+    );
+}
+
+/// Row kernels get blocks that do not cover the row, or exceed their launch bounds.
+#[test]
+fn row_plans_cover_the_row() {
+    for (len, width, threads, rows_per_block) in [
+        (1, 1, 1, 128),
+        (8, 8, 1, 128),
+        (64, 8, 4, 32),
+        (100, 1, 8, 16),
+        (500, 1, 32, 4),
+        (384, 8, 32, 4),
+        (384, 4, 32, 4),
+        (384, 1, 32, 4),
+        (768, 8, 64, 2),
+        (1024, 8, 64, 2),
+        (1024, 4, 64, 2),
+        (4096, 8, 256, 1),
+        (4096, 1, 256, 1),
+        (MAX_ROW_LEN, 1, 512, 1),
+        (513, 1, 64, 2),
+    ] {
+        let p = row_plan("k", 10, len, width).expect("plan");
+        assert_eq!(p.block, (threads, rows_per_block, 1), "{len}/{width}");
+        assert!(p.block.0 as usize * ROW_ELEMS >= len, "{len}");
+        assert!(p.block.0 * p.block.1 <= ROW_MAX_THREADS as u32);
+        assert_eq!((p.block.0 * p.block.1) % 32, 0, "whole warps");
+        assert_eq!(p.grid.0 as u64, 10u64.div_ceil(u64::from(rows_per_block)));
+    }
+    assert!(row_plan("k", 1, 0, 1).is_err());
+    assert!(row_plan("k", 1, MAX_ROW_LEN + 1, 1).is_err());
+}
+
+/// The embedding would take the wrong kernel for its width or alignment, or launch for
+/// no tokens.
+#[test]
+fn embed_picks_its_kernel() {
+    let ok = |a: &EmbedArgs| plan_embed(WeightDtype::F16, a);
+    let plan = ok(&embed(384)).expect("plan").expect("some");
+    assert_eq!(plan.kernel, "ms_embed_ln_f16_v");
+    assert_eq!(
+        ok(&embed(100)).expect("plan").expect("some").kernel,
+        "ms_embed_ln_f16_s"
+    );
+    assert_eq!(
+        ok(&EmbedArgs {
+            tokens: 0,
+            ..embed(384)
+        })
+        .expect("plan"),
+        None
+    );
+    // Misaligned by 2 bytes: scalar kernel, not an error.
+    assert_eq!(
+        ok(&EmbedArgs {
+            word: D + 2,
+            ..embed(384)
+        })
+        .expect("plan")
+        .expect("some")
+        .kernel,
+        "ms_embed_ln_f16_s"
+    );
+}
+
+/// Embedding positions past the position table (with the offset) reach the device.
+#[test]
+fn embed_checks_positions() {
+    let ok = |a: &EmbedArgs| plan_embed(WeightDtype::F16, a);
+    // Positions: seq_len + offset must fit.
+    assert!(
+        ok(&EmbedArgs {
+            seq_len: 512,
+            ..embed(384)
+        })
+        .is_ok()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            seq_len: 513,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            seq_len: 511,
+            position_offset: 2,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            position_offset: usize::MAX,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            seq_len: 0,
+            ..embed(384)
+        })
+        .is_err()
+    );
+}
+
+/// Embedding pointers, sizes or eps that would read out of bounds reach the device.
+#[test]
+fn embed_checks_pointers_and_sizes() {
+    let ok = |a: &EmbedArgs| plan_embed(WeightDtype::F16, a);
+    // type_ids may be absent; other pointers may not.
+    assert!(
+        ok(&EmbedArgs {
+            type_ids: 0,
+            ..embed(384)
+        })
+        .is_ok()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            word: 0,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            ids: B + 2,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            gamma: G + 1,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    // Out overlapping an input, bad eps, hidden limits.
+    assert!(
+        ok(&EmbedArgs {
+            out: G - 2,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            eps: f32::NAN,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(
+        ok(&EmbedArgs {
+            eps: -1.0,
+            ..embed(384)
+        })
+        .is_err()
+    );
+    assert!(ok(&embed(0)).is_err());
+    assert!(ok(&embed(MAX_ROW_LEN + 1)).is_err());
+    assert!(
+        ok(&EmbedArgs {
+            vocab: usize::MAX,
+            ..embed(384)
+        })
+        .is_err()
+    );
+}
+
+/// Residual LayerNorm refuses a legal in-place call or accepts a shifted overlap.
+#[test]
+fn residual_norm_aliasing() {
+    let args = ResidualNormArgs {
+        out: A,
+        x: B,
+        bias: C,
+        residual: D,
+        gamma: E,
+        beta: F,
+        rows: 8,
+        cols: 768,
+        eps: 1e-12,
+    };
+    let plan = |a: &ResidualNormArgs| plan_residual(WeightDtype::BF16, a);
+    assert_eq!(
+        plan(&args).expect("plan").expect("some").kernel,
+        "ms_residual_ln_bf16_v"
+    );
+    assert!(
+        plan(&ResidualNormArgs { out: B, ..args }).is_ok(),
+        "out = x"
+    );
+    assert!(
+        plan(&ResidualNormArgs { out: D, ..args }).is_ok(),
+        "out = residual"
+    );
+    assert!(plan(&ResidualNormArgs { out: D + 2, ..args }).is_err());
+    assert!(
+        plan(&ResidualNormArgs {
+            out: B - 16,
+            ..args
+        })
+        .is_err()
+    );
+    assert!(
+        plan(&ResidualNormArgs { out: C, ..args }).is_err(),
+        "out = bias"
+    );
+    assert!(plan(&ResidualNormArgs { cols: 0, ..args }).is_err());
+    assert_eq!(
+        plan(&ResidualNormArgs { rows: 0, ..args }).expect("plan"),
+        None
+    );
+    assert_eq!(
+        plan(&ResidualNormArgs { cols: 100, ..args })
+            .expect("plan")
+            .expect("some")
+            .kernel,
+        "ms_residual_ln_bf16_s"
+    );
+}
+
+/// Head split/merge accept overlapping outputs or vectorize across head boundaries.
+#[test]
+fn heads_checks() {
+    let args = HeadsArgs {
+        q: A,
+        k: B,
+        v: C,
+        q_bias: D,
+        k_bias: E,
+        v_bias: F,
+        q_out: G,
+        k_out: H,
+        v_out: I,
+        batch: 2,
+        seq: 5,
+        heads: 3,
+        head_dim: 64,
+        q_scale: 0.125,
+    };
+    let plan = |a: &HeadsArgs| plan_split(WeightDtype::F32, a, 132);
+    let p = plan(&args).expect("plan").expect("some");
+    assert_eq!(p.kernel, "ms_split_heads_f32_v");
+    assert_eq!(p.grid.1, 3);
+    // head_dim 6 with f32: 24 bytes a head, not whole chunks.
+    assert_eq!(
+        plan(&HeadsArgs {
+            head_dim: 6,
+            ..args
+        })
+        .expect("plan")
+        .expect("some")
+        .kernel,
+        "ms_split_heads_f32_s"
+    );
+    assert!(
+        plan(&HeadsArgs {
+            k_out: G + 4,
+            ..args
+        })
+        .is_err()
+    );
+    assert!(plan(&HeadsArgs { v_out: A, ..args }).is_err());
+    assert!(
+        plan(&HeadsArgs {
+            q_scale: f32::INFINITY,
+            ..args
+        })
+        .is_err()
+    );
+    assert_eq!(plan(&HeadsArgs { batch: 0, ..args }).expect("plan"), None);
+
+    let merge = |ctx, out, head_dim| plan_merge(WeightDtype::F16, ctx, out, 2, 3, 5, head_dim, 132);
+    assert_eq!(
+        merge(A, B, 64).expect("plan").expect("some").kernel,
+        "ms_merge_heads_f16_v"
+    );
+    assert_eq!(
+        merge(A, B, 12).expect("plan").expect("some").kernel,
+        "ms_merge_heads_f16_s"
+    );
+    assert!(merge(A, A + 2, 64).is_err());
+    assert!(merge(0, B, 64).is_err());
+}
+
+/// Softmax, GELU and pooling accept bad pointers or sizes.
+#[test]
+fn softmax_gelu_pool_checks() {
+    let sm = |scores, lengths, seq| plan_softmax(WeightDtype::F16, scores, lengths, 2, 4, seq);
+    assert_eq!(
+        sm(A, B, 64).expect("plan").expect("some").kernel,
+        "ms_softmax_f16_v"
+    );
+    assert_eq!(
+        sm(A, B, 63).expect("plan").expect("some").kernel,
+        "ms_softmax_f16_s"
+    );
+    assert!(sm(A, B + 2, 64).is_err(), "misaligned lengths");
+    assert!(sm(A, A + 8, 64).is_err(), "lengths inside scores");
+    assert!(sm(A, B, MAX_ROW_LEN + 1).is_err());
+    assert_eq!(sm(A, B, 0).expect("plan"), None);
+
+    let gelu = |x, bias, cols| plan_bias_gelu(WeightDtype::BF16, x, bias, 7, cols, 132);
+    assert_eq!(
+        gelu(A, B, 3072).expect("plan").expect("some").kernel,
+        "ms_bias_gelu_bf16_v"
+    );
+    assert_eq!(
+        gelu(A, B, 100).expect("plan").expect("some").kernel,
+        "ms_bias_gelu_bf16_s"
+    );
+    assert!(gelu(A, A + 64, 100).is_err());
+    assert!(gelu(A + 1, B, 100).is_err());
+    assert_eq!(gelu(A, B, 0).expect("plan"), None);
+    let big = plan_bias_gelu(WeightDtype::F32, A, B, 1 << 20, 4096, 132)
+        .expect("plan")
+        .expect("some");
+    assert_eq!(big.grid.0 as u64, 132 * FLAT_BLOCKS_PER_SM);
+
+    let pool =
+        |x, lengths, out, batch| plan_pool(WeightDtype::F32, x, lengths, out, batch, 16, 100);
+    let p = pool(A, B, C, 3).expect("plan").expect("some");
+    assert_eq!((p.kernel, p.grid.0, p.block.0), ("ms_pool_f32", 3, 128));
+    let wide = plan_pool(WeightDtype::F16, A, B, C, 3, 16, 4096)
+        .expect("plan")
+        .expect("some");
+    assert_eq!(wide.block.0, 1024);
+    assert!(pool(A, B, C + 2, 3).is_err());
+    assert!(pool(A, B, A + 4, 3).is_err());
+    assert_eq!(pool(A, B, C, 0).expect("plan"), None);
+}
