@@ -4,7 +4,7 @@
 //! is 1, and an absent field reads as 1); `negotiate`'s unit tests cover it with a hypothetical
 //! minimum.
 
-#[path = "e2e/common.rs"]
+#[path = "e2e/common/mod.rs"]
 mod common;
 
 use common::Server;

@@ -467,6 +467,24 @@ fn run() -> Res<bool> {
     Ok(all_ok)
 }
 
+/// What each piece check of one shape takes: the environment, the dtype, the shape and its
+/// label.
+struct Pieces<'a> {
+    env: &'a Env,
+    dtype: WeightDtype,
+    s: &'a Shape,
+    label: String,
+}
+
+/// The LayerNorm parameters of the embeddings check, on the host and on the device, which the
+/// residual LayerNorm check takes again.
+struct Norm {
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    d_gamma: Buf,
+    d_beta: Buf,
+}
+
 /// Every kernel and both products, one at a time, on `shape`.
 fn check_pieces(
     env: &Env,
@@ -475,13 +493,33 @@ fn check_pieces(
     rng: &mut Rng,
     checks: &mut Vec<Check>,
 ) -> Res<()> {
+    let cx = Pieces {
+        env,
+        dtype,
+        s,
+        label: s.label(),
+    };
+    let norm = check_embed_layer_norm(&cx, rng, checks)?;
+    check_bias_gelu(&cx, rng, checks)?;
+    check_residual_layer_norm(&cx, &norm, rng, checks)?;
+    let scale = check_heads(&cx, rng, checks)?;
+    let d_len = check_masked_softmax(&cx, rng, checks)?;
+    check_pooling(&cx, &d_len, rng, checks)?;
+    check_blas_linear(&cx, rng, checks)?;
+    check_blas_attention(&cx, scale, rng, checks)?;
+    Ok(())
+}
+
+/// Embeddings + LayerNorm, with ids out of range at both ends; gives back the norm
+/// parameters (γ, β) for the residual LayerNorm.
+fn check_embed_layer_norm(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> Res<Norm> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
     let st = &env.stream;
     let cache = &env.cache;
-    let label = s.label();
-    let (t, h, off) = (s.tokens(), s.hidden, s.offset);
-    let (nh, hd) = (s.heads, s.head_dim());
-
-    // Embeddings + LayerNorm, with ids out of range at both ends.
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
     let (vocab, type_vocab) = (50usize, 2usize);
     let positions = s.seq + s.position_offset;
     let ids: Vec<i32> = (0..t)
@@ -548,13 +586,28 @@ fn check_pieces(
     checks.push(compare(
         "embed_layer_norm",
         dtype,
-        &label,
+        label,
         &d_out.read(st)?,
         &want,
         unit_tol(dtype),
     ));
+    Ok(Norm {
+        gamma,
+        beta,
+        d_gamma,
+        d_beta,
+    })
+}
 
-    // Bias + GELU, in place on [tokens, 4·hidden].
+/// Bias + GELU, in place on [tokens, 4·hidden].
+fn check_bias_gelu(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> Res<()> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let cache = &env.cache;
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
     let ffn = 4 * h;
     let x = rng.values(dtype, t * ffn, 3.0);
     let bias = rng.values(dtype, ffn, 1.0);
@@ -567,18 +620,42 @@ fn check_pieces(
     checks.push(compare(
         "bias_gelu",
         dtype,
-        &label,
+        label,
         &d_x.read(st)?,
         &want,
         unit_tol(dtype),
     ));
+    Ok(())
+}
 
-    // Bias + residual + LayerNorm: into a new buffer, then in place over the residual.
+/// Bias + residual + LayerNorm: into a new buffer, then in place over the residual, with
+/// `norm`'s γ and β.
+fn check_residual_layer_norm(
+    cx: &Pieces<'_>,
+    norm: &Norm,
+    rng: &mut Rng,
+    checks: &mut Vec<Check>,
+) -> Res<()> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let cache = &env.cache;
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
     let x = rng.values(dtype, t * h, 2.0);
     let residual = rng.values(dtype, t * h, 2.0);
     let bias = rng.values(dtype, h, 1.0);
     let mut want = vec![0.0; t * h];
-    reference::bias_residual_layer_norm(&mut want, &x, &bias, &residual, &gamma, &beta, EPS);
+    reference::bias_residual_layer_norm(
+        &mut want,
+        &x,
+        &bias,
+        &residual,
+        &norm.gamma,
+        &norm.beta,
+        EPS,
+    );
     let d_x = Buf::input(st, dtype, &x, off)?;
     let d_res = Buf::input(st, dtype, &residual, off)?;
     let d_bias = Buf::input(st, dtype, &bias, off)?;
@@ -588,8 +665,8 @@ fn check_pieces(
         x: d_x.ptr(st),
         bias: d_bias.ptr(st),
         residual: d_res.ptr(st),
-        gamma: d_gamma.ptr(st),
-        beta: d_beta.ptr(st),
+        gamma: norm.d_gamma.ptr(st),
+        beta: norm.d_beta.ptr(st),
         rows: t,
         cols: h,
         eps: EPS,
@@ -599,7 +676,7 @@ fn check_pieces(
     checks.push(compare(
         "residual_layer_norm",
         dtype,
-        &label,
+        label,
         &d_out.read(st)?,
         &want,
         unit_tol(dtype),
@@ -610,13 +687,25 @@ fn check_pieces(
     checks.push(compare(
         "residual_ln_in_place",
         dtype,
-        &label,
+        label,
         &d_res.read(st)?,
         &want,
         unit_tol(dtype),
     ));
+    Ok(())
+}
 
-    // Split heads (with bias and the q scale), then merge back.
+/// Split heads (with bias and the q scale), then merge back; gives back the q scale.
+fn check_heads(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> Res<f32> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let cache = &env.cache;
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
+    let nh = s.heads;
+    let hd = s.head_dim();
     let scale = 1.0 / (hd as f32).sqrt();
     let qkv: Vec<Vec<f32>> = (0..3).map(|_| rng.values(dtype, t * h, 2.0)).collect();
     let biases: Vec<Vec<f32>> = (0..3).map(|_| rng.values(dtype, h, 1.0)).collect();
@@ -659,7 +748,7 @@ fn check_pieces(
         checks.push(compare(
             name,
             dtype,
-            &label,
+            label,
             &d_split[i].read(st)?,
             &want,
             unit_tol(dtype),
@@ -687,13 +776,22 @@ fn check_pieces(
     checks.push(compare(
         "merge_heads",
         dtype,
-        &label,
+        label,
         &d_merged.read(st)?,
         &want,
         Tol { rel: 0.0, abs: 0.0 },
     ));
+    Ok(scale)
+}
 
-    // Masked softmax on [batch·heads, seq, seq].
+/// Masked softmax on [batch·heads, seq, seq]; gives back the lengths on the device.
+fn check_masked_softmax(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> Res<Buf> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let cache = &env.cache;
+    let off = s.offset;
+    let nh = s.heads;
     let n_scores = s.batch * nh * s.seq * s.seq;
     let scores = rng.values(dtype, n_scores, 6.0);
     let mut want = scores.clone();
@@ -716,13 +814,23 @@ fn check_pieces(
     checks.push(compare(
         "masked_softmax",
         dtype,
-        &label,
+        label,
         &d_scores.read(st)?,
         &want,
         unit_tol(dtype),
     ));
+    Ok(d_len)
+}
 
-    // Pooling, every mode, with and without normalize.
+/// Pooling, every mode, with and without normalize, over the lengths `d_len`.
+fn check_pooling(cx: &Pieces<'_>, d_len: &Buf, rng: &mut Rng, checks: &mut Vec<Check>) -> Res<()> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let cache = &env.cache;
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
     let x = rng.values(dtype, t * h, 2.0);
     let d_x = Buf::input(st, dtype, &x, off)?;
     for mode in [
@@ -758,15 +866,25 @@ fn check_pieces(
             checks.push(compare(
                 &name,
                 dtype,
-                &label,
+                label,
                 &d_out.read(st)?,
                 &want,
                 POOL_TOL,
             ));
         }
     }
+    Ok(())
+}
 
-    // The products: a linear layer, then attention's Q·Kᵀ and P·V.
+/// The products: a linear layer.
+fn check_blas_linear(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> Res<()> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
+    let ffn = 4 * h;
     let x = rng.values(dtype, t * h, 1.0);
     let w = rng.values(dtype, ffn * h, 1.0);
     let mut want = vec![0.0; t * ffn];
@@ -782,12 +900,29 @@ fn check_pieces(
     checks.push(compare(
         "blas linear",
         dtype,
-        &label,
+        label,
         &d_y.read(st)?,
         &want,
         matmul_tol(dtype, &want),
     ));
+    Ok(())
+}
 
+/// The products: attention's Q·Kᵀ (scaled by `scale`) and P·V.
+fn check_blas_attention(
+    cx: &Pieces<'_>,
+    scale: f32,
+    rng: &mut Rng,
+    checks: &mut Vec<Check>,
+) -> Res<()> {
+    let (env, dtype, s) = (cx.env, cx.dtype, cx.s);
+    let label = cx.label.as_str();
+    let st = &env.stream;
+    let t = s.tokens();
+    let h = s.hidden;
+    let off = s.offset;
+    let nh = s.heads;
+    let hd = s.head_dim();
     let bh = s.batch * nh;
     let (q, k) = (rng.values(dtype, t * h, 1.0), rng.values(dtype, t * h, 1.0));
     let mut want = vec![0.0; bh * s.seq * s.seq];
@@ -816,7 +951,7 @@ fn check_pieces(
     checks.push(compare(
         "blas q·kᵀ",
         dtype,
-        &label,
+        label,
         &d_s.read(st)?,
         &want,
         matmul_tol(dtype, &want),
@@ -850,7 +985,7 @@ fn check_pieces(
     checks.push(compare(
         "blas p·v",
         dtype,
-        &label,
+        label,
         &d_c.read(st)?,
         &want,
         matmul_tol(dtype, &want),
@@ -1133,23 +1268,51 @@ fn enqueue_layer(
     b: &LayerBufs,
     mut marks: Option<&mut Marks>,
 ) -> Res<()> {
+    enqueue_attention_scores(env, dtype, s, b, &mut marks)?;
+    enqueue_attention_output(env, dtype, s, b, &mut marks)?;
+    enqueue_feed_forward(env, dtype, s, b, &mut marks)?;
+    Ok(())
+}
+
+/// Runs `f` (one step of a layer, named `name`), between two events recorded on `st` when
+/// `marks` is given.
+fn marked_step(
+    st: &Arc<CudaStream>,
+    marks: &mut Option<&mut Marks>,
+    name: &'static str,
+    f: &mut dyn FnMut() -> Res<()>,
+) -> Res<()> {
+    match marks.as_deref_mut() {
+        Some(m) => {
+            let start = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            f()?;
+            let end = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            m.push((name, start, end));
+            Ok(())
+        }
+        None => f(),
+    }
+}
+
+/// Enqueues the attention scores of the layer: the Q, K and V projections, the heads, Q·Kᵀ
+/// and the masked softmax.
+fn enqueue_attention_scores(
+    env: &Env,
+    dtype: WeightDtype,
+    s: &Shape,
+    b: &LayerBufs,
+    marks: &mut Option<&mut Marks>,
+) -> Res<()> {
     let st = &env.stream;
     let cache = &env.cache;
-    let (t, h, nh, hd) = (s.tokens(), s.hidden, s.heads, s.head_dim());
-    let ffn = 4 * h;
+    let t = s.tokens();
+    let h = s.hidden;
+    let nh = s.heads;
+    let hd = s.head_dim();
     let bh = s.batch * nh;
     let p = |buf: &Buf| buf.ptr(st);
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Res<()>| -> Res<()> {
-        match marks.as_deref_mut() {
-            Some(m) => {
-                let start = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                f()?;
-                let end = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-                m.push((name, start, end));
-                Ok(())
-            }
-            None => f(),
-        }
+        marked_step(st, marks, name, f)
     };
     // SAFETY (every unsafe block below): LayerBufs allocated each buffer with the
     // elements this layer reads or writes, on this stream; nothing else runs on them.
@@ -1219,6 +1382,31 @@ fn enqueue_layer(
         }?;
         Ok(())
     })?;
+    Ok(())
+}
+
+/// Enqueues the attention output of the layer: P·V, the merged heads, the output projection
+/// and the first residual LayerNorm (in place over `b.x`).
+fn enqueue_attention_output(
+    env: &Env,
+    dtype: WeightDtype,
+    s: &Shape,
+    b: &LayerBufs,
+    marks: &mut Option<&mut Marks>,
+) -> Res<()> {
+    let st = &env.stream;
+    let cache = &env.cache;
+    let t = s.tokens();
+    let h = s.hidden;
+    let nh = s.heads;
+    let hd = s.head_dim();
+    let bh = s.batch * nh;
+    let p = |buf: &Buf| buf.ptr(st);
+    let mut step = |name: &'static str, f: &mut dyn FnMut() -> Res<()>| -> Res<()> {
+        marked_step(st, marks, name, f)
+    };
+    // SAFETY (every unsafe block below): LayerBufs allocated each buffer with the
+    // elements this layer reads or writes, on this stream; nothing else runs on them.
     step("p·v", &mut || {
         let m = BatchedMatmul {
             a: p(&b.scores),
@@ -1279,6 +1467,29 @@ fn enqueue_layer(
         unsafe { encoder::bias_residual_layer_norm(cache, st, dtype, &a) }?;
         Ok(())
     })?;
+    Ok(())
+}
+
+/// Enqueues the feed-forward half of the layer, the second residual LayerNorm and the
+/// pooling.
+fn enqueue_feed_forward(
+    env: &Env,
+    dtype: WeightDtype,
+    s: &Shape,
+    b: &LayerBufs,
+    marks: &mut Option<&mut Marks>,
+) -> Res<()> {
+    let st = &env.stream;
+    let cache = &env.cache;
+    let t = s.tokens();
+    let h = s.hidden;
+    let ffn = 4 * h;
+    let p = |buf: &Buf| buf.ptr(st);
+    let mut step = |name: &'static str, f: &mut dyn FnMut() -> Res<()>| -> Res<()> {
+        marked_step(st, marks, name, f)
+    };
+    // SAFETY (every unsafe block below): LayerBufs allocated each buffer with the
+    // elements this layer reads or writes, on this stream; nothing else runs on them.
     step("linear ffn up", &mut || {
         // SAFETY: see above.
         unsafe {

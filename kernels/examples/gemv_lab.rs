@@ -138,6 +138,9 @@ LAB(BF16, 1, 4) LAB(BF16, 2, 4) LAB(BF16, 4, 2)
 "#,
 };
 
+/// The shapes timed, each with the lab variants tried on it.
+type LabShape = (WeightDtype, usize, usize, &'static [&'static str]);
+
 fn main() -> Res<()> {
     let ctx = CudaContext::new(0)?;
     let stream = ctx.new_stream()?;
@@ -152,7 +155,24 @@ fn main() -> Res<()> {
     );
     let d2d = d2d(&stream)?;
     println!("d2d {d2d:.0} GB/s");
-    let shapes: [(WeightDtype, usize, usize, &[&str]); 4] = [
+    let lab = Lab {
+        ctx: &ctx,
+        stream: &stream,
+        cache: &cache,
+        multiprocessors: info.multiprocessors,
+        d2d,
+    };
+    println!("| dtype | shape | variant | regs | us | GB/s | % d2d | max rel diff |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (dtype, rows, cols, variants) in lab_shapes() {
+        time_shape(&lab, dtype, rows, cols, variants)?;
+    }
+    Ok(())
+}
+
+/// The shapes and the variants tried on each.
+fn lab_shapes() -> [LabShape; 4] {
+    [
         (
             WeightDtype::F32,
             8192,
@@ -191,95 +211,173 @@ fn main() -> Res<()> {
             16384,
             &["lab_BF16_r1_u4", "lab_BF16_r2_u4", "lab_BF16_r4_u2"],
         ),
-    ];
-    println!("| dtype | shape | variant | regs | us | GB/s | % d2d | max rel diff |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (dtype, rows, cols, variants) in shapes {
-        let bytes = rows * cols * dtype.size_bytes();
-        let mut seed = 99u64;
-        let fill: Vec<u8> = (0..bytes / 8)
-            .flat_map(|_| {
-                seed = splitmix64(seed);
-                // Finite f32/f16/bf16 patterns: clear the exponent's top bits of every half.
-                (seed & 0x3bff_3bff_3bff_3bff).to_le_bytes()
-            })
-            .collect();
-        let xs: Vec<f32> = (0..cols)
-            .map(|i| ((i * 7919 % 1000) as f32) / 500.0 - 1.0)
-            .collect();
-        let mut ws: Vec<CudaSlice<u8>> = Vec::new();
-        for _ in 0..(3 * 50 * 1024 * 1024usize).div_ceil(bytes).clamp(2, 8) {
-            ws.push(stream.clone_htod(&fill)?);
-        }
-        let x = stream.clone_htod(&xs)?;
-        let mut y_prod: CudaSlice<f32> = stream.alloc_zeros(rows)?;
-        let mut y_lab: CudaSlice<f32> = stream.alloc_zeros(rows)?;
-        let wp: Vec<u64> = ws.iter().map(|w| w.device_ptr(&stream).0).collect();
-        let xp = x.device_ptr(&stream).0;
-        let yp = y_prod.device_ptr_mut_raw(&stream);
-        let yl = y_lab.device_ptr_mut_raw(&stream);
-        let moved = (bytes + 4 * cols + 4 * rows) as f64;
+    ]
+}
 
-        // Production, as launched by the crate.
-        let t = time(&stream, &wp, |w| {
-            // SAFETY: w, x and y are live allocations of the sizes gemv needs.
-            unsafe { gemv::gemv(&cache, &stream, dtype, w, xp, yp, rows, cols) }.map_err(Into::into)
-        })?;
-        let reference = stream.clone_dtoh(&y_prod)?;
-        println!(
-            "| {} | {rows}x{cols} | production | | {:.1} | {:.0} | {:.0}% | |",
-            dtype.name(),
-            t * 1e6,
-            moved / t / 1e9,
-            100.0 * moved / t / 1e9 / d2d
-        );
+/// What every timing takes: the device, its kernel cache and SM count, and the d2d copy
+/// bandwidth the results are compared with.
+struct Lab<'a> {
+    ctx: &'a Arc<CudaContext>,
+    stream: &'a Arc<CudaStream>,
+    cache: &'a KernelCache,
+    multiprocessors: u32,
+    d2d: f64,
+}
 
-        // The general (any alignment) warp-per-row kernel, uncapped grid (rows / 8 blocks).
-        let prod_name = match dtype {
-            WeightDtype::F32 => "ms_gemv_f32_warp",
-            WeightDtype::F16 => "ms_gemv_f16_warp",
-            WeightDtype::BF16 => "ms_gemv_bf16_warp",
-        };
-        let f = cache.function(&ctx, &GEMV_SOURCE, prod_name)?;
-        let blocks = rows.div_ceil(8) as u32;
-        let t = time(&stream, &wp, |w| {
-            launch(&stream, &f, blocks, w, xp, yl, rows, cols)
+/// One shape's device buffers (by pointer: the weight copies rotated through, x, the
+/// production and the lab outputs) and the bytes one run moves.
+struct Case {
+    dtype: WeightDtype,
+    rows: usize,
+    cols: usize,
+    wp: Vec<u64>,
+    xp: u64,
+    yp: u64,
+    yl: u64,
+    moved: f64,
+}
+
+/// Fills the buffers of one shape, then times the production launch, the general kernel and
+/// each of `variants` on them.
+fn time_shape(
+    lab: &Lab<'_>,
+    dtype: WeightDtype,
+    rows: usize,
+    cols: usize,
+    variants: &[&'static str],
+) -> Res<()> {
+    let stream = lab.stream;
+    let bytes = rows * cols * dtype.size_bytes();
+    let mut seed = 99u64;
+    let fill: Vec<u8> = (0..bytes / 8)
+        .flat_map(|_| {
+            seed = splitmix64(seed);
+            // Finite f32/f16/bf16 patterns: clear the exponent's top bits of every half.
+            (seed & 0x3bff_3bff_3bff_3bff).to_le_bytes()
+        })
+        .collect();
+    let xs: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7919 % 1000) as f32) / 500.0 - 1.0)
+        .collect();
+    let mut ws: Vec<CudaSlice<u8>> = Vec::new();
+    for _ in 0..(3 * 50 * 1024 * 1024usize).div_ceil(bytes).clamp(2, 8) {
+        ws.push(stream.clone_htod(&fill)?);
+    }
+    let x = stream.clone_htod(&xs)?;
+    let mut y_prod: CudaSlice<f32> = stream.alloc_zeros(rows)?;
+    let mut y_lab: CudaSlice<f32> = stream.alloc_zeros(rows)?;
+    let wp: Vec<u64> = ws.iter().map(|w| w.device_ptr(stream).0).collect();
+    let xp = x.device_ptr(stream).0;
+    let yp = y_prod.device_ptr_mut_raw(stream);
+    let yl = y_lab.device_ptr_mut_raw(stream);
+    let moved = (bytes + 4 * cols + 4 * rows) as f64;
+    let case = Case {
+        dtype,
+        rows,
+        cols,
+        wp,
+        xp,
+        yp,
+        yl,
+        moved,
+    };
+
+    let reference = time_production(lab, &case, &y_prod)?;
+    time_general_warp(lab, &case, &y_lab, &reference)?;
+    for name in variants {
+        time_variant(lab, &case, name, &y_lab, &reference)?;
+    }
+    Ok(())
+}
+
+/// Production, as launched by the crate: prints its time and gives back its output (read
+/// from `y_prod`), the reference of the others.
+fn time_production(lab: &Lab<'_>, case: &Case, y_prod: &CudaSlice<f32>) -> Res<Vec<f32>> {
+    let (stream, cache, d2d) = (lab.stream, lab.cache, lab.d2d);
+    let (dtype, rows, cols, moved) = (case.dtype, case.rows, case.cols, case.moved);
+    let (xp, yp) = (case.xp, case.yp);
+    let t = time(stream, &case.wp, |w| {
+        // SAFETY: w, x and y are live allocations of the sizes gemv needs.
+        unsafe { gemv::gemv(cache, stream, dtype, w, xp, yp, rows, cols) }.map_err(Into::into)
+    })?;
+    let reference = stream.clone_dtoh(y_prod)?;
+    println!(
+        "| {} | {rows}x{cols} | production | | {:.1} | {:.0} | {:.0}% | |",
+        dtype.name(),
+        t * 1e6,
+        moved / t / 1e9,
+        100.0 * moved / t / 1e9 / d2d
+    );
+    Ok(reference)
+}
+
+/// The general (any alignment) warp-per-row kernel, uncapped grid (rows / 8 blocks), its
+/// output (in `y_lab`) against `reference`.
+fn time_general_warp(
+    lab: &Lab<'_>,
+    case: &Case,
+    y_lab: &CudaSlice<f32>,
+    reference: &[f32],
+) -> Res<()> {
+    let (ctx, stream, cache, d2d) = (lab.ctx, lab.stream, lab.cache, lab.d2d);
+    let (dtype, rows, cols, moved) = (case.dtype, case.rows, case.cols, case.moved);
+    let (xp, yl) = (case.xp, case.yl);
+    let prod_name = match dtype {
+        WeightDtype::F32 => "ms_gemv_f32_warp",
+        WeightDtype::F16 => "ms_gemv_f16_warp",
+        WeightDtype::BF16 => "ms_gemv_bf16_warp",
+    };
+    let f = cache.function(ctx, &GEMV_SOURCE, prod_name)?;
+    let blocks = rows.div_ceil(8) as u32;
+    let t = time(stream, &case.wp, |w| {
+        launch(stream, &f, blocks, w, xp, yl, rows, cols)
+    })?;
+    let diff = max_rel_diff(&stream.clone_dtoh(y_lab)?, reference);
+    println!(
+        "| {} | {rows}x{cols} | general warp, {blocks} blocks | {} | {:.1} | {:.0} | {:.0}% | {diff:.1e} |",
+        dtype.name(),
+        regs(&f),
+        t * 1e6,
+        moved / t / 1e9,
+        100.0 * moved / t / 1e9 / d2d
+    );
+    Ok(())
+}
+
+/// The lab kernel `name`, on a grid of one block per 8·R rows and on one wave of resident
+/// blocks, its output (in `y_lab`) against `reference`.
+fn time_variant(
+    lab: &Lab<'_>,
+    case: &Case,
+    name: &'static str,
+    y_lab: &CudaSlice<f32>,
+    reference: &[f32],
+) -> Res<()> {
+    let (ctx, stream, cache, d2d) = (lab.ctx, lab.stream, lab.cache, lab.d2d);
+    let (dtype, rows, cols, moved) = (case.dtype, case.rows, case.cols, case.moved);
+    let (xp, yl) = (case.xp, case.yl);
+    let f = cache.function(ctx, &LAB, name)?;
+    let r: usize = name
+        .split("_r")
+        .nth(1)
+        .and_then(|s| s[..1].parse().ok())
+        .unwrap_or(1);
+    for blocks in [
+        rows.div_ceil(8 * r) as u32,
+        lab.multiprocessors * occupancy(&f),
+    ] {
+        let t = time(stream, &case.wp, |w| {
+            launch(stream, &f, blocks, w, xp, yl, rows, cols)
         })?;
-        let diff = max_rel_diff(&stream.clone_dtoh(&y_lab)?, &reference);
+        let diff = max_rel_diff(&stream.clone_dtoh(y_lab)?, reference);
         println!(
-            "| {} | {rows}x{cols} | general warp, {blocks} blocks | {} | {:.1} | {:.0} | {:.0}% | {diff:.1e} |",
+            "| {} | {rows}x{cols} | {name}, {blocks} blocks | {} | {:.1} | {:.0} | {:.0}% | {diff:.1e} |",
             dtype.name(),
             regs(&f),
             t * 1e6,
             moved / t / 1e9,
             100.0 * moved / t / 1e9 / d2d
         );
-
-        for name in variants {
-            let f = cache.function(&ctx, &LAB, name)?;
-            let r: usize = name
-                .split("_r")
-                .nth(1)
-                .and_then(|s| s[..1].parse().ok())
-                .unwrap_or(1);
-            for blocks in [
-                rows.div_ceil(8 * r) as u32,
-                info.multiprocessors * occupancy(&f),
-            ] {
-                let t = time(&stream, &wp, |w| {
-                    launch(&stream, &f, blocks, w, xp, yl, rows, cols)
-                })?;
-                let diff = max_rel_diff(&stream.clone_dtoh(&y_lab)?, &reference);
-                println!(
-                    "| {} | {rows}x{cols} | {name}, {blocks} blocks | {} | {:.1} | {:.0} | {:.0}% | {diff:.1e} |",
-                    dtype.name(),
-                    regs(&f),
-                    t * 1e6,
-                    moved / t / 1e9,
-                    100.0 * moved / t / 1e9 / d2d
-                );
-            }
-        }
     }
     Ok(())
 }

@@ -119,6 +119,30 @@ fn run() -> Res<bool> {
     };
 
     // --- gemv correctness (and timing on the large shapes) ---
+    let cases = gemv_cases();
+    let mut gemv_results = Vec::new();
+    for case in &cases {
+        let r = check_gemv(&cache, &stream, case, next_seed(), threads, l2)?;
+        print_gemv(&r);
+        gemv_results.push(r);
+    }
+
+    // --- the anchor: device-to-device copy bandwidth ---
+    let d2d_gbps = d2d_bandwidth(&stream)?;
+    println!("d2d copy 1 GiB: {d2d_gbps:.0} GB/s (read + write)");
+
+    let ms64 = check_ms64(&cache, &stream, next_seed(), threads)?;
+    let disk_ok = check_disk_cache(&cache, &stream, &cache_dir)?;
+
+    // --- verdict, table, JSON ---
+    let gemv_ok = gemv_results.iter().all(|r| r.ok);
+    let ms64_ok = ms64.results.iter().all(|r| r.gpu == r.cpu) && ms64.cpu_consistent;
+    print_summary(&device, &gemv_results, &ms64, d2d_gbps, disk_ok);
+    Ok(gemv_ok && ms64_ok && disk_ok)
+}
+
+/// The gemv cases of every dtype: odd and large shapes, offset buffers, and the timed ones.
+fn gemv_cases() -> Vec<GemvCase> {
     let mut cases = Vec::new();
     for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16] {
         let case = |rows, cols, w_offset, x_offset, timed| GemvCase {
@@ -164,39 +188,55 @@ fn run() -> Res<bool> {
             }
         }
     }
-    let mut gemv_results = Vec::new();
-    for case in &cases {
-        let r = check_gemv(&cache, &stream, case, next_seed(), threads, l2)?;
-        println!(
-            "gemv {:>4} {:>5}x{:<7} w+{} x+{} {:<11} rel_err {:.2e}  unwritten {}  guard {}  {}{}",
-            r.dtype.name(),
-            r.rows,
-            r.cols,
-            r.w_offset,
-            r.x_offset,
-            r.layout,
-            r.rel_err,
-            r.unwritten,
-            r.guard_hit,
-            if r.ok { "ok" } else { "MISMATCH" },
-            r.median_us
-                .zip(r.gbps)
-                .map(|(us, g)| format!("  {us:.1} us  {g:.0} GB/s"))
-                .unwrap_or_default()
-        );
-        gemv_results.push(r);
-    }
+    cases
+}
 
-    // --- the anchor: device-to-device copy bandwidth ---
-    let d2d_gbps = d2d_bandwidth(&stream)?;
-    println!("d2d copy 1 GiB: {d2d_gbps:.0} GB/s (read + write)");
+/// One line of the gemv table.
+fn print_gemv(r: &GemvResult) {
+    println!(
+        "gemv {:>4} {:>5}x{:<7} w+{} x+{} {:<11} rel_err {:.2e}  unwritten {}  guard {}  {}{}",
+        r.dtype.name(),
+        r.rows,
+        r.cols,
+        r.w_offset,
+        r.x_offset,
+        r.layout,
+        r.rel_err,
+        r.unwritten,
+        r.guard_hit,
+        if r.ok { "ok" } else { "MISMATCH" },
+        r.median_us
+            .zip(r.gbps)
+            .map(|(us, g)| format!("  {us:.1} us  {g:.0} GB/s"))
+            .unwrap_or_default()
+    );
+}
 
-    // --- ms64 ---
+/// The ms64 checks and timings, for the summary.
+struct Ms64Run {
+    results: Vec<Ms64Result>,
+    /// The GPU's throughput on 1 GiB.
+    gpu_gbps: f64,
+    /// The CPU's, on one thread and on all.
+    cpu1_gbps: f64,
+    cpun_gbps: f64,
+    /// Whether one thread and all agree.
+    cpu_consistent: bool,
+}
+
+/// ms64 on the GPU against the CPU, at every length and offset of a 1 GiB random buffer
+/// (filled from `seed`), then the throughput of both; prints the results.
+fn check_ms64(
+    cache: &KernelCache,
+    stream: &Arc<CudaStream>,
+    seed: u64,
+    threads: usize,
+) -> Res<Ms64Run> {
     let mut ms64_results = Vec::new();
     let big = (1usize << 30) + 3;
-    let host = par_fill(big + 16, next_seed(), threads, |r| r as u8);
+    let host = par_fill(big + 16, seed, threads, |r| r as u8);
     let dev = stream.clone_htod(&host)?;
-    let base = dev.device_ptr(&stream).0;
+    let base = dev.device_ptr(stream).0;
     for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 4095, 1 << 20, big] {
         for offset in [0usize, 8, 1] {
             if offset > 0 && len > (1 << 20) + 1 {
@@ -205,7 +245,7 @@ fn run() -> Res<bool> {
             let bytes = &host[offset..offset + len];
             let cpu = reference::ms64_parallel(bytes, threads);
             // SAFETY: `dev` holds big + 16 bytes on this stream's device and offset + len fits.
-            let gpu = unsafe { checksum::ms64(&cache, &stream, base + offset as u64, len) }?;
+            let gpu = unsafe { checksum::ms64(cache, stream, base + offset as u64, len) }?;
             ms64_results.push(Ms64Result {
                 len,
                 offset,
@@ -221,7 +261,7 @@ fn run() -> Res<bool> {
     for i in 0..(WARMUP_RUNS + 20) {
         let t = Instant::now();
         // SAFETY: as above.
-        let gpu = unsafe { checksum::ms64(&cache, &stream, base, big) }?;
+        let gpu = unsafe { checksum::ms64(cache, stream, base, big) }?;
         if i >= WARMUP_RUNS {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -261,10 +301,24 @@ fn run() -> Res<bool> {
             "  MISMATCH between the two"
         }
     );
+    Ok(Ms64Run {
+        results: ms64_results,
+        gpu_gbps,
+        cpu1_gbps,
+        cpun_gbps,
+        cpu_consistent,
+    })
+}
 
-    // --- the disk cache, read back by a second cache ---
+/// The disk cache, read back by a second cache over `cache_dir` (removed afterwards): whether
+/// it loaded from disk without compiling.
+fn check_disk_cache(
+    cache: &KernelCache,
+    stream: &Arc<CudaStream>,
+    cache_dir: &std::path::Path,
+) -> Res<bool> {
     let before = cache.stats();
-    let second = KernelCache::with_disk_dir(Some(cache_dir.clone()));
+    let second = KernelCache::with_disk_dir(Some(cache_dir.to_path_buf()));
     let info = second.device_info(stream.context())?;
     for name in ["ms_gemv_f16_warp", "ms_gemv_bf16_block"] {
         second.function(
@@ -283,11 +337,19 @@ fn run() -> Res<bool> {
         info.major,
         info.minor
     );
-    let _ = std::fs::remove_dir_all(&cache_dir);
+    let _ = std::fs::remove_dir_all(cache_dir);
+    Ok(disk_ok)
+}
 
-    // --- verdict, table, JSON ---
-    let gemv_ok = gemv_results.iter().all(|r| r.ok);
-    let ms64_ok = ms64_results.iter().all(|r| r.gpu == r.cpu) && cpu_consistent;
+/// The timed table against the d2d copy, the counts, and the JSON line.
+fn print_summary(
+    device: &str,
+    gemv_results: &[GemvResult],
+    ms64: &Ms64Run,
+    d2d_gbps: f64,
+    disk_ok: bool,
+) {
+    let gpu_gbps = ms64.gpu_gbps;
     println!();
     println!("| gemv | rows x cols | layout | rel err | time (us) | GB/s | % of d2d |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
@@ -314,22 +376,21 @@ fn run() -> Res<bool> {
         "gemv: {}/{} ok; ms64: {}/{} ok; cache: {}",
         gemv_results.iter().filter(|r| r.ok).count(),
         gemv_results.len(),
-        ms64_results.iter().filter(|r| r.gpu == r.cpu).count(),
-        ms64_results.len(),
+        ms64.results.iter().filter(|r| r.gpu == r.cpu).count(),
+        ms64.results.len(),
         if disk_ok { "ok" } else { "MISMATCH" }
     );
     println!(
         "{}",
         json_line(
-            &device,
-            &gemv_results,
-            &ms64_results,
+            device,
+            gemv_results,
+            &ms64.results,
             d2d_gbps,
-            cpu1_gbps,
-            cpun_gbps
+            ms64.cpu1_gbps,
+            ms64.cpun_gbps
         )
     );
-    Ok(gemv_ok && ms64_ok && disk_ok)
 }
 
 fn check_gemv(
@@ -341,8 +402,95 @@ fn check_gemv(
     l2_bytes: usize,
 ) -> Res<GemvResult> {
     let (rows, cols) = (case.rows, case.cols);
-    let n = rows * cols;
     let es = case.dtype.size_bytes();
+    let HostGemv {
+        x,
+        w_bytes,
+        reference,
+        scale,
+    } = host_gemv(case, seed, threads);
+
+    let w_off = case.w_offset * es;
+    let mut w_dev: CudaSlice<u8> = stream.alloc_zeros(w_bytes.len() + w_off + 16)?;
+    stream.memcpy_htod(&w_bytes, &mut w_dev.slice_mut(w_off..w_off + w_bytes.len()))?;
+    let mut x_dev: CudaSlice<f32> = stream.alloc_zeros(cols + case.x_offset + 4)?;
+    stream.memcpy_htod(
+        &x,
+        &mut x_dev.slice_mut(case.x_offset..case.x_offset + cols),
+    )?;
+    let mut y_dev: CudaSlice<f32> = stream.alloc_zeros(rows + Y_GUARD)?;
+    let mut poison = vec![f32::NAN; rows];
+    poison.extend(std::iter::repeat_n(f32::from_bits(GUARD_BITS), Y_GUARD));
+    stream.memcpy_htod(&poison, &mut y_dev)?;
+
+    let w_ptr = w_dev.device_ptr(stream).0 + w_off as u64;
+    let x_ptr = x_dev.device_ptr(stream).0 + 4 * case.x_offset as u64;
+    let y_ptr = y_dev.device_ptr(stream).0;
+    let sms = cache.device_info(stream.context())?.multiprocessors;
+    let layout = match gemv::plan_gemv(case.dtype, w_ptr, x_ptr, y_ptr, rows, cols, sms)? {
+        Some(plan) => match plan.layout {
+            gemv::GemvLayout::Aligned { rows_per_warp } => format!("aligned/{rows_per_warp}"),
+            gemv::GemvLayout::Warp => "warp".to_owned(),
+            gemv::GemvLayout::Block => "block".to_owned(),
+        },
+        None => "none".to_owned(),
+    };
+    // SAFETY: w_dev, x_dev and y_dev live on this stream's device and hold rows * cols * es
+    // bytes past w_ptr, cols floats past x_ptr and rows floats past y_ptr.
+    unsafe { gemv::gemv(cache, stream, case.dtype, w_ptr, x_ptr, y_ptr, rows, cols) }?;
+    let y = stream.clone_dtoh(&y_dev)?;
+    stream.synchronize()?;
+
+    let (unwritten, guard_hit, rel_err, ok) = verdict(&y, rows, cols, &reference, &scale);
+
+    let (median_us, gbps) = if case.timed {
+        // Enough weight buffers that together they are 3× L2: each run reads W from DRAM.
+        let w_total = w_bytes.len().max(1);
+        let copies = (3 * l2_bytes).div_ceil(w_total).clamp(2, 16);
+        let mut extra = Vec::new();
+        for _ in 1..copies {
+            let mut c: CudaSlice<u8> = stream.alloc_zeros(w_dev.len())?;
+            stream.memcpy_dtod(&w_dev, &mut c)?;
+            extra.push(c);
+        }
+        let mut ptrs = vec![w_ptr];
+        ptrs.extend(extra.iter().map(|c| c.device_ptr(stream).0 + w_off as u64));
+        let t = time_gemv(cache, stream, case, &ptrs, x_ptr, y_ptr)?;
+        let moved = (w_bytes.len() + 4 * cols + 4 * rows) as f64;
+        (Some(t * 1e6), Some(moved / t / 1e9))
+    } else {
+        (None, None)
+    };
+    Ok(GemvResult {
+        dtype: case.dtype,
+        rows,
+        cols,
+        w_offset: case.w_offset,
+        x_offset: case.x_offset,
+        layout,
+        rel_err,
+        unwritten,
+        guard_hit,
+        ok,
+        median_us,
+        gbps,
+    })
+}
+
+/// The host side of one gemv case: x, W as uploaded, the reference product and each row's
+/// error scale.
+struct HostGemv {
+    x: Vec<f32>,
+    w_bytes: Vec<u8>,
+    reference: Vec<f32>,
+    scale: Vec<f32>,
+}
+
+/// x and W for `case` (random from `seed`), W's bytes, and the reference computed from the
+/// same values.
+fn host_gemv(case: &GemvCase, seed: u64, threads: usize) -> HostGemv {
+    let (rows, cols) = (case.rows, case.cols);
+    let n = rows * cols;
     // An unrelated stream for x: W's rows must not be shifted copies of x.
     let x = par_fill(cols, splitmix64(seed ^ 0x5555), threads, unit);
     // W uploaded as bytes, and the reference computed from the same values.
@@ -383,86 +531,39 @@ fn check_gemv(
             (par_bytes(&w, threads, |v| v.to_le_bytes()), y, scale)
         }
     };
+    HostGemv {
+        x,
+        w_bytes,
+        reference,
+        scale,
+    }
+}
 
-    let w_off = case.w_offset * es;
-    let mut w_dev: CudaSlice<u8> = stream.alloc_zeros(w_bytes.len() + w_off + 16)?;
-    stream.memcpy_htod(&w_bytes, &mut w_dev.slice_mut(w_off..w_off + w_bytes.len()))?;
-    let mut x_dev: CudaSlice<f32> = stream.alloc_zeros(cols + case.x_offset + 4)?;
-    stream.memcpy_htod(
-        &x,
-        &mut x_dev.slice_mut(case.x_offset..case.x_offset + cols),
-    )?;
-    let mut y_dev: CudaSlice<f32> = stream.alloc_zeros(rows + Y_GUARD)?;
-    let mut poison = vec![f32::NAN; rows];
-    poison.extend(std::iter::repeat_n(f32::from_bits(GUARD_BITS), Y_GUARD));
-    stream.memcpy_htod(&poison, &mut y_dev)?;
-
-    let w_ptr = w_dev.device_ptr(stream).0 + w_off as u64;
-    let x_ptr = x_dev.device_ptr(stream).0 + 4 * case.x_offset as u64;
-    let y_ptr = y_dev.device_ptr(stream).0;
-    let sms = cache.device_info(stream.context())?.multiprocessors;
-    let layout = match gemv::plan_gemv(case.dtype, w_ptr, x_ptr, y_ptr, rows, cols, sms)? {
-        Some(plan) => match plan.layout {
-            gemv::GemvLayout::Aligned { rows_per_warp } => format!("aligned/{rows_per_warp}"),
-            gemv::GemvLayout::Warp => "warp".to_owned(),
-            gemv::GemvLayout::Block => "block".to_owned(),
-        },
-        None => "none".to_owned(),
-    };
-    // SAFETY: w_dev, x_dev and y_dev live on this stream's device and hold rows * cols * es
-    // bytes past w_ptr, cols floats past x_ptr and rows floats past y_ptr.
-    unsafe { gemv::gemv(cache, stream, case.dtype, w_ptr, x_ptr, y_ptr, rows, cols) }?;
-    let y = stream.clone_dtoh(&y_dev)?;
-    stream.synchronize()?;
-
+/// How the device's `y` (rows values, then the guard) compares with `reference`: (unwritten
+/// values, guard values hit, relative error, whether it passes).
+fn verdict(
+    y: &[f32],
+    rows: usize,
+    cols: usize,
+    reference: &[f32],
+    scale: &[f32],
+) -> (usize, usize, f64, bool) {
     let unwritten = y[..rows].iter().filter(|v| v.is_nan()).count();
     let guard_hit = y[rows..]
         .iter()
         .filter(|v| v.to_bits() != GUARD_BITS)
         .count();
-    let rel_err = rel_err(&y[..rows], &reference);
+    let rel_err = rel_err(&y[..rows], reference);
     let bound = TOLERANCE_EPS * f64::from(f32::EPSILON) * (cols as f64).sqrt();
     let within = y[..rows]
         .iter()
-        .zip(&reference)
-        .zip(&scale)
+        .zip(reference)
+        .zip(scale)
         .all(|((a, b), s)| {
             (f64::from(*a) - f64::from(*b)).abs() <= bound * f64::from(*s).max(f64::MIN_POSITIVE)
         });
     let ok = unwritten == 0 && guard_hit == 0 && rel_err.is_finite() && within;
-
-    let (median_us, gbps) = if case.timed {
-        // Enough weight buffers that together they are 3× L2: each run reads W from DRAM.
-        let w_total = w_bytes.len().max(1);
-        let copies = (3 * l2_bytes).div_ceil(w_total).clamp(2, 16);
-        let mut extra = Vec::new();
-        for _ in 1..copies {
-            let mut c: CudaSlice<u8> = stream.alloc_zeros(w_dev.len())?;
-            stream.memcpy_dtod(&w_dev, &mut c)?;
-            extra.push(c);
-        }
-        let mut ptrs = vec![w_ptr];
-        ptrs.extend(extra.iter().map(|c| c.device_ptr(stream).0 + w_off as u64));
-        let t = time_gemv(cache, stream, case, &ptrs, x_ptr, y_ptr)?;
-        let moved = (w_bytes.len() + 4 * cols + 4 * rows) as f64;
-        (Some(t * 1e6), Some(moved / t / 1e9))
-    } else {
-        (None, None)
-    };
-    Ok(GemvResult {
-        dtype: case.dtype,
-        rows,
-        cols,
-        w_offset: case.w_offset,
-        x_offset: case.x_offset,
-        layout,
-        rel_err,
-        unwritten,
-        guard_hit,
-        ok,
-        median_us,
-        gbps,
-    })
+    (unwritten, guard_hit, rel_err, ok)
 }
 
 /// Median seconds of one gemv, timed with events, rotating through `w_ptrs`.

@@ -422,6 +422,32 @@ async fn demo_runs_workers_on_one_arena() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_workflow_from_the_cli() {
     let keys = tempfile::tempdir().expect("tmp");
+    let (hashes, files) = make_token_files(keys.path()).await;
+    let tenants = write_tenants_file(keys.path(), &hashes);
+    let server = Server::start_with(
+        &["--tenants-file", tenants.to_str().expect("utf-8")],
+        |root| {
+            write_safetensors(&root.join("tiny/model.safetensors"), &tensors());
+        },
+    )
+    .await;
+    let addr = server.address.as_str();
+    let (admin, a, b) = (&files[0], &files[1], &files[2]);
+
+    load_for_a_and_share_with_b(addr, admin, a, b).await;
+    reload_and_stats_as_the_admin(addr, admin, a).await;
+    // No token reaches the server's log.
+    let log = server.log();
+    for f in &files {
+        let token = std::fs::read_to_string(f).expect("read");
+        assert!(!log.contains(token.trim()), "a token is in the log");
+    }
+}
+
+/// Makes a token each for the admin, a and b with `token new`, checks `token hash` gives the
+/// same hash from stdin, and writes each token to `<who>.token` under `keys`. Returns the
+/// hashes and the token files, in that order.
+async fn make_token_files(keys: &std::path::Path) -> (Vec<String>, Vec<String>) {
     let mut hashes = Vec::new();
     let mut files = Vec::new();
     for who in ["admin", "a", "b"] {
@@ -439,12 +465,18 @@ async fn tenant_workflow_from_the_cli() {
         writeln!(child.stdin.take().expect("stdin"), "{token}").expect("write");
         let out = child.wait_with_output().expect("wait");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hash);
-        let file = keys.path().join(format!("{who}.token"));
+        let file = keys.join(format!("{who}.token"));
         std::fs::write(&file, format!("{token}\n")).expect("token file");
         files.push(file.display().to_string());
         hashes.push(hash);
     }
-    let tenants = keys.path().join("tenants.toml");
+    (hashes, files)
+}
+
+/// Writes `tenants.toml` under `keys`: the admin, a (leases quota 7) and b, by their
+/// `hashes`.
+fn write_tenants_file(keys: &std::path::Path, hashes: &[String]) -> std::path::PathBuf {
+    let tenants = keys.join("tenants.toml");
     std::fs::write(
         &tenants,
         format!(
@@ -453,16 +485,13 @@ async fn tenant_workflow_from_the_cli() {
         ),
     )
     .expect("tenants file");
-    let server = Server::start_with(
-        &["--tenants-file", tenants.to_str().expect("utf-8")],
-        |root| {
-            write_safetensors(&root.join("tiny/model.safetensors"), &tensors());
-        },
-    )
-    .await;
-    let addr = server.address.as_str();
-    let (admin, a, b) = (&files[0], &files[1], &files[2]);
+    tenants
+}
 
+/// With the token files `admin`, `a` and `b`: no token is refused; the admin loads `tiny` for
+/// a; b does not see it, nor may change its access; a shares it with b, who then sees it; the
+/// admin's table shows the owner and the sharing.
+async fn load_for_a_and_share_with_b(addr: &str, admin: &str, a: &str, b: &str) {
     let err = fails(addr, &["ls"]).await;
     assert!(err.to_lowercase().contains("unauthenticated"), "{err}");
     ok(
@@ -499,7 +528,11 @@ async fn tenant_workflow_from_the_cli() {
         table.contains("OWNER") && table.contains("shared: b"),
         "{table}"
     );
+}
 
+/// Only the admin (token file `admin`, not `a`) reloads the tenants; its stats show the
+/// tenants and a's leases quota.
+async fn reload_and_stats_as_the_admin(addr: &str, admin: &str, a: &str) {
     let err = fails(addr, &["--token-file", a, "reload-tenants"]).await;
     assert!(err.to_lowercase().contains("permission"), "{err}");
     let reloaded = ok(addr, &["--token-file", admin, "reload-tenants"]).await;
@@ -516,12 +549,6 @@ async fn tenant_workflow_from_the_cli() {
         stats.contains("/7") || stats.contains("/ 7"),
         "the leases quota: {stats}"
     );
-    // No token reaches the server's log.
-    let log = server.log();
-    for f in &files {
-        let token = std::fs::read_to_string(f).expect("read");
-        assert!(!log.contains(token.trim()), "a token is in the log");
-    }
 }
 
 /// `modelshare ready` exits 1 while the server's start-up model is still loading (the server

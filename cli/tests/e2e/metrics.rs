@@ -41,11 +41,26 @@ async fn series_follow_loads_sessions_and_attaches() {
         })
         .await
         .expect_err("unknown model");
-    let (status, body) = http_get(&addr, "/metrics");
+    assert_series_after_a_load_and_a_refusal(&addr, v.arena_bytes);
+
+    // A real worker process attaches and holds its lease.
+    let mut worker = common::Worker::start(&server, "m", "metrics-worker");
+    assert_eq!(worker.report["verified"], true, "{}", worker.report);
+    assert_series_of_a_held_lease(&addr);
+    // The worker leaves (SIGTERM: it releases and closes its session).
+    worker.signal("TERM");
+    worker.wait();
+    assert_series_after_the_worker_left(&addr).await;
+}
+
+/// After a load of `m` (`arena_bytes` in its arena) and a DescribeModel refused NOT_FOUND:
+/// the model, load and request series, and no session.
+fn assert_series_after_a_load_and_a_refusal(addr: &str, arena_bytes: u64) {
+    let (status, body) = http_get(addr, "/metrics");
     assert_eq!(status, 200);
     assert_eq!(
         value(&body, r#"modelshare_arena_bytes{device="host",model="m"}"#),
-        v.arena_bytes as f64,
+        arena_bytes as f64,
         "{body}"
     );
     assert_eq!(
@@ -82,11 +97,11 @@ async fn series_follow_loads_sessions_and_attaches() {
         1.0
     );
     assert_eq!(value(&body, r#"modelshare_sessions{tenant="admin"}"#), 0.0);
+}
 
-    // A real worker process attaches and holds its lease.
-    let mut worker = common::Worker::start(&server, "m", "metrics-worker");
-    assert_eq!(worker.report["verified"], true, "{}", worker.report);
-    let body = http_get(&addr, "/metrics").1;
+/// While a worker holds its lease: a session, a lease, an attach counted and timed.
+fn assert_series_of_a_held_lease(addr: &str) {
+    let body = http_get(addr, "/metrics").1;
     assert_eq!(value(&body, r#"modelshare_sessions{tenant="admin"}"#), 1.0);
     assert_eq!(value(&body, r#"modelshare_leases{tenant="admin"}"#), 1.0);
     assert_eq!(
@@ -97,14 +112,16 @@ async fn series_follow_loads_sessions_and_attaches() {
         value(&body, "modelshare_attach_duration_seconds_count"),
         1.0
     );
-    // The worker leaves (SIGTERM: it releases and closes its session).
-    worker.signal("TERM");
-    worker.wait();
+}
+
+/// Once the worker has left: no session or lease (within 3 s), its release counted, and one
+/// session ended.
+async fn assert_series_after_the_worker_left(addr: &str) {
     common::eventually(
         Duration::from_secs(3),
         "sessions and leases back to 0",
         || {
-            let addr = addr.clone();
+            let addr = addr.to_owned();
             async move {
                 let body = http_get(&addr, "/metrics").1;
                 value(&body, r#"modelshare_sessions{tenant="admin"}"#) == 0.0
@@ -113,7 +130,7 @@ async fn series_follow_loads_sessions_and_attaches() {
         },
     )
     .await;
-    let body = http_get(&addr, "/metrics").1;
+    let body = http_get(addr, "/metrics").1;
     assert_eq!(
         value(
             &body,
