@@ -40,7 +40,7 @@
 //! [`encoder::masked_softmax`] → `Blas::batched_matmul` (`P·V`) → [`encoder::merge_heads`]
 //! → `Blas::linear` → [`encoder::bias_residual_layer_norm`] (into `h`) → `Blas::linear` →
 //! [`encoder::bias_gelu`] → `Blas::linear` → [`encoder::bias_residual_layer_norm`]; after
-//! the last layer, [`encoder::pool`]. `examples/encoder_check.rs` runs exactly this against
+//! the last layer, [`encoder::pool`]. `examples/encoder_check/` runs exactly this against
 //! the CPU references.
 //!
 //! # ms64, the device-friendly checksum

@@ -15,7 +15,7 @@
 //! [`MAX_ROW_LEN`] elements (short rows share a warp); other sizes are limited only by
 //! 64-bit sizes and `i32` widths.
 //!
-//! Measured on an H100 (`examples/encoder_check.rs`, a BERT-large layer in f16, batch 128,
+//! Measured on an H100 (`examples/encoder_check/`, a BERT-large layer in f16, batch 128,
 //! seq 64, against the device's ~3.0 TB/s copy): LayerNorms, head split/merge and
 //! bias_gelu move 2.6-2.75 TB/s, the masked softmax 2.2 TB/s, pooling 1.6 TB/s. The whole
 //! layer takes 514 µs (405 TFLOP/s): cuBLAS's linears run at 590-750 TFLOP/s, attention's
