@@ -16,6 +16,9 @@
 //! - [`limits`]: the sizes and counts both sides enforce (message bounds, a Serve batch's
 //!   bytes, items and credits).
 //! - [`dtype`]: bytes per element of each [`v1::DType`], the one table.
+//! - [`endpoint`]: where a server listens when nothing says otherwise (the per-user socket,
+//!   the container socket, the TCP address of a server with tenants), for the server and the
+//!   clients that look for it.
 //! - [`version`]: the protocol version of a session ([`PROTOCOL_VERSION`]) and how the two
 //!   sides agree on it.
 //! - `codec` (with `client` or `server`): the codec of every generated service.
@@ -49,6 +52,7 @@
 #[cfg(any(feature = "client", feature = "server"))]
 pub mod codec;
 pub mod dtype;
+pub mod endpoint;
 pub mod limits;
 pub mod version;
 

@@ -118,6 +118,33 @@ impl Token {
     }
 }
 
+/// A token as a command line gives it (`--token`): kept as text, and made a [`Token`] (checked)
+/// only when the options are built, so that an argument parser never echoes a malformed token
+/// in its error. `Debug` does not show it.
+#[derive(Clone)]
+pub struct TokenArg(String);
+
+impl fmt::Debug for TokenArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenArg(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for TokenArg {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl TokenArg {
+    /// The token, checked as [`Token::new`] checks it.
+    pub fn token(&self) -> Result<Token, WorkerError> {
+        Token::new(self.0.clone())
+    }
+}
+
 /// Where the token comes from.
 #[derive(Debug, Clone)]
 pub enum TokenSource {
@@ -262,6 +289,57 @@ impl ConnectOptions {
             )?);
         }
         Ok(options)
+    }
+
+    /// The options of a worker's command line: the token of its `--token` / `--token-file`
+    /// flags when either is given ([`with_token_flags`](Self::with_token_flags)), else that of
+    /// the environment; the TLS settings of the environment. [`from_env`](Self::from_env) with
+    /// the flags winning over the variables.
+    pub fn from_env_and_flags(
+        token: Option<&TokenArg>,
+        token_file: Option<PathBuf>,
+    ) -> Result<Self, WorkerError> {
+        Self::from_lookup_and_flags(|name| std::env::var_os(name), token, token_file)
+    }
+
+    /// [`from_env_and_flags`](Self::from_env_and_flags) with `lookup` in place of the process
+    /// environment.
+    pub fn from_lookup_and_flags(
+        lookup: impl Fn(&str) -> Option<OsString>,
+        token: Option<&TokenArg>,
+        token_file: Option<PathBuf>,
+    ) -> Result<Self, WorkerError> {
+        if token.is_none() && token_file.is_none() {
+            return Self::from_lookup(lookup);
+        }
+        // A flag given: the token variables are not read (neither their token nor a conflict
+        // between them counts).
+        let tls_only = |name: &str| match name {
+            ENV_TOKEN | ENV_TOKEN_FILE => None,
+            _ => lookup(name),
+        };
+        Self::from_lookup(tls_only)?.with_token_flags(token, token_file)
+    }
+
+    /// The token of a command line's `--token` (a literal) or `--token-file` (a file, read at
+    /// every connection), not both, in place of any token these options had; neither flag
+    /// leaves the options as they are.
+    pub fn with_token_flags(
+        self,
+        token: Option<&TokenArg>,
+        token_file: Option<PathBuf>,
+    ) -> Result<Self, WorkerError> {
+        match (token, token_file) {
+            (Some(_), Some(_)) => Err(WorkerError::Credentials {
+                what: "token".into(),
+                reason: format!(
+                    "give --token ({ENV_TOKEN}) or --token-file ({ENV_TOKEN_FILE}), not both"
+                ),
+            }),
+            (Some(token), None) => Ok(self.with_token(token.token()?)),
+            (None, Some(path)) => Ok(self.with_token_file(path)),
+            (None, None) => Ok(self),
+        }
     }
 
     /// Sends `token` with every call.
@@ -465,6 +543,52 @@ mod tests {
         let bad = ConnectOptions::from_lookup(env(&[(ENV_TOKEN, "has space")])).expect_err("bad");
         assert!(bad.to_string().contains(ENV_TOKEN), "{bad}");
         assert!(!bad.to_string().contains("has space"), "{bad}");
+    }
+
+    /// A worker's `--token` / `--token-file` win over the variables (whose conflict then does
+    /// not count); without them the variables apply; both flags are refused, naming the flags,
+    /// never the token. Fails if the flags were ignored or mixed with the variables.
+    #[test]
+    fn token_flags_win_over_the_variables() {
+        let arg: TokenArg = SECRET.parse().expect("infallible");
+        let vars = env(&[(ENV_TOKEN, "ms_from_env"), (ENV_TOKEN_FILE, "/env/file")]);
+        let by_flag =
+            ConnectOptions::from_lookup_and_flags(&vars, Some(&arg), None).expect("the flag wins");
+        let mut i = by_flag.interceptor().expect("interceptor");
+        assert_eq!(header_of(&mut i), Some(format!("Bearer {SECRET}")));
+        let by_file = ConnectOptions::from_lookup_and_flags(&vars, None, Some("/flag/file".into()))
+            .expect("the file flag wins");
+        assert!(
+            matches!(by_file.token, Some(TokenSource::File(p)) if p == Path::new("/flag/file"))
+        );
+
+        let from_env = ConnectOptions::from_lookup_and_flags(
+            env(&[(ENV_TOKEN_FILE, "/env/file")]),
+            None,
+            None,
+        )
+        .expect("the variable");
+        assert!(
+            matches!(from_env.token, Some(TokenSource::File(p)) if p == Path::new("/env/file"))
+        );
+        // Without flags, the variables' own rules hold (both at once refused).
+        assert!(ConnectOptions::from_lookup_and_flags(&vars, None, None).is_err());
+
+        let both =
+            ConnectOptions::from_lookup_and_flags(env(&[]), Some(&arg), Some("/flag/file".into()))
+                .expect_err("both flags accepted");
+        let text = both.to_string();
+        assert!(
+            text.contains("--token") && text.contains("--token-file"),
+            "{text}"
+        );
+        assert!(!text.contains(SECRET), "{text}");
+        assert!(!format!("{arg:?}").contains(SECRET));
+
+        let bad: TokenArg = "has space".parse().expect("infallible");
+        let err = ConnectOptions::from_lookup_and_flags(env(&[]), Some(&bad), None)
+            .expect_err("a malformed token");
+        assert!(!err.to_string().contains("has space"), "{err}");
     }
 
     /// TLS settings from the environment: files read, cert without key refused.

@@ -11,6 +11,10 @@ pub enum WorkerError {
         /// Why it was refused.
         reason: String,
     },
+    /// No server address was given and no server was found where one listens by default
+    /// (the places and why each was passed over: see [`crate::discover`](mod@crate::discover)).
+    #[error(transparent)]
+    Discover(#[from] crate::discover::DiscoverError),
     /// The connection could not be made.
     #[error("cannot connect to {address}: {source}")]
     Connect {
@@ -35,6 +39,19 @@ pub enum WorkerError {
         call: &'static str,
         /// The server's status.
         status: tonic::Status,
+    },
+    /// The server refused the worker in a way asking again will not change: its token
+    /// (UNAUTHENTICATED), what its tenant may do (PERMISSION_DENIED), or the model it asked
+    /// for (NOT_FOUND: unknown, or not visible to its tenant); `hint` says what to change.
+    /// [`crate::serve::serve_latest`] ends with this, the worker's configuration being wrong.
+    #[error("{call} refused: {} ({}); {hint}", .status.message(), code_name(.status.code()))]
+    Refused {
+        /// The call.
+        call: &'static str,
+        /// The server's status.
+        status: tonic::Status,
+        /// What to change.
+        hint: String,
     },
     /// The server broke the protocol (a missing field, an unknown handle kind).
     #[error("protocol: {0}")]
@@ -112,12 +129,17 @@ impl WorkerError {
         }
     }
 
-    /// Whether trying again cannot help: a bad address or credentials, options, a protocol
-    /// (or protocol version) or a model the worker refuses, or a refusal of the server that retrying cannot fix
-    /// (INVALID_ARGUMENT, PERMISSION_DENIED, UNIMPLEMENTED).
+    /// Whether trying again cannot help: a bad address or credentials, no server found, options,
+    /// a protocol (or protocol version) or a model the worker refuses, or a refusal of the
+    /// server that retrying cannot fix (INVALID_ARGUMENT, PERMISSION_DENIED, UNIMPLEMENTED, and
+    /// [`WorkerError::Refused`]). UNAUTHENTICATED and NOT_FOUND are not fatal here: in the
+    /// middle of a worker's life they are what a token rotation or a model loaded again looks
+    /// like for a moment; [`crate::serve::serve_latest`] makes them fatal at its start.
     pub fn is_fatal(&self) -> bool {
         match self {
             WorkerError::BadAddress { .. }
+            | WorkerError::Discover(_)
+            | WorkerError::Refused { .. }
             | WorkerError::Credentials { .. }
             | WorkerError::BadServeOptions(_)
             | WorkerError::WrongSession { .. }
@@ -137,6 +159,30 @@ impl WorkerError {
             | WorkerError::SessionEnded
             | WorkerError::ModelGone { .. } => false,
         }
+    }
+}
+
+/// The canonical name of a status code, as the `.proto` comments and the server's logs write it.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

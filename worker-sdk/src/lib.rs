@@ -6,6 +6,9 @@
 //! - [`credentials`]: the bearer token ([`Token`], literal or a file read at every connection)
 //!   and TLS settings ([`TlsOptions`]), gathered in [`ConnectOptions`] (also from
 //!   `MODELSHARE_TOKEN`, `MODELSHARE_TOKEN_FILE`, `MODELSHARE_TLS_*`).
+//! - [`discover`](mod@discover): the one rule that finds the server when no address is given
+//!   ([`discover()`]: the flag, `MODELSHARE_SERVER`, this user's socket, the container socket,
+//!   `127.0.0.1:50051`), shared by the CLI and the workers.
 //! - [`connect`]: a gRPC channel to the server, over TCP (`http://host:port`), TLS
 //!   (`https://host:port`) or a Unix socket (`unix:/path/to/socket`); [`connect::authed`] adds
 //!   the token to every call.
@@ -30,7 +33,7 @@
 //!
 //! Modules depend downwards only: `serve` → `session` (and `model`, `tensor`'s [`Element`]);
 //! `client` → `session` → `model` → {`tensor`, `link`, `import`}; `link` → `connect` →
-//! `credentials`; everything → `error`. An attach goes
+//! `credentials`; everything → `error` → `discover` (a leaf). An attach goes
 //! `Session::attach` → `Model::attach` (the Attach call on the current link, then `import`)
 //! → `Model::tensor` → [`Tensor::bytes`] / [`Tensor::device_ptr`]. After a reconnection the
 //! session's supervisor re-attaches every `Model` still alive; tensors taken before keep the
@@ -52,6 +55,7 @@
 pub mod client;
 pub mod connect;
 pub mod credentials;
+pub mod discover;
 pub mod error;
 mod import;
 mod link;
@@ -63,7 +67,10 @@ pub mod tensor;
 
 pub use client::Client;
 pub use connect::AuthChannel;
-pub use credentials::{BearerInterceptor, ConnectOptions, TlsOptions, Token, TokenSource};
+pub use credentials::{
+    BearerInterceptor, ConnectOptions, TlsOptions, Token, TokenArg, TokenSource,
+};
+pub use discover::{DiscoverError, ServerAddress, discover};
 pub use error::{WorkerError, report};
 pub use model::Model;
 pub use modelshare_device::Mapping;

@@ -8,7 +8,9 @@
 //!
 //! Every connection, the first and each reconnection, is made with the session's
 //! [`ConnectOptions`]: a token file is read again each time, so a worker whose token was
-//! revoked (the server answers UNAUTHENTICATED) keeps retrying and picks up a rotated file.
+//! revoked (the server answers UNAUTHENTICATED) keeps reconnecting and picks up a rotated file.
+//! The first connection is different: [`Session::open`] returns its refusal, and
+//! [`crate::serve::serve_latest`] ends a worker on a refused token there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

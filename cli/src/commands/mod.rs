@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use modelshare_proto::v1 as pb;
 use modelshare_proto::v1::admin_service_client::AdminServiceClient;
-use modelshare_worker::{AuthChannel, ConnectOptions, TlsOptions, Token, WorkerError};
+use modelshare_worker::{AuthChannel, ConnectOptions, TlsOptions, TokenArg, WorkerError};
 
 pub(crate) use output::say;
 pub use output::{OutputFormat, human_bytes};
@@ -34,33 +34,15 @@ pub use probe::ProbeArgs;
 
 pub use error::CliError;
 
-/// A token as given on the command line or in `MODELSHARE_TOKEN`; `Debug` does not show it.
-/// Validated when the connection is made, so that a malformed token is never echoed by clap.
-#[derive(Clone)]
-pub struct TokenArg(String);
-
-impl std::fmt::Debug for TokenArg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TokenArg(<redacted>)")
-    }
-}
-
-impl std::str::FromStr for TokenArg {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
-    }
-}
-
 /// Options common to every client command (listed under their own heading, and hidden from
 /// `serve --help` and `demo --help`, which refuse them).
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Client options")]
 pub struct ClientArgs {
     /// Server address: `unix:/path/to/socket`, `http://host:port` or `https://host:port` (TLS).
-    /// Default: the Unix socket a local server without tenants serves on
-    /// (/tmp/modelshare-<uid>.sock) when it exists, else http://127.0.0.1:50051.
+    /// Default: the first server found at this user's socket ($TMPDIR/modelshare-<uid>.sock,
+    /// where a server without tenants listens), the container socket
+    /// (/run/modelshare/grpc.sock), then http://127.0.0.1:50051 (a server with tenants).
     #[arg(long, short = 's', env = "MODELSHARE_SERVER", global = true)]
     pub server: Option<String>,
     /// Output format.
@@ -98,37 +80,18 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
-    /// The address to call: `--server`, else the local default socket when it exists, else
-    /// `http://127.0.0.1:50051`.
-    pub fn server(&self) -> String {
-        if let Some(s) = &self.server {
-            return s.clone();
-        }
-        let socket = modelshare_server::config::default_unix_socket();
-        if socket.exists() {
-            format!("unix:{}", socket.display())
-        } else {
-            "http://127.0.0.1:50051".to_owned()
-        }
+    /// The address to call, by the SDK's one rule ([`modelshare_worker::discover()`]):
+    /// `--server` (or `MODELSHARE_SERVER`), else the first place a server is found listening by
+    /// default; no server found is an error naming every place looked at.
+    pub fn server(&self) -> Result<String, WorkerError> {
+        Ok(modelshare_worker::discover(self.server.as_deref())?.address)
     }
 
     /// The token and TLS settings of these flags. TLS settings are present when any `--tls-*`
     /// flag is given (the address must then be `https://`).
     pub fn connect_options(&self) -> Result<ConnectOptions, WorkerError> {
-        let mut options = ConnectOptions::default();
-        match (&self.token, &self.token_file) {
-            (Some(_), Some(_)) => {
-                return Err(WorkerError::Credentials {
-                    what: "token".into(),
-                    reason: "give --token (MODELSHARE_TOKEN) or --token-file \
-                             (MODELSHARE_TOKEN_FILE), not both"
-                        .into(),
-                });
-            }
-            (Some(token), None) => options = options.with_token(Token::new(token.0.clone())?),
-            (None, Some(path)) => options = options.with_token_file(path.clone()),
-            (None, None) => {}
-        }
+        let mut options = ConnectOptions::default()
+            .with_token_flags(self.token.as_ref(), self.token_file.clone())?;
         if self.tls_ca.is_some()
             || self.tls_cert.is_some()
             || self.tls_key.is_some()
@@ -258,13 +221,13 @@ pub enum TokenCommand {
 /// A client of the admin service at `--server`, with the token and TLS of the flags.
 async fn admin_client(args: &ClientArgs) -> Result<AdminServiceClient<AuthChannel>, CliError> {
     let channel =
-        modelshare_worker::connect::authed(&args.server(), &args.connect_options()?).await?;
+        modelshare_worker::connect::authed(&args.server()?, &args.connect_options()?).await?;
     Ok(AdminServiceClient::new(channel).max_decoding_message_size(128 << 20))
 }
 
 /// A channel to `--server`, with the token and TLS of the flags.
 async fn channel(args: &ClientArgs) -> Result<AuthChannel, WorkerError> {
-    modelshare_worker::connect::authed(&args.server(), &args.connect_options()?).await
+    modelshare_worker::connect::authed(&args.server()?, &args.connect_options()?).await
 }
 
 /// Runs one client command; `shutdown` ends a holding probe.
@@ -329,7 +292,7 @@ pub async fn run(
         }
         ClientCommand::Probe(probe) => {
             let options = args.connect_options()?;
-            probe::run(&args.server(), options, probe, out, shutdown).await?
+            probe::run(&args.server()?, options, probe, out, shutdown).await?
         }
         ClientCommand::Access {
             name,

@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use modelshare_proto::endpoint::{self, DEFAULT_TCP};
+
 use super::args::ServeArgs;
 use super::error::ConfigError;
 use super::file::FileConfig;
@@ -44,11 +46,7 @@ impl Listeners {
         } else {
             unix_given
         };
-        let listen = listen_given.or_else(|| {
-            unix_socket
-                .is_none()
-                .then(|| SocketAddr::from(([127, 0, 0, 1], 50051)))
-        });
+        let listen = listen_given.or_else(|| unix_socket.is_none().then_some(DEFAULT_TCP));
         if let Some(addr) = listen
             && tenants_file.is_none()
             && !unauthenticated_tcp
@@ -112,9 +110,11 @@ pub(super) fn current_uid() -> u32 {
 }
 
 /// The gRPC Unix socket a server without tenants and without listeners serves on, and where
-/// the command-line client looks first: `/tmp/modelshare-<uid>.sock`.
+/// clients look for a server when given no address (`modelshare_worker::discover`):
+/// `$TMPDIR/modelshare-<uid>.sock` (`/tmp` without `TMPDIR`), named by
+/// [`modelshare_proto::endpoint::default_unix_socket`].
 pub fn default_unix_socket() -> PathBuf {
-    std::env::temp_dir().join(format!("modelshare-{}.sock", current_uid()))
+    endpoint::default_unix_socket(&std::env::temp_dir(), current_uid())
 }
 
 /// Beside the gRPC Unix socket when there is one, else in the temporary directory.

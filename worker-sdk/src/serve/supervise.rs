@@ -3,8 +3,18 @@
 //! version again, until it is stopped; [`stop_on_signals`] stops it on SIGTERM or SIGINT;
 //! [`run_process`] is a worker binary's `main` around both.
 //!
-//! What may pass (the server away, the model not loaded yet) is retried with backoff; what
-//! will not ([`WorkerError::is_fatal`]) ends the call with the error.
+//! What may pass (the server away or restarting: UNAVAILABLE, a refused or lost connection;
+//! the model's version not ready yet) is retried with backoff; what will not ends the call with
+//! the error, and a worker's process with a failure:
+//! - every error that [`WorkerError::is_fatal`] (no server found, bad credentials or options,
+//!   INVALID_ARGUMENT, PERMISSION_DENIED, UNIMPLEMENTED, a model the worker cannot serve);
+//! - UNAUTHENTICATED on opening the session: the worker's token is wrong or missing;
+//! - NOT_FOUND on the first attach: the model is unknown, or its tenant may not see it.
+//!
+//! Once the worker has attached its model, UNAUTHENTICATED and NOT_FOUND are waited out
+//! instead: a reconnection refused while a token file is rotated, or a model unloaded to be
+//! loaded again, heal without a restart. A refusal that ends the call is a
+//! [`WorkerError::Refused`], whose text names the cause and what to change.
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -25,7 +35,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Which server and model a worker serves, and the name it shows.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// Server address: `unix:/path`, `http://host:port` or `https://host:port`.
+    /// Server address: `unix:/path`, `http://host:port` or `https://host:port` (a worker's
+    /// command line finds it with [`crate::discover()`] when not given one).
     pub server: String,
     /// The model; its latest ready version is served.
     pub model: String,
@@ -38,7 +49,8 @@ pub struct Target {
 /// Serves `target.model` until `stop` is cancelled (then `Ok`). For each version attached,
 /// `setup` builds the handler and the serve options (whose own `stop` is replaced by
 /// `stop`); a setup error that [`WorkerError::is_fatal`] (such as
-/// [`WorkerError::Unservable`]) ends the call, any other is retried.
+/// [`WorkerError::Unservable`]) ends the call, any other is retried. Refusals that will not
+/// heal end it too (the module docs say which, and when): a wrong token, an unknown model.
 pub async fn serve_latest<H, F>(
     target: &Target,
     stop: CancellationToken,
@@ -48,7 +60,7 @@ where
     H: Handler,
     F: FnMut(Arc<Model>) -> Result<(ServeOptions, H), WorkerError>,
 {
-    let Some(session) = retry(&stop, "open a session", || {
+    let opened = retry(&stop, "open a session", fatal_at_open, || {
         Session::open_with(
             &target.server,
             SessionOptions {
@@ -58,17 +70,31 @@ where
             },
         )
     })
-    .await?
-    else {
+    .await;
+    let Some(session) = opened.map_err(|e| refusal(e, &target.model))? else {
         return Ok(());
     };
     info!(session = %session.id(), server = %target.server, "session open");
+    let mut attached_before = false;
     loop {
-        let Some(model) =
-            retry(&stop, "attach the model", || session.attach(&target.model)).await?
-        else {
-            return Ok(());
+        let fatal = if attached_before {
+            WorkerError::is_fatal
+        } else {
+            fatal_at_first_attach
         };
+        let attached = retry(&stop, "attach the model", fatal, || {
+            session.attach(&target.model)
+        })
+        .await;
+        let model = match attached {
+            Ok(Some(model)) => model,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                session.close().await;
+                return Err(refusal(e, &target.model));
+            }
+        };
+        attached_before = true;
         let model = Arc::new(model);
         info!(model = %model.name(), version = model.version(), "attached");
         let served = match setup(model.clone()) {
@@ -93,7 +119,7 @@ where
             }
             Err(e) if e.is_fatal() => {
                 session.close().await;
-                return Err(e);
+                return Err(refusal(e, &target.model));
             }
             Err(e) => {
                 warn!(error = %e, "serving ended; attaching again");
@@ -143,11 +169,48 @@ where
     }
 }
 
+/// Whether opening the session failed for good: [`WorkerError::is_fatal`], or the server
+/// refused the worker's token (UNAUTHENTICATED: wrong, missing, or revoked).
+fn fatal_at_open(e: &WorkerError) -> bool {
+    e.is_fatal() || e.code() == Some(tonic::Code::Unauthenticated)
+}
+
+/// Whether the worker's first attach failed for good: [`WorkerError::is_fatal`], or the server
+/// has no such model for the worker's tenant (NOT_FOUND: unknown, or not visible to it).
+fn fatal_at_first_attach(e: &WorkerError) -> bool {
+    e.is_fatal() || e.code() == Some(tonic::Code::NotFound)
+}
+
+/// `e` as a [`WorkerError::Refused`] saying what to change, when it is a refusal of the
+/// worker's token, rights or model (`model`: the one it serves); any other error as it is.
+fn refusal(e: WorkerError, model: &str) -> WorkerError {
+    let WorkerError::Rpc { call, status } = e else {
+        return e;
+    };
+    let hint = match status.code() {
+        tonic::Code::Unauthenticated => {
+            "the worker's token is missing or not one the server knows: give its tenant's token \
+             with --token-file or --token (MODELSHARE_TOKEN_FILE or MODELSHARE_TOKEN)"
+                .to_owned()
+        }
+        tonic::Code::PermissionDenied => "the worker's tenant may not do this: the server's \
+             tenants file says what it may, or give the token of a tenant that may"
+            .to_owned(),
+        tonic::Code::NotFound => format!(
+            "the server has no model '{model}', or the worker's tenant may not see it: load it \
+             (modelshare load), share it with the tenant (modelshare access), or check --model"
+        ),
+        _ => return WorkerError::Rpc { call, status },
+    };
+    WorkerError::Refused { call, status, hint }
+}
+
 /// Runs `attempt` until it succeeds (`Some`), `stop` is cancelled (`None`), or it fails with
-/// a fatal error.
+/// an error that `fatal` says retrying cannot fix.
 async fn retry<T, F, Fut>(
     stop: &CancellationToken,
     what: &str,
+    fatal: fn(&WorkerError) -> bool,
     mut attempt: F,
 ) -> Result<Option<T>, WorkerError>
 where
@@ -162,7 +225,7 @@ where
         };
         match result {
             Ok(v) => return Ok(Some(v)),
-            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) if fatal(&e) => return Err(e),
             Err(e) => warn!(error = %e, "cannot {what}; retrying in {backoff:?}"),
         }
         tokio::select! {
@@ -196,5 +259,71 @@ pub async fn stop_on_signals(stop: CancellationToken) {
             info!("second signal: exiting now");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rpc(call: &'static str, code: tonic::Code) -> WorkerError {
+        WorkerError::Rpc {
+            call,
+            status: tonic::Status::new(code, "the server's words"),
+        }
+    }
+
+    /// What ends a worker and what it waits out. Fails if a wrong token or an unknown model
+    /// are retried at the start again, if they become fatal midway (a token rotation, a model
+    /// loaded again), or if a server away or restarting stops being waited for.
+    #[test]
+    fn refusals_are_fatal_only_where_they_never_heal() {
+        use tonic::Code;
+        let unauthenticated = rpc("Session", Code::Unauthenticated);
+        let not_found = rpc("Attach", Code::NotFound);
+        assert!(fatal_at_open(&unauthenticated));
+        assert!(fatal_at_first_attach(&not_found));
+        assert!(!unauthenticated.is_fatal() && !not_found.is_fatal());
+        assert!(!fatal_at_open(&not_found));
+        for fatal in [fatal_at_open, fatal_at_first_attach, WorkerError::is_fatal] {
+            assert!(fatal(&rpc("Attach", Code::PermissionDenied)));
+            for waited in [
+                Code::Unavailable,
+                Code::FailedPrecondition,
+                Code::ResourceExhausted,
+            ] {
+                assert!(!fatal(&rpc("Attach", waited)), "{waited:?}");
+            }
+            assert!(!fatal(&WorkerError::SessionEnded));
+        }
+    }
+
+    /// A refusal that ends the worker says the code, the server's words and what to change.
+    #[test]
+    fn a_fatal_refusal_names_its_cause() {
+        use tonic::Code;
+        let token = refusal(rpc("Session", Code::Unauthenticated), "minilm").to_string();
+        assert_eq!(
+            token,
+            "Session refused: the server's words (UNAUTHENTICATED); the worker's token is \
+             missing or not one the server knows: give its tenant's token with --token-file or \
+             --token (MODELSHARE_TOKEN_FILE or MODELSHARE_TOKEN)"
+        );
+        let model = refusal(rpc("Attach", Code::NotFound), "minilm").to_string();
+        assert!(
+            model.starts_with(
+                "Attach refused: the server's words (NOT_FOUND); the server has no model 'minilm'"
+            ),
+            "{model}"
+        );
+        let denied = refusal(rpc("Attach", Code::PermissionDenied), "minilm");
+        assert!(denied.is_fatal(), "{denied}");
+        assert!(
+            denied.to_string().contains("(PERMISSION_DENIED)"),
+            "{denied}"
+        );
+        // Anything else is left as it is.
+        let other = refusal(rpc("Attach", Code::InvalidArgument), "minilm");
+        assert!(matches!(other, WorkerError::Rpc { .. }), "{other:?}");
     }
 }

@@ -10,17 +10,23 @@
 //! - [`echo`]: the computation itself (see its docs for the exact rules), tested on fixed
 //!   inputs with no server.
 //!
-//! Token and TLS settings come from the environment (`MODELSHARE_TOKEN`,
-//! `MODELSHARE_TOKEN_FILE`, `MODELSHARE_TLS_*`), as for every SDK worker.
+//! The server is `--server` (or `MODELSHARE_SERVER`), else the one the SDK's rule finds
+//! (`modelshare_worker::discover`: this user's socket, the container socket, then
+//! `127.0.0.1:50051`), as for the CLI. The token is `--token` or `--token-file`, else
+//! `MODELSHARE_TOKEN` or `MODELSHARE_TOKEN_FILE`; TLS settings come from `MODELSHARE_TLS_*`.
+//! A refusal that will not heal (a wrong token, an unknown model) ends the process with an
+//! error naming it; a server away or restarting is waited for.
 #![forbid(unsafe_code)]
 
 mod echo;
 mod worker;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use modelshare_worker::TokenArg;
 use modelshare_worker::serve::run_process;
 use tracing_subscriber::EnvFilter;
 
@@ -28,13 +34,12 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(name = "modelshare-echo-worker", version, about)]
 struct Args {
-    /// Server address: unix:/path, http://host:port or https://host:port.
-    #[arg(
-        long,
-        env = "MODELSHARE_SERVER",
-        default_value = "unix:/run/modelshare/grpc.sock"
-    )]
-    server: String,
+    /// Server address: unix:/path, http://host:port or https://host:port (else
+    /// MODELSHARE_SERVER). Default: the first server found at this user's socket
+    /// ($TMPDIR/modelshare-<uid>.sock), the container socket (/run/modelshare/grpc.sock), then
+    /// http://127.0.0.1:50051.
+    #[arg(long)]
+    server: Option<String>,
     /// The model to serve (its latest ready version).
     #[arg(long)]
     model: String,
@@ -50,6 +55,14 @@ struct Args {
     /// Most input bytes in one batch.
     #[arg(long, default_value_t = 4 << 20)]
     max_batch_bytes: u64,
+    /// Bearer token sent with every call (else MODELSHARE_TOKEN; prefer --token-file:
+    /// arguments are visible to other users of the machine).
+    #[arg(long)]
+    token: Option<TokenArg>,
+    /// File holding the bearer token, read again at every connection (else
+    /// MODELSHARE_TOKEN_FILE).
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +81,8 @@ fn main() -> ExitCode {
         credits: args.credits,
         max_batch_items: args.max_batch_items,
         max_batch_bytes: args.max_batch_bytes,
+        token: args.token,
+        token_file: args.token_file,
     };
     run_process(
         || worker::target(&config),

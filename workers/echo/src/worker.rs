@@ -2,20 +2,22 @@
 //! offer's options, and the [`target`] the SDK's `run_process` serves until the worker is
 //! stopped.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
 use modelshare_worker::serve::{Batch, ItemFailure, Outcome, ServeOptions, Target, tensor_spec};
-use modelshare_worker::{ConnectOptions, Handler, Model, WorkerError};
+use modelshare_worker::{ConnectOptions, Handler, Model, TokenArg, WorkerError};
+use tracing::info;
 
 use crate::echo::{Weights, compute, sleep_ms};
 
 /// What the worker serves, and how.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Server address.
-    pub server: String,
+    /// Server address (`None`: found by the SDK's rule).
+    pub server: Option<String>,
     /// Model to serve.
     pub model: String,
     /// Worker name shown by `modelshare ps`.
@@ -26,6 +28,10 @@ pub struct Config {
     pub max_batch_items: u32,
     /// Most input bytes per batch.
     pub max_batch_bytes: u64,
+    /// `--token`.
+    pub token: Option<TokenArg>,
+    /// `--token-file`.
+    pub token_file: Option<PathBuf>,
 }
 
 /// The offer's options: both input kinds, and the tensors the echo computation reads and
@@ -115,13 +121,18 @@ impl Handler for Echo {
     }
 }
 
-/// Where the worker serves: the server and model of `config`, with the token and TLS settings
-/// of the environment (a token file is read again at every connection).
+/// Where the worker serves: the server of `config` (else the one the SDK's rule finds) and its
+/// model, with the token of the flags (else of the environment) and the TLS settings of the
+/// environment (a token file is read again at every connection).
 pub fn target(config: &Config) -> Result<Target, WorkerError> {
+    let connect =
+        ConnectOptions::from_env_and_flags(config.token.as_ref(), config.token_file.clone())?;
+    let server = modelshare_worker::discover(config.server.as_deref())?;
+    info!(%server, "connecting");
     Ok(Target {
-        server: config.server.clone(),
+        server: server.address,
         model: config.model.clone(),
         worker_name: config.name.clone(),
-        connect: ConnectOptions::from_env()?,
+        connect,
     })
 }

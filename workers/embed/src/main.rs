@@ -18,8 +18,12 @@
 //!   catching its panics; joined when the handler is dropped.
 //! - [`cpu`], [`cuda`]: the two backends of [`encoder::Encoder`].
 //!
-//! Token and TLS settings come from the environment (`MODELSHARE_TOKEN`,
-//! `MODELSHARE_TOKEN_FILE`, `MODELSHARE_TLS_*`), as for every SDK worker.
+//! The server is `--server` (or `MODELSHARE_SERVER`), else the one the SDK's rule finds
+//! (`modelshare_worker::discover`: this user's socket, the container socket, then
+//! `127.0.0.1:50051`), as for the CLI. The token is `--token` or `--token-file`, else
+//! `MODELSHARE_TOKEN` or `MODELSHARE_TOKEN_FILE`; TLS settings come from `MODELSHARE_TLS_*`.
+//! A refusal that will not heal (a wrong token, an unknown model) ends the process with an
+//! error naming it; a server away or restarting is waited for.
 #![forbid(unsafe_code)]
 
 mod compute;
@@ -34,11 +38,12 @@ mod weights;
 mod worker;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use modelshare_worker::ConnectOptions;
 use modelshare_worker::serve::Target;
+use modelshare_worker::{ConnectOptions, TokenArg};
 use tracing_subscriber::EnvFilter;
 
 use crate::process::Stop;
@@ -48,13 +53,12 @@ use crate::spec::{Overrides, Pooling, parse_pooling};
 #[derive(Debug, Parser)]
 #[command(name = "modelshare-embed", version, about)]
 struct Args {
-    /// Server address: unix:/path, http://host:port or https://host:port.
-    #[arg(
-        long,
-        env = "MODELSHARE_SERVER",
-        default_value = "unix:/run/modelshare/grpc.sock"
-    )]
-    server: String,
+    /// Server address: unix:/path, http://host:port or https://host:port (else
+    /// MODELSHARE_SERVER). Default: the first server found at this user's socket
+    /// ($TMPDIR/modelshare-<uid>.sock), the container socket (/run/modelshare/grpc.sock), then
+    /// http://127.0.0.1:50051.
+    #[arg(long)]
+    server: Option<String>,
     /// The model to serve (its latest ready version).
     #[arg(long)]
     model: String,
@@ -88,6 +92,14 @@ struct Args {
     /// Threads for the CPU backend (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Bearer token sent with every call (else MODELSHARE_TOKEN; prefer --token-file:
+    /// arguments are visible to other users of the machine).
+    #[arg(long)]
+    token: Option<TokenArg>,
+    /// File holding the bearer token, read again at every connection (else
+    /// MODELSHARE_TOKEN_FILE).
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
 }
 
 fn pooling(s: &str) -> Result<Pooling, String> {
@@ -126,11 +138,14 @@ fn main() -> ExitCode {
     };
     process::run(
         || {
+            let connect = ConnectOptions::from_env_and_flags(args.token.as_ref(), args.token_file)?;
+            let server = modelshare_worker::discover(args.server.as_deref())?;
+            tracing::info!(%server, "connecting");
             Ok(Target {
-                server: args.server,
+                server: server.address,
                 model: args.model,
                 worker_name: args.name,
-                connect: ConnectOptions::from_env()?,
+                connect,
             })
         },
         &stop,
