@@ -173,7 +173,7 @@ pub async fn run(
     let socket = dir.join("grpc.sock");
     let config = Config::from_args(ServeArgs {
         listen: args.listen,
-        unauthenticated_tcp: args.listen.is_some(),
+        unauthenticated_tcp: Some(args.listen.is_some()),
         unix_socket: Some(socket.clone()),
         model_root: Some(dir.clone()),
         backend: Some(BackendChoice::Host),

@@ -24,8 +24,10 @@ pub struct ServeArgs {
     pub unix_socket: Option<PathBuf>,
     /// Serve gRPC over TCP without a tenants file, where every caller who reaches the port is
     /// the admin (a container publishing the port on its host's loopback, a test).
-    #[arg(long, env = "MODELSHARE_UNAUTHENTICATED_TCP")]
-    pub unauthenticated_tcp: bool,
+    /// `--unauthenticated-tcp` alone is true; `=false` (or the variable `false`) turns a file's
+    /// `true` off.
+    #[arg(long, env = "MODELSHARE_UNAUTHENTICATED_TCP", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub unauthenticated_tcp: Option<bool>,
     /// Unix socket that passes arena file descriptors to workers.
     #[arg(long, env = "MODELSHARE_HANDLE_SOCKET")]
     pub handle_socket: Option<PathBuf>,
@@ -105,15 +107,15 @@ pub struct ServeArgs {
     pub load_threads: Option<usize>,
     /// Also hash every byte on the CPU (XXH3) while loading to a GPU, which checksums on the
     /// device anyway (ms64): about 1.9 GB/s per load thread of CPU. Always on for host memory.
-    #[arg(long, env = "MODELSHARE_LOAD_CPU_HASH")]
-    pub load_cpu_hash: bool,
+    #[arg(long, env = "MODELSHARE_LOAD_CPU_HASH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub load_cpu_hash: Option<bool>,
     /// On a server of several devices, a worker that attaches from a device holding no copy of
     /// the version starts one there: copied device to device from the version's first arena
     /// (counted against `max_device_bytes`, `max_total_bytes` and the model owner's quota), the
     /// worker told to retry (UNAVAILABLE) meanwhile. Without it, the worker is told which
     /// devices hold the version (FAILED_PRECONDITION).
-    #[arg(long, env = "MODELSHARE_REPLICATE_ON_ATTACH")]
-    pub replicate_on_attach: bool,
+    #[arg(long, env = "MODELSHARE_REPLICATE_ON_ATTACH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub replicate_on_attach: Option<bool>,
     /// Largest arena one model version may have, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_MODEL_BYTES")]
     pub max_model_bytes: Option<u64>,

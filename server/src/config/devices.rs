@@ -66,9 +66,11 @@ impl DeviceSettings {
                 .clone()
                 .or(file.proc_root.clone())
                 .unwrap_or_else(|| PathBuf::from("/")),
-            load_cpu_hash: args.load_cpu_hash || file.load_cpu_hash.unwrap_or(false),
-            replicate_on_attach: args.replicate_on_attach
-                || file.replicate_on_attach.unwrap_or(false),
+            load_cpu_hash: args.load_cpu_hash.or(file.load_cpu_hash).unwrap_or(false),
+            replicate_on_attach: args
+                .replicate_on_attach
+                .or(file.replicate_on_attach)
+                .unwrap_or(false),
             load_threads: match args.load_threads.or(file.load_threads) {
                 Some(0) => {
                     return Err(ConfigError::Invalid(

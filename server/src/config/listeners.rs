@@ -34,8 +34,10 @@ impl Listeners {
     /// file unless `unauthenticated_tcp` accepts it.
     pub(super) fn merge(args: &ServeArgs, file: &FileConfig) -> Result<Self, ConfigError> {
         let tenants_file = args.tenants_file.clone().or(file.tenants_file.clone());
-        let unauthenticated_tcp =
-            args.unauthenticated_tcp || file.unauthenticated_tcp.unwrap_or(false);
+        let unauthenticated_tcp = args
+            .unauthenticated_tcp
+            .or(file.unauthenticated_tcp)
+            .unwrap_or(false);
         let listen_given = args.listen.or(file.listen);
         let unix_given = args.unix_socket.clone().or(file.unix_socket.clone());
         // Without tenants, gRPC defaults to a Unix socket only this user can reach; with

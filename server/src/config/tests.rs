@@ -23,7 +23,7 @@ fn flags_override_file_override_defaults() {
     );
     let args = ServeArgs {
         listen: Some("127.0.0.1:8000".parse().expect("addr")),
-        unauthenticated_tcp: true,
+        unauthenticated_tcp: Some(true),
         max_model_bytes: Some(7),
         ..ServeArgs::default()
     };
@@ -84,7 +84,7 @@ fn without_tenants_tcp_needs_to_be_asked_for() {
     let err = Config::merge(tcp.clone(), FileConfig::default()).expect_err("TCP, no tenants");
     assert!(err.to_string().contains("--unauthenticated-tcp"), "{err}");
     let asked = ServeArgs {
-        unauthenticated_tcp: true,
+        unauthenticated_tcp: Some(true),
         ..tcp.clone()
     };
     assert!(Config::merge(asked, FileConfig::default()).is_ok());
@@ -142,7 +142,7 @@ fn tls_settings_are_checked() {
 
     let only_cert = ServeArgs {
         listen: Some("127.0.0.1:1".parse().expect("addr")),
-        unauthenticated_tcp: true,
+        unauthenticated_tcp: Some(true),
         server_tls_cert: Some("/c.pem".into()),
         ..ServeArgs::default()
     };
@@ -156,7 +156,7 @@ fn tls_settings_are_checked() {
     assert!(Config::merge(no_tcp, FileConfig::default()).is_err());
     let auth_without_ca = ServeArgs {
         listen: Some("127.0.0.1:1".parse().expect("addr")),
-        unauthenticated_tcp: true,
+        unauthenticated_tcp: Some(true),
         server_tls_cert: Some("/c.pem".into()),
         server_tls_key: Some("/k.pem".into()),
         server_tls_client_auth: Some(ClientAuth::Required),
@@ -342,4 +342,61 @@ fn proc_root_defaults_to_slash_and_the_flag_wins() {
     };
     let c = Config::merge(args, parse(r#"proc_root = "/fake""#)).expect("config");
     assert_eq!(c.proc_root, PathBuf::from("/flag"));
+}
+
+/// The flags of `serve` as the command line gives them (no variables are read: none of these
+/// tests' names is set in the test process).
+fn flags(words: &[&str]) -> Result<ServeArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Line {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    let line = std::iter::once("serve").chain(words.iter().copied());
+    <Line as clap::Parser>::try_parse_from(line).map(|l| l.serve)
+}
+
+/// Booleans follow "flags > variables > file" like every other key: `--x=false` turns off a
+/// file's `x = true` (the flags used to be OR'ed with the file, and `=false` was refused).
+#[test]
+fn boolean_flags_say_true_and_false_and_win_over_the_file() {
+    let on = "load_cpu_hash = true\nreplicate_on_attach = true";
+    for (words, file, want) in [
+        (&[][..], "", false),
+        (&[][..], on, true),
+        (&["--load-cpu-hash", "--replicate-on-attach"][..], "", true),
+        (
+            &["--load-cpu-hash=true", "--replicate-on-attach=true"][..],
+            "",
+            true,
+        ),
+        (
+            &["--load-cpu-hash=false", "--replicate-on-attach=false"][..],
+            on,
+            false,
+        ),
+        (
+            &["--load-cpu-hash=no", "--replicate-on-attach=off"][..],
+            on,
+            false,
+        ),
+    ] {
+        let args = flags(words).unwrap_or_else(|e| panic!("{words:?}: {e}"));
+        let c = Config::merge(args, parse(file)).expect("config");
+        assert_eq!(
+            (c.load_cpu_hash, c.replicate_on_attach),
+            (want, want),
+            "{words:?} over {file:?}"
+        );
+    }
+    assert!(flags(&["--load-cpu-hash=maybe"]).is_err());
+
+    // `unauthenticated_tcp = true` in a file, turned off by the flag: TCP without tenants is
+    // refused again.
+    let tcp = ["--listen", "127.0.0.1:1"];
+    let file = "unauthenticated_tcp = true";
+    assert!(Config::merge(flags(&tcp).expect("flags"), parse(file)).is_ok());
+    let off = flags(&[tcp[0], tcp[1], "--unauthenticated-tcp=false"]).expect("flags");
+    let err = Config::merge(off, parse(file)).expect_err("turned off");
+    assert!(err.to_string().contains("--unauthenticated-tcp"), "{err}");
 }

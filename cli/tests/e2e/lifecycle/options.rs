@@ -173,3 +173,47 @@ fn rustix_uid() -> u32 {
         .and_then(|v| v.parse().ok())
         .expect("uid")
 }
+
+/// A variable says `false` to a boolean the file says `true` to, and wins (flags > variables >
+/// file): with `unauthenticated_tcp = true` in the file and `MODELSHARE_UNAUTHENTICATED_TCP=false`,
+/// TCP without a tenants file is refused at start. The variable used to be OR'ed with the file,
+/// and the server started with every TCP caller the admin.
+#[test]
+fn a_variable_turns_off_a_boolean_of_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("modelshare.toml");
+    std::fs::write(&cfg, "unauthenticated_tcp = true\n").expect("write config");
+    let mut child = std::process::Command::new(common::BIN)
+        .arg("serve")
+        .args(["--backend", "host", "--listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--unix-socket")
+        .arg(dir.path().join("grpc.sock"))
+        .arg("--handle-socket")
+        .arg(dir.path().join("handles.sock"))
+        .arg("--model-root")
+        .arg(dir.path())
+        .env("MODELSHARE_UNAUTHENTICATED_TCP", "false")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run modelshare");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server started: the variable's false did not turn the file's true off");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert!(!status.success(), "{err}");
+    // The configuration's refusal, not the command line's.
+    assert!(err.contains("to accept that"), "{err}");
+}
