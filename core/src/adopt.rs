@@ -28,6 +28,9 @@ const CHECK_CHUNK: usize = 16 << 20;
 
 /// How long a restore waits for a free load slot.
 const SLOT_WAIT: Duration = Duration::from_secs(10);
+/// How long memory offered during start-up waits for a start-up load to claim it (the held
+/// store keeps it at least this long once offered).
+const STARTUP_WAIT: Duration = Duration::from_secs(60);
 
 /// Redeems the offer `ticket` (presented by `peer_uid` with `fd`): imports, checks and adopts
 /// the memory. `Err` is the refusal sent back to the worker.
@@ -83,7 +86,7 @@ async fn adopt(
         tensors = record.tensors.len(),
         "adopted the memory a worker kept across the restart"
     );
-    if claimed {
+    if claimed || claimed_at_startup(host, &key).await {
         return Ok(());
     }
     let restored = restore(host, record).await;
@@ -91,6 +94,24 @@ async fn adopt(
         host.held.forget(&key);
     }
     restored
+}
+
+/// Memory offered before the start-up models are loaded may be one of theirs: a start-up load
+/// that has not begun yet would claim it, and bringing the version back here instead would
+/// make that load read the files into a second arena. So the memory waits for a claim until
+/// the host is ready (every start-up model loaded or failed), at most [`STARTUP_WAIT`];
+/// `true`: a load claimed it.
+async fn claimed_at_startup(host: &Host, key: &Key) -> bool {
+    let until = tokio::time::Instant::now() + STARTUP_WAIT;
+    while !host.ready.load(std::sync::atomic::Ordering::SeqCst)
+        && tokio::time::Instant::now() < until
+    {
+        if host.held.claimed_by_load(key) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.held.claimed_by_load(key)
 }
 
 /// Whether the version `key` holds memory of its own already (a load from the files that is

@@ -325,6 +325,20 @@ impl HeldStore {
             .map(|p| p.record.clone())
     }
 
+    /// Marks the pending record that is the same bytes as `manifest` from `files` as claimed,
+    /// before the load registers its version: from then on an offer of that memory is waited
+    /// for, not refused as a second copy (the load claims it with [`claim`](Self::claim)).
+    pub fn mark_claimed(&self, manifest: &Manifest, files: &[FileId]) {
+        let mut inner = self.lock();
+        if let Some(p) = inner
+            .pending
+            .values_mut()
+            .find(|p| p.record.model == manifest.model && p.record.matches(manifest, files))
+        {
+            p.claimed = true;
+        }
+    }
+
     /// For a load of `manifest` from files `files`: if a pending record is the same bytes,
     /// waits (until its deadline) for a worker's offer and returns the adopted memory with the
     /// record; `None`: load from the files.
@@ -486,6 +500,15 @@ impl HeldStore {
     /// record is done with.
     pub fn restored(&self, key: &Key) {
         self.lock().pending.remove(key);
+    }
+
+    /// Whether a load claimed the memory of `key` (it waits for it, took it, or brought the
+    /// version back already).
+    pub fn claimed_by_load(&self, key: &Key) -> bool {
+        self.lock()
+            .pending
+            .get(key)
+            .is_none_or(|p| p.claimed || p.taken)
     }
 
     /// Whether the memory of `key` is on its way back: a load waits for it, or it was adopted

@@ -249,6 +249,8 @@ impl Admission {
         let manifest = loader::manifest(&model, &src, &plan);
         let files = record::file_ids(&src);
         let hint = held.version_hint(&model, &src.source);
+        // Before the version is registered (and looks loaded from its files to an offer).
+        held.mark_claimed(&manifest, &files);
         if load_for.resume_version.is_none() {
             load_for.resume_version = hint;
         }
