@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._native import DtypeError, Tensor
+from ._native import DeviceError, DtypeError, Tensor
 
 if TYPE_CHECKING:
     import numpy
@@ -78,6 +78,11 @@ def to_numpy(tensor: Tensor) -> numpy.ndarray:
     """
     import numpy as np
 
+    if tensor.on_device:
+        raise DeviceError(
+            f"tensor {tensor.name!r} is in device memory: read it with to_torch() (DLPack), "
+            "or copy it with tensor.to_bytes()"
+        )
     dtype = numpy_dtype(tensor.dtype)
     raw = np.asarray(tensor)  # uint8, read-only, base: the Tensor
     array = raw.view(dtype).reshape(tensor.shape)

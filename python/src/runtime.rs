@@ -49,7 +49,8 @@ pub(crate) fn runtime() -> PyResult<&'static Runtime> {
 
 /// Runs `fut` on the runtime and waits for its output with the GIL released. `timeout` bounds
 /// the wait (`modelshare.Timeout`, naming `what`); a signal handler that raises (Ctrl-C) aborts
-/// the call and its exception is returned.
+/// the call and its exception is returned. An attach cut short after the server granted its
+/// lease leaves that lease to the session's end (the SDK had no `Model` yet to release it).
 pub(crate) fn wait<F>(
     py: Python<'_>,
     what: &str,
