@@ -111,7 +111,9 @@ impl Session {
             labels: labels.unwrap_or_default(),
             no_reconnect: !reconnect,
             connect: connect_options(py, token, token_file)?,
-            device_uuid: None,
+            // The device: the SDK's choice (MODELSHARE_DEVICE_UUID, else CUDA device 0 on a
+            // server of several devices); and whatever else a newer SDK adds, its defaults.
+            ..SessionOptions::default()
         };
         let address = server.clone();
         let opened = wait(
