@@ -1,0 +1,70 @@
+"""Python workers for modelshare.
+
+A modelshare server loads model weights into memory once (host memory, or GPU memory) and hands
+out handles to it; a worker attaches to a model and reads its weights in place, with no copy::
+
+    import modelshare
+
+    with modelshare.Session.open("unix:/run/modelshare/grpc.sock", name="my-worker") as session:
+        model = session.attach("tiny-llama")
+        arrays = model.numpy()     # name -> read-only numpy array over the shared memory
+        tensors = model.torch()    # name -> torch.Tensor (CPU for host memory, CUDA on a GPU server)
+
+The package binds the Rust worker SDK (crate ``modelshare-worker``): sessions keep themselves
+alive with heartbeats on a background runtime, reconnect after a server restart and attach their
+models again. Every array and tensor holds the model's lease: the server keeps the version for
+this worker until the last of them (and the ``Model``) is gone.
+
+Layout: ``_native`` (the compiled SDK binding: ``Session``, ``Model``, ``Tensor``, the
+exceptions), ``_session`` (the ``Session`` and ``Model`` classes of this API, over ``_native``),
+``_numpy`` and ``_torch`` (a ``Tensor`` as a numpy array, as a torch tensor).
+
+Serving requests from Python (the Serve loop) is not bound yet.
+"""
+
+from ._native import (
+    PROTOCOL_VERSION,
+    ChecksumError,
+    ConnectError,
+    CredentialsError,
+    DeviceError,
+    DtypeError,
+    Error,
+    NotFound,
+    PermissionDenied,
+    ProtocolError,
+    SessionEnded,
+    Tensor,
+    Timeout,
+    Unauthenticated,
+    Unavailable,
+    __version__,
+)
+from ._numpy import numpy_dtype, to_numpy
+from ._session import Model, Session
+from ._torch import to_torch, torch_dtype
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ChecksumError",
+    "ConnectError",
+    "CredentialsError",
+    "DeviceError",
+    "DtypeError",
+    "Error",
+    "Model",
+    "NotFound",
+    "PermissionDenied",
+    "ProtocolError",
+    "Session",
+    "SessionEnded",
+    "Tensor",
+    "Timeout",
+    "Unauthenticated",
+    "Unavailable",
+    "__version__",
+    "numpy_dtype",
+    "to_numpy",
+    "to_torch",
+    "torch_dtype",
+]

@@ -1,0 +1,251 @@
+"""``Session`` and ``Model``: the package's API over the native binding of the worker SDK."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import _native
+from ._native import ChecksumError, Tensor
+from ._numpy import to_numpy
+from ._torch import to_torch
+
+if TYPE_CHECKING:
+    import numpy
+    import torch
+
+#: Environment variable of the server address when ``Session.open`` is given none (as the CLI).
+ENV_SERVER = "MODELSHARE_SERVER"
+
+
+class Session:
+    """A worker's session with a modelshare server.
+
+    Open one with :meth:`Session.open`. Heartbeats run in the background (on the package's own
+    runtime, not on a Python thread); after a server restart the session reconnects and attaches
+    its models again. The session ends when :meth:`close` is called, or when this object and
+    every model, tensor and array taken through it are gone.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _native.Session) -> None:
+        self._native = native
+
+    @classmethod
+    def open(
+        cls,
+        server: str | None = None,
+        *,
+        name: str = "python-worker",
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        reconnect: bool = True,
+        timeout: float | None = 30.0,
+    ) -> Session:
+        """Connects to ``server`` and opens a session.
+
+        Args:
+            server: ``"unix:/path/to/socket"``, ``"http://host:port"`` or ``"https://host:port"``;
+                ``None``: the ``MODELSHARE_SERVER`` environment variable.
+            name: the worker's name, shown by ``modelshare ps``.
+            token: the bearer token; else ``token_file`` (read again at every reconnection);
+                else ``MODELSHARE_TOKEN`` or ``MODELSHARE_TOKEN_FILE``, as the Rust SDK and the
+                CLI read them. TLS settings come from ``MODELSHARE_TLS_*``.
+            labels: labels shown by ``modelshare ps``.
+            reconnect: reconnect (and attach again) when the connection breaks.
+            timeout: seconds the connection and handshake may take (``None``: no limit).
+
+        Raises:
+            ConnectError: the server cannot be reached.
+            Unauthenticated: the server refused the token.
+            CredentialsError: the token or a TLS setting is unusable.
+            Timeout: the server did not answer in time.
+        """
+        if server is None:
+            server = os.environ.get(ENV_SERVER) or None
+            if server is None:
+                raise ValueError(f"no server address: pass one, or set {ENV_SERVER}")
+        native = _native.Session.open(
+            server,
+            name=name,
+            token=token,
+            token_file=os.fspath(token_file) if token_file is not None else None,
+            labels=dict(labels) if labels is not None else None,
+            reconnect=reconnect,
+            timeout=timeout,
+        )
+        return cls(native)
+
+    @property
+    def id(self) -> str:
+        """The current session id (it changes after a reconnection)."""
+        return self._native.id
+
+    @property
+    def server(self) -> str:
+        """The server address."""
+        return self._native.server
+
+    @property
+    def name(self) -> str:
+        """The worker name."""
+        return self._native.name
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        """The server's devices: dicts with ``backend``, ``uuid``, ``name``, ``total_bytes``."""
+        return self._native.devices
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._native.closed
+
+    def attach(self, model: str, version: int | None = None, *, timeout: float | None = None) -> Model:
+        """Attaches to ``version`` of ``model`` (``None``: the latest ready one) and maps it.
+
+        Raises:
+            NotFound: no such model or version (or not visible to this token).
+            Unavailable: the server cannot attach now (retried for 5 s first).
+            SessionEnded: the session was closed, or is reconnecting.
+            Timeout: ``timeout`` seconds passed.
+        """
+        return Model(self._native.attach(model, version, timeout=timeout))
+
+    def close(self) -> None:
+        """Ends the session now; the server releases every lease it holds.
+
+        Arrays and tensors still alive stay readable on the host backend (the mapping holds the
+        memory); on CUDA do not use them after ``close``. Waits for the server's
+        acknowledgement (about a second at most).
+        """
+        self._native.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._native)
+
+
+class Model:
+    """An attached model version: its manifest, metadata files and tensors.
+
+    The weights are mapped read-only in this process. The lease on the version is held while this
+    object, or any tensor or array taken from it, lives: the server does not free the version
+    under them, and releases it when the last one goes.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _native.Model) -> None:
+        self._native = native
+
+    @property
+    def name(self) -> str:
+        """Model name."""
+        return self._native.name
+
+    @property
+    def version(self) -> int:
+        """Version attached now."""
+        return self._native.version
+
+    @property
+    def lease_id(self) -> str:
+        """The lease held now."""
+        return self._native.lease_id
+
+    @property
+    def device(self) -> str:
+        """Where the arena lives: ``"host"``, or a CUDA device's UUID."""
+        return self._native.device
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the arena is in device (CUDA) memory."""
+        return self._native.on_device
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the arena is mapped read-only in this process (false for legacy CUDA IPC)."""
+        return self._native.read_only
+
+    @property
+    def manifest(self) -> list[dict[str, Any]]:
+        """One dict per tensor, in arena order: ``name``, ``dtype`` (``"F32"``, ``"BF16"``, ...),
+        ``shape`` (list), ``offset`` and ``byte_length`` (bytes)."""
+        return self._native.manifest()
+
+    @property
+    def metadata(self) -> dict[str, bytes]:
+        """The metadata files the server publishes with the version (``config.json``, ...)."""
+        return self._native.metadata()
+
+    @property
+    def header_metadata(self) -> dict[str, str]:
+        """The ``__metadata__`` map of the safetensors header(s)."""
+        return self._native.header_metadata()
+
+    def keys(self) -> list[str]:
+        """Tensor names, in arena order."""
+        return [t["name"] for t in self._native.manifest()]
+
+    def tensor(self, name: str) -> Tensor:
+        """The tensor ``name`` (``NotFound`` if there is none)."""
+        return self._native.tensor(name)
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor, in arena order."""
+        return self._native.tensors()
+
+    def verify(self) -> None:
+        """Checks every tensor's bytes against the manifest's checksum.
+
+        Raises ``ChecksumError`` naming the tensors that differ. Hashes with the GIL released.
+        """
+        bad = self._native.verify()
+        if bad:
+            shown = ", ".join(repr(n) for n in bad[:10])
+            more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+            raise ChecksumError(
+                f"model {self.name!r} version {self.version}: {len(bad)} tensor(s) do not match "
+                f"the manifest's checksum: {shown}{more}"
+            )
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Waits until the version is fully loaded (CUDA, attached while loading; else no-op)."""
+        self._native.wait_ready(timeout)
+
+    def numpy(self, names: Iterable[str] | None = None) -> dict[str, numpy.ndarray]:
+        """Tensors as read-only numpy arrays over the shared memory, with no copy.
+
+        ``names``: the tensors to give (default: all). Writing to an array raises ``ValueError``.
+        bf16 and float8 tensors need ``ml_dtypes`` (else ``DtypeError``). Host memory only.
+        """
+        return {t.name: to_numpy(t) for t in self._select(names)}
+
+    def torch(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Tensors as ``torch.Tensor`` through DLPack, with no copy: CPU tensors for host memory,
+        CUDA tensors on the arena's device for device memory.
+
+        ``names``: the tensors to give (default: all). torch has no read-only tensors: writing to
+        one of host memory kills the process (SIGSEGV: the mapping is read-only); clone first.
+        """
+        return {t.name: to_torch(t) for t in self._select(names)}
+
+    def _select(self, names: Iterable[str] | None) -> list[Tensor]:
+        if names is None:
+            return self._native.tensors()
+        if isinstance(names, str):
+            names = [names]
+        return [self._native.tensor(n) for n in names]
+
+    def __repr__(self) -> str:
+        return repr(self._native)

@@ -1,0 +1,65 @@
+"""A modelshare ``Tensor`` as a ``torch.Tensor``, through DLPack, with no copy.
+
+``torch.from_dlpack`` takes the tensor's ``__dlpack__`` capsule: a CPU tensor over the shared
+mapping for host memory, a CUDA tensor on the arena's device for device memory. The capsule's
+managed tensor holds the model's lease until torch frees the tensor's storage.
+
+torch has no read-only tensors: the memory of a host arena is mapped read-only, so an in-place
+write to such a tensor kills the process with SIGSEGV instead of changing the shared weights.
+Clone a tensor before changing it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._native import DtypeError, Tensor
+
+if TYPE_CHECKING:
+    import torch
+
+# safetensors dtype names -> torch dtype attribute names.
+_TORCH = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a modelshare dtype name; ``DtypeError`` if this torch lacks it."""
+    import torch
+
+    kind = getattr(torch, _TORCH.get(dtype, ""), None)
+    if not isinstance(kind, torch.dtype):
+        raise DtypeError(f"dtype {dtype} has no equivalent in torch {torch.__version__}")
+    return kind
+
+
+def to_torch(tensor: Tensor) -> torch.Tensor:
+    """``tensor`` as a ``torch.Tensor`` sharing its memory (CPU or CUDA), with no copy.
+
+    The torch tensor holds the model's lease while its storage lives. Do not write to it (see the
+    module's notes).
+    """
+    import torch
+
+    expected = torch_dtype(tensor.dtype)
+    result = torch.from_dlpack(tensor)
+    if result.dtype != expected:  # pragma: no cover - a consumer that misread the DLPack type
+        raise DtypeError(f"tensor {tensor.name!r}: torch made {result.dtype}, expected {expected}")
+    return result

@@ -1,0 +1,70 @@
+//! The native module of the `modelshare` Python package, `modelshare._native`: the worker SDK
+//! (`modelshare-worker`) bound with pyo3. One implementation of the protocol: every call goes
+//! through the SDK; this crate only adapts it to Python.
+//!
+//! # Layout
+//! - `runtime`: the tokio runtime the module owns (the SDK's sessions keep their heartbeats on
+//!   it), `wait` (a future run there while the calling thread waits with the GIL released,
+//!   answering Ctrl-C) and `OnRuntime` (SDK values dropped inside the runtime, so that a
+//!   lease's release can be spawned from any thread).
+//! - `errors`: the exception hierarchy (`modelshare.Error` and its subclasses) and the one
+//!   mapping of `modelshare_worker::WorkerError` to it.
+//! - `session`: `Session`, a worker's session (open, attach, close).
+//! - `model`: `Model`, an attached version: manifest, metadata, tensors, checksums.
+//! - `tensor`: `Tensor`, one tensor's view: `__array_interface__` for numpy (read-only, no
+//!   copy), `__dlpack__` for torch and other DLPack consumers, a copy of its bytes.
+//! - `lease`: `Lease`, the SDK's `Model` behind an `Arc`: what the `Model`, `Tensor`s, numpy
+//!   arrays and DLPack tensors of one attach share; the version is released when the last goes.
+//! - `dlpack`: the DLPack structures and the capsule made of a tensor: the only `unsafe` of the
+//!   crate (the capsule over a raw allocation, its destructor and the tensor's deleter), each
+//!   block with `// SAFETY:`.
+//!
+//! Modules depend downwards only: `session` → `model` → `tensor` → `dlpack`; `model` and
+//! `tensor` → `lease`; everything → `runtime`, `errors`. The Python side (python/modelshare/)
+//! wraps these classes, turns tensors into numpy arrays and torch tensors, and holds the
+//! user-facing documentation.
+//!
+//! # Building
+//! A member of the workspace, so that `cargo fmt --all` and `cargo clippy --workspace` cover it;
+//! `cargo test` skips it (`test = false`: a test binary would need libpython at run time), and
+//! python/tests test it through the wheel that maturin builds (`scripts/test`).
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
+mod dlpack;
+mod errors;
+mod lease;
+mod model;
+mod runtime;
+mod session;
+mod tensor;
+
+use pyo3::prelude::*;
+
+/// Native part of the modelshare package (the worker SDK bound with pyo3). Use the `modelshare`
+/// package, which wraps it.
+#[pymodule(name = "_native")]
+mod native {
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use crate::errors::{
+        ChecksumError, ConnectError, CredentialsError, DeviceError, DtypeError, Error, NotFound,
+        PermissionDenied, ProtocolError, SessionEnded, Timeout, Unauthenticated, Unavailable,
+    };
+    #[pymodule_export]
+    use crate::model::Model;
+    #[pymodule_export]
+    use crate::session::Session;
+    #[pymodule_export]
+    use crate::tensor::Tensor;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("PROTOCOL_VERSION", modelshare_proto::PROTOCOL_VERSION)?;
+        // Every exception has a `code`: the server's status code's name, else None.
+        m.getattr("Error")?.setattr("code", m.py().None())?;
+        Ok(())
+    }
+}

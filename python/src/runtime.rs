@@ -1,0 +1,150 @@
+//! The tokio runtime the module owns, and how Python threads wait on it.
+//!
+//! The SDK is async: a session's supervisor task (heartbeats, events, reconnection) must keep
+//! running while Python does something else, so the runtime is a multi-threaded one of its own
+//! (two worker threads), made on first use. A Python thread that calls into the SDK spawns the
+//! call there and waits for it with the GIL released ([`wait`]), waking every 100 ms to let
+//! Python handle signals (Ctrl-C aborts the call and raises `KeyboardInterrupt`).
+//!
+//! After `os.fork()` the child has none of the parent's threads: the first call in the child
+//! makes a runtime of its own (the parent's is left alone, never dropped). Sessions opened
+//! before the fork belong to the parent and cannot be used in the child.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tokio::runtime::Runtime;
+
+use crate::errors::{Error, Timeout};
+
+/// How often a waiting thread takes the GIL back to let Python run its signal handlers.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// The runtime and the process it was made in.
+static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
+
+/// The module's runtime (this process's: a forked child makes its own).
+pub(crate) fn runtime() -> PyResult<&'static Runtime> {
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if let Some((owner, rt)) = *slot
+        && owner == pid
+    {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("modelshare-rt")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new_err(format!("cannot start the modelshare runtime: {e}")))?;
+    // Never dropped: tasks of sessions still open may run until the process exits.
+    let rt: &'static Runtime = Box::leak(Box::new(rt));
+    *slot = Some((pid, rt));
+    Ok(rt)
+}
+
+/// Runs `fut` on the runtime and waits for its output with the GIL released. `timeout` bounds
+/// the wait (`modelshare.Timeout`, naming `what`); a signal handler that raises (Ctrl-C) aborts
+/// the call and its exception is returned. An attach cut short after the server granted its
+/// lease leaves that lease to the session's end (the SDK had no `Model` yet to release it).
+pub(crate) fn wait<F>(
+    py: Python<'_>,
+    what: &str,
+    timeout: Option<Duration>,
+    fut: F,
+) -> PyResult<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let rt = runtime()?;
+    let mut task = rt.spawn(async move {
+        match timeout {
+            Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
+            None => Some(fut.await),
+        }
+    });
+    loop {
+        // The timer is made inside `block_on`, where the runtime's clock is at hand.
+        let waited = py
+            .detach(|| rt.block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut task).await }));
+        match waited {
+            Ok(Ok(Some(output))) => return Ok(output),
+            Ok(Ok(None)) => {
+                return Err(Timeout::new_err(format!(
+                    "{what} did not finish within {:.3} s",
+                    timeout.unwrap_or_default().as_secs_f64()
+                )));
+            }
+            Ok(Err(join)) => {
+                return Err(Error::new_err(format!(
+                    "{what} failed inside the runtime: {join}"
+                )));
+            }
+            Err(_still_running) => {
+                if let Err(e) = py.check_signals() {
+                    task.abort();
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// A timeout from Python (seconds, `None`: no limit); refuses a negative or non-finite one.
+pub(crate) fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    timeout
+        .map(|s| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout must be a number of seconds, 0 or more, not {s}"
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// An SDK value dropped inside the runtime: dropping a `Model` spawns the release of its lease,
+/// which needs a runtime at hand, and the last reference may go on any thread (a Python thread,
+/// or a DLPack consumer's deleter).
+#[derive(Debug)]
+pub(crate) struct OnRuntime<T>(Option<T>);
+
+impl<T> OnRuntime<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(Some(value))
+    }
+
+    /// The value, taken out (it is then dropped wherever the caller drops it).
+    pub(crate) fn take(mut self) -> Option<T> {
+        self.0.take()
+    }
+}
+
+impl<T> Deref for OnRuntime<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // Only `take`, which consumes `self`, empties it.
+        self.0
+            .as_ref()
+            .expect("an OnRuntime holds its value until dropped")
+    }
+}
+
+impl<T> Drop for OnRuntime<T> {
+    fn drop(&mut self) {
+        let value = self.0.take();
+        match runtime() {
+            Ok(rt) => {
+                let _inside = rt.enter();
+                drop(value);
+            }
+            Err(_) => drop(value),
+        }
+    }
+}

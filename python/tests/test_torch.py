@@ -1,0 +1,110 @@
+"""torch tensors through DLPack (CPU, host backend): bit-exact for every dtype, no copy, and
+the lease held by the tensors and by an unconsumed capsule. Skipped where torch is missing."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+
+import numpy as np
+import pytest
+
+import modelshare
+from conftest import TOKEN_A, Server
+
+torch = pytest.importorskip("torch")
+
+TORCH_DTYPES = {
+    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+    "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8,
+    "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64,
+}
+
+
+def raw_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's bytes, as stored."""
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+@pytest.fixture
+def session(server: Server):
+    s = modelshare.Session.open(server.address, name=f"torch-{uuid.uuid4().hex[:8]}", token=TOKEN_A)
+    yield s
+    s.close()
+
+
+def test_torch_is_bit_exact(server: Server, session: modelshare.Session):
+    """Every dtype (f16 and bf16 among them) reads back exactly as the file holds it."""
+    tensors = session.attach("mixed").torch()
+    assert list(tensors) == list(server.expected)
+    for name, t in tensors.items():
+        dtype, shape, data = server.expected[name]
+        assert t.device.type == "cpu", name
+        assert t.dtype == TORCH_DTYPES[dtype], name
+        assert tuple(t.shape) == tuple(shape), name
+        assert t.is_contiguous(), name
+        assert raw_bytes(t) == data, name
+    # Values, not only bits: bf16 widened by torch equals the bits shifted into an f32.
+    brain = np.frombuffer(server.expected["brain"][2], dtype="<u2").astype(np.uint32) << 16
+    assert np.array_equal(tensors["brain"].float().numpy().view(np.uint32), brain.reshape(5, 9))
+
+
+def test_torch_shares_the_mapping(session: modelshare.Session):
+    """torch tensors point at the arena's bytes (no copy), the same bytes numpy sees."""
+    model = session.attach("mixed")
+    tensor = model.tensor("half")
+    t = model.torch(["half"])["half"]
+    assert t.data_ptr() == tensor.data_ptr
+    assert t.data_ptr() == model.numpy(["half"])["half"].__array_interface__["data"][0]
+
+
+def test_legacy_capsule(server: Server, session: modelshare.Session):
+    """A consumer that asks for no DLPack version gets a legacy `dltensor` capsule and reads it."""
+    tensor = session.attach("mixed").tensor("brain")
+    capsule = tensor.__dlpack__()
+    assert "dltensor" in repr(capsule) and "versioned" not in repr(capsule)
+    t = torch.utils.dlpack.from_dlpack(capsule)
+    assert t.dtype == torch.bfloat16 and raw_bytes(t) == server.expected["brain"][2]
+
+
+def test_versioned_capsule_is_flagged_read_only(session: modelshare.Session):
+    """A DLPack 1.x consumer is told the memory is read-only (numpy then refuses writes)."""
+    if tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 1):
+        pytest.skip("numpy before 2.1 asks for no versioned capsule")
+    tensor = session.attach("mixed").tensor("embed.weight")
+    assert "dltensor_versioned" in repr(tensor.__dlpack__(max_version=(1, 0)))
+    array = np.from_dlpack(tensor)
+    assert not array.flags.writeable
+    with pytest.raises(ValueError):
+        array[0, 0] = 1.0
+
+
+def test_dlpack_refusals(session: modelshare.Session):
+    """A copy or another device is refused with BufferError (modelshare never copies on export)."""
+    tensor = session.attach("small").tensor("w")
+    assert tensor.__dlpack_device__() == (1, 0)
+    with pytest.raises(BufferError):
+        tensor.__dlpack__(copy=True)
+    with pytest.raises(BufferError):
+        tensor.__dlpack__(dl_device=(2, 0))
+    assert tensor.__dlpack__(dl_device=(1, 0), copy=False) is not None
+
+
+def test_torch_tensors_hold_the_lease(server: Server):
+    """torch tensors, and a capsule nobody consumed, keep the lease; it goes with the last."""
+    name = f"torch-lease-{uuid.uuid4().hex[:8]}"
+    session = modelshare.Session.open(server.address, name=name, token=TOKEN_A)
+    model = session.attach("small")
+    t = model.torch()["w"]
+    capsule = model.tensor("w").__dlpack__(max_version=(1, 0))
+    del session, model
+    gc.collect()
+    assert server.leases_of(name) == 1
+    assert t.tolist() == [1.0, 2.0, 3.0, 4.0]
+    del t
+    gc.collect()
+    assert server.leases_of(name) == 1, "an unconsumed capsule must keep the lease"
+    del capsule
+    gc.collect()
+    server.wait_for("the lease released after the capsule", lambda: server.leases_of(name) is None)
