@@ -52,7 +52,7 @@ class Timeout(Error): ...
 class Session:
     @staticmethod
     def open(
-        server: str,
+        server: str | None = None,
         *,
         name: str,
         token: str | None = None,

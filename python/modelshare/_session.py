@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     import torch
 
 #: Environment variable of the server address when ``Session.open`` is given none (as the CLI).
-ENV_SERVER = "MODELSHARE_SERVER"
 
 
 class Session:
@@ -49,7 +48,10 @@ class Session:
 
         Args:
             server: ``"unix:/path/to/socket"``, ``"http://host:port"`` or ``"https://host:port"``;
-                ``None``: the ``MODELSHARE_SERVER`` environment variable.
+                ``None``: the rule the CLI and every worker follow: ``MODELSHARE_SERVER``, else
+                this user's socket (where ``modelshare serve`` listens by default), else the
+                container socket ``/run/modelshare/grpc.sock``, else ``127.0.0.1:50051``; if
+                none answers, ``ConnectError`` names every place it looked.
             name: the worker's name, shown by ``modelshare ps``.
             token: the bearer token; else ``token_file`` (read again at every reconnection);
                 else ``MODELSHARE_TOKEN`` or ``MODELSHARE_TOKEN_FILE``, as the Rust SDK and the
@@ -64,10 +66,6 @@ class Session:
             CredentialsError: the token or a TLS setting is unusable.
             Timeout: the server did not answer in time.
         """
-        if server is None:
-            server = os.environ.get(ENV_SERVER) or None
-            if server is None:
-                raise ValueError(f"no server address: pass one, or set {ENV_SERVER}")
         native = _native.Session.open(
             server,
             name=name,

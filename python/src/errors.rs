@@ -92,9 +92,12 @@ create_exception!(
 /// The Python exception for `e`, with its `code` attribute set.
 pub(crate) fn from_worker(py: Python<'_>, e: &WorkerError) -> PyErr {
     let (err, code) = match e {
-        WorkerError::Rpc { call, status } => {
+        WorkerError::Rpc { call, status } | WorkerError::Refused { call, status, .. } => {
             let code = status.code();
-            let message = format!("{call}: {} ({})", status.message(), code_name(code));
+            let message = match e {
+                WorkerError::Refused { .. } => modelshare_worker::report(e),
+                _ => format!("{call}: {} ({})", status.message(), code_name(code)),
+            };
             let err = match code {
                 Code::Unauthenticated => Unauthenticated::new_err(message),
                 Code::PermissionDenied => PermissionDenied::new_err(message),
@@ -118,9 +121,9 @@ pub(crate) fn from_worker(py: Python<'_>, e: &WorkerError) -> PyErr {
         other => {
             let message = modelshare_worker::report(other);
             let err = match other {
-                WorkerError::BadAddress { .. } | WorkerError::Connect { .. } => {
-                    ConnectError::new_err(message)
-                }
+                WorkerError::BadAddress { .. }
+                | WorkerError::Connect { .. }
+                | WorkerError::Discover(_) => ConnectError::new_err(message),
                 WorkerError::Credentials { .. } => CredentialsError::new_err(message),
                 WorkerError::Protocol(_) | WorkerError::ProtocolVersion(_) => {
                     ProtocolError::new_err(message)
@@ -130,6 +133,7 @@ pub(crate) fn from_worker(py: Python<'_>, e: &WorkerError) -> PyErr {
                 WorkerError::WrongDtype { .. } => DtypeError::new_err(message),
                 WorkerError::SessionEnded => SessionEnded::new_err(message),
                 WorkerError::Rpc { .. }
+                | WorkerError::Refused { .. }
                 | WorkerError::BadServeOptions(_)
                 | WorkerError::WrongSession { .. }
                 | WorkerError::ModelGone { .. }

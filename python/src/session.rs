@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use modelshare_proto::v1 as pb;
-use modelshare_worker::{ConnectOptions, SessionOptions, Token};
+use modelshare_worker::{ConnectOptions, SessionOptions, Token, WorkerError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -89,16 +89,18 @@ fn device_dict<'py>(py: Python<'py>, d: &pb::DeviceInfo) -> PyResult<Bound<'py, 
 impl Session {
     /// Connects to `server` and opens a session named `name` (shown by `modelshare ps`).
     ///
-    /// `server`: `unix:/path/to/socket`, `http://host:port` or `https://host:port`. The token:
+    /// `server`: `unix:/path/to/socket`, `http://host:port` or `https://host:port`; `None`: the
+    /// SDK's discovery rule (`MODELSHARE_SERVER`, this user's socket, the container socket,
+    /// `127.0.0.1:50051`; a failure names every place it looked). The token:
     /// `token`, else the file `token_file` (read again at every reconnection), else
     /// `MODELSHARE_TOKEN` / `MODELSHARE_TOKEN_FILE`; TLS settings from `MODELSHARE_TLS_*`.
     /// `timeout` (seconds) bounds the connection and the handshake.
     #[staticmethod]
-    #[pyo3(signature = (server, *, name, token=None, token_file=None, labels=None, reconnect=true, timeout=None))]
+    #[pyo3(signature = (server=None, *, name, token=None, token_file=None, labels=None, reconnect=true, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
-        server: String,
+        server: Option<String>,
         name: String,
         token: Option<String>,
         token_file: Option<PathBuf>,
@@ -115,6 +117,9 @@ impl Session {
             // server of several devices); and whatever else a newer SDK adds, its defaults.
             ..SessionOptions::default()
         };
+        let server = modelshare_worker::discover(server.as_deref())
+            .map_err(|e| from_worker(py, &WorkerError::from(e)))?
+            .address;
         let address = server.clone();
         let opened = wait(
             py,

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 import modelshare
-from conftest import TOKEN_A, TOKEN_B, Server
+from conftest import ADMIN, TOKEN_A, TOKEN_B, Server
 
 
 def name() -> str:
@@ -71,14 +71,30 @@ def test_token_from_environment_and_file(server: Server, tmp_path, monkeypatch: 
 
 
 def test_no_server_is_a_connect_error(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """Nothing listening, or a malformed address, is ConnectError; no address at all, ValueError."""
+    """Nothing listening, a malformed address, or no address and no server where one listens by
+    default: ConnectError."""
     with pytest.raises(modelshare.ConnectError):
         modelshare.Session.open(f"unix:{tmp_path}/none.sock", name=name())
     with pytest.raises(modelshare.ConnectError):
         modelshare.Session.open("not an address", name=name())
+    # No address: the discovery rule, which names every place it looked.
     monkeypatch.delenv("MODELSHARE_SERVER", raising=False)
-    with pytest.raises(ValueError, match="MODELSHARE_SERVER"):
-        modelshare.Session.open(name=name())
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(modelshare.ConnectError) as refused:
+        modelshare.Session.open(name=name(), timeout=5)
+    for place in ("MODELSHARE_SERVER: not set", f"unix:{tmp_path}/modelshare-", "--server"):
+        assert place in str(refused.value), refused.value
+
+
+def test_no_address_finds_the_server_by_the_rule(server, monkeypatch: pytest.MonkeyPatch):
+    """``Session.open()`` with no address takes ``MODELSHARE_SERVER``, as the CLI and the Rust
+    workers do."""
+    monkeypatch.setenv("MODELSHARE_SERVER", server.address)
+    session = modelshare.Session.open(name=name(), token=ADMIN)
+    try:
+        assert session.server == server.address
+    finally:
+        session.close()
 
 
 @pytest.fixture
