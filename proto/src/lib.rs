@@ -16,6 +16,7 @@
 //! - [`limits`]: the sizes and counts both sides enforce (message bounds, a Serve batch's
 //!   bytes, items and credits).
 //! - [`dtype`]: bytes per element of each [`v1::DType`], the one table.
+//! - [`codes`]: the canonical status codes' names by number (`ItemResult.code`, gRPC, metrics).
 //! - [`endpoint`]: where a server listens when nothing says otherwise (the per-user socket,
 //!   the container socket, the TCP address of a server with tenants), for the server and the
 //!   clients that look for it.
@@ -51,6 +52,7 @@
 
 #[cfg(any(feature = "client", feature = "server"))]
 pub mod codec;
+pub mod codes;
 pub mod dtype;
 pub mod endpoint;
 pub mod limits;

@@ -86,25 +86,7 @@ impl Kind {
 
     /// Its name as the metrics label it (`OK`, `NOT_FOUND`, ...).
     pub fn label(self) -> &'static str {
-        match self {
-            Kind::Ok => "OK",
-            Kind::Cancelled => "CANCELLED",
-            Kind::Unknown => "UNKNOWN",
-            Kind::InvalidArgument => "INVALID_ARGUMENT",
-            Kind::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            Kind::NotFound => "NOT_FOUND",
-            Kind::AlreadyExists => "ALREADY_EXISTS",
-            Kind::PermissionDenied => "PERMISSION_DENIED",
-            Kind::ResourceExhausted => "RESOURCE_EXHAUSTED",
-            Kind::FailedPrecondition => "FAILED_PRECONDITION",
-            Kind::Aborted => "ABORTED",
-            Kind::OutOfRange => "OUT_OF_RANGE",
-            Kind::Unimplemented => "UNIMPLEMENTED",
-            Kind::Internal => "INTERNAL",
-            Kind::Unavailable => "UNAVAILABLE",
-            Kind::DataLoss => "DATA_LOSS",
-            Kind::Unauthenticated => "UNAUTHENTICATED",
-        }
+        modelshare_proto::codes::name(self.number())
     }
 
     /// How long a caller refused with this kind should wait before retrying: [`RETRY_AFTER`]
