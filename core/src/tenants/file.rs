@@ -143,8 +143,19 @@ const SCHEMA_KEYS: &[&str] = &[
     "loads",
 ];
 
+/// Whether a key the file used may be shown: keys are names, not secrets, unless a token was
+/// pasted as one (it starts with the tokens' prefix) or it is no plausible key.
+fn key_may_be_shown(key: &str) -> bool {
+    !key.starts_with(super::token::TOKEN_PREFIX)
+        && (1..=64).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// A TOML error without the values it quotes or the line it shows: the line may hold a token
-/// pasted by mistake. Keeps the position, the message, and quoted words that are schema keys.
+/// pasted by mistake. Keeps the position, the message, quoted words that are schema keys, and
+/// the key of an unknown field (`qouta`: a typo to fix, unless it looks like a token).
 fn redacted_toml_error(text: &str, e: &toml::de::Error) -> String {
     let place = e.span().map(|span| {
         let before = &text[..span.start.min(text.len())];
@@ -154,16 +165,20 @@ fn redacted_toml_error(text: &str, e: &toml::de::Error) -> String {
     });
     let mut message = String::new();
     let mut quoted: Option<(char, String)> = None;
+    // In "unknown field `k`, expected ...", the first quoted word is the file's key.
+    let mut unknown_key = e.message().starts_with("unknown field");
     for c in e.message().chars() {
         match &mut quoted {
             None if c == '"' || c == '`' => quoted = Some((c, String::new())),
             None => message.push(c),
             Some((q, word)) if c == *q => {
-                let shown = if SCHEMA_KEYS.contains(&word.as_str()) {
-                    word.as_str()
-                } else {
-                    "…"
-                };
+                let is_key = std::mem::take(&mut unknown_key);
+                let shown =
+                    if SCHEMA_KEYS.contains(&word.as_str()) || (is_key && key_may_be_shown(word)) {
+                        word.as_str()
+                    } else {
+                        "…"
+                    };
                 message.push_str(&format!("{q}{shown}{q}"));
                 quoted = None;
             }
@@ -446,7 +461,11 @@ mod tests {
             ),
             (
                 "[[tenants]]\nname = \"a\"\nqouta = 1".to_owned(),
-                "unknown field",
+                "unknown field `qouta`",
+            ),
+            (
+                "[[tenants]]\nname = \"a\"\ntoken-hashes = 1".to_owned(),
+                "unknown field `token-hashes`",
             ),
             (
                 "[[tenants]]\nname = \"a\"\nmodel_dir = \"../x\"".to_owned(),
