@@ -281,3 +281,18 @@ async fn sighup_while_starting_is_not_fatal() {
         assert!(server.stop_with("TERM").success());
     }
 }
+
+/// A start-up load says what it loads, how big and from where, before it is done (it used to
+/// be silent until ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_load_says_what_it_loads() {
+    let server = Server::start_with(&["--model", "m=m"], |root| write_small(root, "m", 1)).await;
+    let log = server.log();
+    assert!(
+        log.contains("loading start-up model m (0.0 GiB) from m"),
+        "{log}"
+    );
+    let loading = log.find("loading start-up model m").expect("said");
+    let ready = log.find("start-up model ready").expect("ready");
+    assert!(loading < ready, "{log}");
+}
