@@ -119,10 +119,16 @@ pub fn default_unix_socket() -> PathBuf {
     endpoint::default_unix_socket(&std::env::temp_dir(), current_uid())
 }
 
-/// Beside the gRPC Unix socket when there is one, else in the temporary directory.
+/// Beside the gRPC Unix socket when there is one, named after it (`grpc.sock` →
+/// `grpc-handles.sock`), so two servers whose sockets share a folder do not share a handle
+/// socket; else in the temporary directory.
 fn default_handle_socket(unix_socket: Option<&Path>) -> PathBuf {
-    match unix_socket.and_then(Path::parent) {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.join("modelshare-handles.sock"),
-        _ => std::env::temp_dir().join(format!("modelshare-{}-handles.sock", current_uid())),
-    }
+    let beside = unix_socket.and_then(|s| {
+        let dir = s.parent().filter(|d| !d.as_os_str().is_empty())?;
+        let stem = s.file_stem()?.to_str()?;
+        Some(dir.join(format!("{stem}-handles.sock")))
+    });
+    beside.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("modelshare-{}-handles.sock", current_uid()))
+    })
 }

@@ -67,10 +67,14 @@ fn unix_only_has_no_tcp_listener() {
     };
     let c = Config::merge(args, FileConfig::default()).expect("config");
     assert_eq!(c.listen, None);
-    assert_eq!(
-        c.handle_socket,
-        PathBuf::from("/run/ms/modelshare-handles.sock")
-    );
+    assert_eq!(c.handle_socket, PathBuf::from("/run/ms/grpc-handles.sock"));
+    // Two servers whose sockets share a folder get two handle sockets.
+    let other = ServeArgs {
+        unix_socket: Some("/run/ms/other.sock".into()),
+        ..ServeArgs::default()
+    };
+    let c = Config::merge(other, FileConfig::default()).expect("config");
+    assert_eq!(c.handle_socket, PathBuf::from("/run/ms/other-handles.sock"));
 }
 
 /// Without a tenants file, TCP only when asked for by name, and a default Unix socket of mode

@@ -7,6 +7,18 @@ use modelshare_core::error::CoreError;
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The handle socket is another server's (or cannot be made): say how to give this one
+    /// its own.
+    #[error(
+        "cannot listen on the handle socket {what}: {source}; give this server its own with \
+         --handle-socket (handle_socket in the file)"
+    )]
+    HandleSocket {
+        /// Its path.
+        what: String,
+        /// The cause.
+        source: io::Error,
+    },
     /// The chosen backend is not available.
     #[error("backend: {0}")]
     Backend(String),
@@ -58,4 +70,14 @@ pub enum ServeError {
         /// The cause.
         source: io::Error,
     },
+}
+
+impl ServeError {
+    /// A bind failure of the handle socket, told as such.
+    pub(super) fn for_handle_socket(self) -> Self {
+        match self {
+            ServeError::Bind { what, source } => ServeError::HandleSocket { what, source },
+            other => other,
+        }
+    }
 }

@@ -90,7 +90,9 @@ async fn serve_handles(
     socket_files: &mut SocketFiles,
 ) -> Result<(), ServeError> {
     let config = &app.config;
-    let handle_listener = bind_unix(&config.handle_socket).await?;
+    let handle_listener = bind_unix(&config.handle_socket)
+        .await
+        .map_err(|e| e.for_handle_socket())?;
     socket_files.0.push(config.handle_socket.clone());
     set_socket_mode(&config.handle_socket, config.unix_socket_mode)?;
     let (app, stop) = (app.clone(), app.host.shutdown.clone());

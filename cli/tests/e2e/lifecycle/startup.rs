@@ -296,3 +296,63 @@ async fn a_startup_load_says_what_it_loads() {
     let ready = log.find("start-up model ready").expect("ready");
     assert!(loading < ready, "{log}");
 }
+
+/// Waits until `path` exists, at most 10 s.
+fn wait_for_file(path: &std::path::Path) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Two servers whose gRPC sockets share a folder each get their own handle socket, named after
+/// their gRPC socket (both used to take `modelshare-handles.sock`, and the second failed); a
+/// handle socket another server holds is refused with the flag that gives one's own.
+#[test]
+fn servers_sharing_a_folder_get_their_own_handle_sockets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spawn = |name: &str, extra: &[&std::ffi::OsStr]| {
+        std::process::Command::new(common::BIN)
+            .arg("serve")
+            .args(["--backend", "host", "--model-root"])
+            .arg(dir.path())
+            .arg("--unix-socket")
+            .arg(dir.path().join(format!("{name}.sock")))
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run modelshare")
+    };
+    let mut a = spawn("a", &[]);
+    assert!(
+        wait_for_file(&dir.path().join("a-handles.sock")),
+        "a's handle socket"
+    );
+    let mut b = spawn("b", &[]);
+    assert!(
+        wait_for_file(&dir.path().join("b-handles.sock")),
+        "b's handle socket"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(b.try_wait().expect("wait").is_none(), "b is serving");
+
+    let taken = dir.path().join("a-handles.sock");
+    let c = spawn(
+        "c",
+        &[std::ffi::OsStr::new("--handle-socket"), taken.as_os_str()],
+    );
+    let out = c.wait_with_output().expect("c ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--handle-socket"), "{err}");
+    assert!(err.contains("another process is listening"), "{err}");
+    for p in [&mut a, &mut b] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}
