@@ -171,12 +171,14 @@ pub enum ClientCommand {
     /// List worker sessions, their leases, and the models they serve with what they hold.
     Ps,
     /// Embed texts with a model (KServe v2 ModelInfer, one BYTES input): prints each text's
-    /// embedding.
+    /// embedding. Each argument is one text: quote a text of several words
+    /// (`modelshare embed --model minilm "hello world" "good morning"` embeds two texts).
     Embed {
         /// Model name.
         #[arg(long)]
         model: String,
-        /// The texts.
+        /// The texts, one per argument (quote a text with spaces).
+        #[arg(value_name = "TEXT")]
         texts: Vec<String>,
     },
     /// Send tensors to a model (KServe v2 ModelInfer) and print its outputs.
