@@ -9,6 +9,7 @@ out handles to it; a worker attaches to a model and reads its weights in place, 
         model = session.attach("tiny-llama")
         arrays = model.numpy()     # name -> read-only numpy array over the shared memory
         tensors = model.torch()    # name -> torch.Tensor (CPU for host memory, CUDA on a GPU server)
+        net = modelshare.module_from(model, lambda: Net(config))  # an nn.Module over them
 
 The package binds the Rust worker SDK (crate ``modelshare-worker``): sessions keep themselves
 alive with heartbeats on a background runtime, reconnect after a server restart and attach their
@@ -17,7 +18,9 @@ this worker until the last of them (and the ``Model``) is gone.
 
 Layout: ``_native`` (the compiled SDK binding: ``Session``, ``Model``, ``Tensor``, the
 exceptions), ``_session`` (the ``Session`` and ``Model`` classes of this API, over ``_native``),
-``_numpy`` and ``_torch`` (a ``Tensor`` as a numpy array, as a torch tensor).
+``_numpy`` and ``_torch`` (a ``Tensor`` as a numpy array, as a torch tensor), ``_module``
+(``module_from``: a ``torch.nn.Module`` built on the meta device, the shared tensors assigned to
+its parameters and buffers).
 
 Serving requests from Python (the Serve loop) is not bound yet.
 """
@@ -40,6 +43,7 @@ from ._native import (
     Unavailable,
     __version__,
 )
+from ._module import ModuleMismatch, module_from
 from ._numpy import numpy_dtype, to_numpy
 from ._session import Model, Session
 from ._torch import to_torch, torch_dtype
@@ -53,6 +57,7 @@ __all__ = [
     "DtypeError",
     "Error",
     "Model",
+    "ModuleMismatch",
     "NotFound",
     "PermissionDenied",
     "ProtocolError",
@@ -63,6 +68,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "__version__",
+    "module_from",
     "numpy_dtype",
     "to_numpy",
     "to_torch",
