@@ -102,7 +102,8 @@ pub struct ServeArgs {
     /// for tests (a fake tree) or for a host's `/proc` and `/sys` mounted elsewhere.
     #[arg(long, env = "MODELSHARE_PROC_ROOT")]
     pub proc_root: Option<PathBuf>,
-    /// Threads one load reads and copies with (default: the cores, at most 32).
+    /// Threads one load reads and copies with (default: seven eighths of the cores, at least 1
+    /// and at most 32).
     #[arg(long, env = "MODELSHARE_LOAD_THREADS")]
     pub load_threads: Option<usize>,
     /// Also hash every byte on the CPU (XXH3) while loading to a GPU, which checksums on the
