@@ -593,29 +593,3 @@ async fn ready_waits_for_the_start_up_models() {
     assert_eq!(common::stats(&mut admin).await.arenas, 1);
     server.stop_with("TERM");
 }
-
-/// `modelshare embed`'s help and the README say the same: one text per argument, quoted when it
-/// has spaces (`embed --model m hello world` embeds two texts, which users did not expect).
-#[test]
-fn embed_help_and_readme_say_one_text_per_argument() {
-    let out = Command::new(BIN)
-        .args(["embed", "--help"])
-        .output()
-        .expect("run modelshare");
-    let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("one per argument"), "{help}");
-    assert!(help.contains("quote"), "{help}");
-    let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
-    )
-    .expect("README");
-    for line in readme
-        .lines()
-        .filter(|l| l.contains("modelshare embed --model"))
-    {
-        assert!(
-            line.contains('"'),
-            "an unquoted example in the README: {line}"
-        );
-    }
-}

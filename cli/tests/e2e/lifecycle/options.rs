@@ -217,3 +217,29 @@ fn a_variable_turns_off_a_boolean_of_the_file() {
     // The configuration's refusal, not the command line's.
     assert!(err.contains("to accept that"), "{err}");
 }
+
+/// `modelshare embed`'s help and the README say the same: one text per argument, quoted when it
+/// has spaces (`embed --model m hello world` embeds two texts, which users did not expect).
+#[test]
+fn embed_help_and_readme_say_one_text_per_argument() {
+    let out = std::process::Command::new(common::BIN)
+        .args(["embed", "--help"])
+        .output()
+        .expect("run modelshare");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("one per argument"), "{help}");
+    assert!(help.contains("quote"), "{help}");
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )
+    .expect("README");
+    for line in readme
+        .lines()
+        .filter(|l| l.contains("modelshare embed --model"))
+    {
+        assert!(
+            line.contains('"'),
+            "an unquoted example in the README: {line}"
+        );
+    }
+}
