@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use modelshare_core::error::CoreError;
-use modelshare_core::host::{Host, HostConfig, records_dir};
+use modelshare_core::host::Host;
 use modelshare_core::metrics::Metrics;
 use modelshare_core::tenants::{TenantStore, TenantTable};
 use modelshare_serving::{Engine, EngineConfig, Limits};
@@ -56,21 +56,6 @@ fn engine_config(config: &Config, tenants: &TenantStore) -> EngineConfig {
     }
 }
 
-/// The host's settings, from the configuration.
-pub fn host_config(config: &Config) -> HostConfig {
-    HostConfig {
-        model_root: config.model_root.clone(),
-        weights: config.weights.clone(),
-        registry: config.registry.clone(),
-        max_device_bytes: config.max_device_bytes,
-        load_threads: config.load_threads,
-        load_cpu_hash: config.load_cpu_hash,
-        max_concurrent_loads: config.max_concurrent_loads,
-        held_dir: (!config.adopt_wait.is_zero()).then(|| records_dir(&config.handle_socket)),
-        adopt_wait: config.adopt_wait,
-    }
-}
-
 impl App {
     /// Application state over `devices`, with an empty registry.
     pub fn new(
@@ -85,7 +70,7 @@ impl App {
             metrics.clone(),
             shutdown.clone(),
         );
-        let host = Host::new(devices, host_config(&config), metrics, tenants, shutdown);
+        let host = Host::new(devices, config.host_config(), metrics, tenants, shutdown);
         Self {
             host,
             engine,

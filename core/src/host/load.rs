@@ -14,13 +14,13 @@ use super::Host;
 use super::copy::LoadCopy;
 use crate::devices::{Devices, MemoryReservation};
 use crate::error::CoreError;
-use crate::held::{HeldStore, record};
+use crate::held::record;
 use crate::loader;
 use crate::model::validate_name;
 use crate::placement::{Candidate, Wanted};
 use crate::registry::{LoadClaim, LoadFor, LoadProgress, Registry, Reservation, VersionSnapshot};
-use crate::tenants::{Caller, TenantStore};
-use crate::weights::{WeightLimits, layout, source};
+use crate::tenants::Caller;
+use crate::weights::{layout, source};
 
 /// A load that has been validated and admitted; its copy runs in the background.
 #[derive(Debug)]
@@ -161,18 +161,13 @@ impl Host {
             None => self.config.model_root.clone(),
         };
         Admission {
+            host: self.clone(),
             root,
             tenant_dir,
             reserved,
-            limits: self.config.weights.clone(),
             rel: path.to_owned(),
-            registry: self.registry.clone(),
             model: name.to_owned(),
             caller: caller.clone(),
-            tenants: self.tenants.clone(),
-            devices: self.devices.clone(),
-            max_device_bytes: self.config.max_device_bytes,
-            held: self.held.clone(),
             load_for,
             keep_previous,
             claim,
@@ -182,19 +177,15 @@ impl Host {
 
 /// A load on its way to admission, on a blocking thread.
 struct Admission {
+    /// The host (cheap to clone: its parts are shared).
+    host: Host,
     root: PathBuf,
     tenant_dir: Option<String>,
     /// Other tenants' model directories: missing, for this load.
     reserved: Vec<PathBuf>,
-    limits: WeightLimits,
     rel: String,
-    registry: Arc<Registry>,
     model: String,
     caller: Caller,
-    tenants: Arc<TenantStore>,
-    devices: Arc<Devices>,
-    max_device_bytes: Option<u64>,
-    held: Arc<HeldStore>,
     load_for: LoadFor,
     keep_previous: bool,
     claim: LoadClaim,
@@ -215,18 +206,13 @@ impl Admission {
     /// Validates the source, plans the arena, places it and reserves it (blocking).
     fn admit(self) -> Result<Admitted, CoreError> {
         let Self {
+            host,
             root,
             tenant_dir,
             reserved,
-            limits,
             rel,
-            registry,
             model,
             caller,
-            tenants,
-            devices,
-            max_device_bytes,
-            held,
             mut load_for,
             keep_previous,
             claim,
@@ -234,7 +220,15 @@ impl Admission {
         // Other tenants' directories count as missing for every file the load reads (the path
         // asked for, the index, shards, metadata files, and links among them), before anything
         // there is opened: the answer is exactly that of a missing path.
-        let mut src = source::resolve_denying(&root, &rel, &limits, &reserved)?;
+        let Host {
+            registry,
+            tenants,
+            devices,
+            held,
+            config,
+            ..
+        } = &host;
+        let mut src = source::resolve_denying(&root, &rel, &config.weights, &reserved)?;
         if let Some(dir) = &tenant_dir {
             // Reported relative to the model root, like every other source.
             src.source = format!("{dir}/{}", src.source);
@@ -257,10 +251,10 @@ impl Admission {
         // A load that may adopt memory workers kept needs no free memory: those bytes are on
         // the device already, and count as used there (as they do for `admit` below).
         let placed = place(
-            &devices,
-            &registry,
+            devices,
+            registry,
             &load_for.placement,
-            max_device_bytes,
+            config.max_device_bytes,
             manifest.arena_bytes,
             hint.is_none(),
         )?;

@@ -122,6 +122,22 @@ pub struct Config {
 }
 
 impl Config {
+    /// The model host's settings.
+    pub fn host_config(&self) -> modelshare_core::host::HostConfig {
+        modelshare_core::host::HostConfig {
+            model_root: self.model_root.clone(),
+            weights: self.weights.clone(),
+            registry: self.registry.clone(),
+            max_device_bytes: self.max_device_bytes,
+            load_threads: self.load_threads,
+            load_cpu_hash: self.load_cpu_hash,
+            max_concurrent_loads: self.max_concurrent_loads,
+            held_dir: (!self.adopt_wait.is_zero())
+                .then(|| modelshare_core::host::records_dir(&self.handle_socket)),
+            adopt_wait: self.adopt_wait,
+        }
+    }
+
     /// What opens the devices.
     pub fn device_config(&self) -> modelshare_core::devices::DeviceConfig {
         modelshare_core::devices::DeviceConfig {
