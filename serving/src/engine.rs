@@ -125,13 +125,16 @@ impl Engine {
     }
 
     /// A worker broke the protocol: its stream ends with INVALID_ARGUMENT and `message`.
-    pub fn worker_protocol_error(&self, id: WorkerId, message: String) {
-        let _ = self.send(Command::ProtocolError { id, message });
+    /// Behind the worker's results sent before it, in the same mailbox (see `worker_ended`).
+    pub async fn worker_protocol_error(&self, id: WorkerId, message: String) {
+        let _ = self.work.send(Command::ProtocolError { id, message }).await;
     }
 
-    /// A Serve stream ended.
-    pub fn worker_ended(&self, id: WorkerId, end: StreamEnd) {
-        let _ = self.send(Command::Ended { id, end });
+    /// A Serve stream ended. Sent through the same mailbox as the worker's results, after
+    /// them: a result read just before the stream's end answers its batch, instead of the
+    /// end requeueing the batch first (the control channel is read before the mailbox).
+    pub async fn worker_ended(&self, id: WorkerId, end: StreamEnd) {
+        let _ = self.work.send(Command::Ended { id, end }).await;
     }
 
     /// Sends a worker no more batches and tells it to drain.

@@ -244,6 +244,30 @@ async fn a_cancelled_caller_leaves_the_queue_and_its_worker_is_told() {
     assert_eq!(lens(&call.await.expect("task").expect("answered")), vec![3]);
 }
 
+/// A worker that answers its batch and closes its stream at once (a worker stopping, SIGTERM):
+/// the answer counts. Fails if the stream's end overtakes the result read just before it (the
+/// batch then requeued with no worker left, and the caller answered 503 after its wait).
+#[tokio::test]
+async fn an_answer_just_before_the_stream_ends_counts() {
+    let e = engine(quick());
+    for _ in 0..50 {
+        let mut w = e.open_worker(offer(1, 1, 8)).expect("open");
+        let call = tokio::spawn({
+            let e = e.clone();
+            async move {
+                e.infer(request(None, &["abc"], Duration::from_secs(5)))
+                    .await
+            }
+        });
+        let batch = next_batch(&mut w).await;
+        e.worker_result(w.id, answer(&batch)).await;
+        e.worker_ended(w.id, StreamEnd::Closed).await;
+        let answered = call.await.expect("task").expect("answered, not requeued");
+        assert_eq!(lens(&answered), vec![3]);
+    }
+    drained(&e).await;
+}
+
 #[tokio::test]
 async fn a_lost_workers_items_go_to_another_once_then_fail_unavailable() {
     let e = engine(quick());
@@ -256,7 +280,7 @@ async fn a_lost_workers_items_go_to_another_once_then_fail_unavailable() {
         }
     });
     let _ = next_batch(&mut w1).await;
-    e.worker_ended(w1.id, StreamEnd::Lost);
+    e.worker_ended(w1.id, StreamEnd::Lost).await;
     let mut w2 = e.open_worker(offer(1, 1, 8)).expect("open");
     let b = next_batch(&mut w2).await;
     e.worker_result(w2.id, answer(&b)).await;
@@ -270,10 +294,10 @@ async fn a_lost_workers_items_go_to_another_once_then_fail_unavailable() {
         }
     });
     let _ = next_batch(&mut w2).await;
-    e.worker_ended(w2.id, StreamEnd::Lost);
+    e.worker_ended(w2.id, StreamEnd::Lost).await;
     let mut w3 = e.open_worker(offer(1, 1, 8)).expect("open");
     let _ = next_batch(&mut w3).await;
-    e.worker_ended(w3.id, StreamEnd::Lost);
+    e.worker_ended(w3.id, StreamEnd::Lost).await;
     let err = call.await.expect("task").expect_err("lost twice");
     assert_eq!(err.kind(), crate::Kind::Unavailable);
     assert!(matches!(err, InferError::WorkersLost { .. }));

@@ -102,7 +102,7 @@ pub async fn open(
     tokio::spawn(async move {
         let end = read(&app2, id, &model, version, inbound, live, silence).await;
         debug!(serve = %serve_id, ?end, "serve stream ended");
-        app2.engine.worker_ended(id, end);
+        app2.engine.worker_ended(id, end).await;
     });
     let events =
         UnboundedReceiverStream::new(stream.events).map(|e| e.map_err(crate::status::from_stream));
@@ -177,10 +177,13 @@ async fn read(
                         }
                         Some(pb::serve_request::Kind::Heartbeat(_)) | None => {}
                         Some(pb::serve_request::Kind::Offer(_)) => {
-                            app.engine.worker_protocol_error(
-                                id,
-                                "an offer may only be the first message of a Serve stream".into(),
-                            );
+                            app.engine
+                                .worker_protocol_error(
+                                    id,
+                                    "an offer may only be the first message of a Serve stream"
+                                        .into(),
+                                )
+                                .await;
                             return StreamEnd::Lost;
                         }
                     },
