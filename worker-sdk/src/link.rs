@@ -5,11 +5,13 @@
 //! the supervisor) and `model` (which attaches and releases on the current link), so that
 //! neither of those needs the other's internals to reach the server.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use modelshare_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::WorkerError;
 use crate::connect::AuthChannel;
@@ -26,13 +28,15 @@ pub(crate) struct Link {
 }
 
 /// The shared core of a session: the link now in use (none while reconnecting or after the
-/// end), the token cancelled when the session closes, and the one cancelled when its
-/// supervisor stops for good (closed, or a broken stream with reconnection turned off).
+/// end), the token cancelled when the session closes, the one cancelled when its
+/// supervisor stops for good (closed, or a broken stream with reconnection turned off), and
+/// the releases of dropped models still in flight.
 #[derive(Debug, Default)]
 pub(crate) struct SessionCore {
     link: Mutex<Option<Link>>,
     closed: CancellationToken,
     ended: CancellationToken,
+    releases: TaskTracker,
 }
 
 impl SessionCore {
@@ -58,6 +62,20 @@ impl SessionCore {
     /// Cancelled when the supervisor has stopped: no link will come any more.
     pub(crate) fn ended(&self) -> &CancellationToken {
         &self.ended
+    }
+
+    /// Runs the release of a dropped model's lease in the background, on the current runtime;
+    /// the session's goodbye waits for it ([`Self::finish_releases`]).
+    pub(crate) fn spawn_release(&self, release: impl Future<Output = ()> + Send + 'static) {
+        self.releases.spawn(release);
+    }
+
+    /// Waits, at most `limit`, for the releases in flight, and takes no more: a session
+    /// closing right after its models were dropped says goodbye after their releases, which
+    /// the server would refuse once the session has ended.
+    pub(crate) async fn finish_releases(&self, limit: Duration) {
+        self.releases.close();
+        let _ = tokio::time::timeout(limit, self.releases.wait()).await;
     }
 }
 

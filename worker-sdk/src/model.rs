@@ -218,10 +218,11 @@ impl Drop for Model {
             return;
         }
         // A lease of a session that already ended is gone anyway; otherwise release in the
-        // background when a runtime is there (the session's end releases it at the latest).
-        if let (Ok(link), Ok(rt)) = (self.session.link(), tokio::runtime::Handle::try_current()) {
+        // background when a runtime is there (the session's end releases it at the latest, and
+        // its goodbye waits for this release).
+        if let (Ok(link), Ok(_)) = (self.session.link(), tokio::runtime::Handle::try_current()) {
             let lease = self.inner.current().lease_id;
-            rt.spawn(async move {
+            self.session.core().spawn_release(async move {
                 let _ = release(&link, &lease).await;
             });
         }

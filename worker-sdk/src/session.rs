@@ -395,6 +395,7 @@ async fn supervise_streams(
         let revoked = tokio::select! {
             r = run_stream(inner, &welcome, &mut stream) => r,
             () = inner.core.closed().cancelled() => {
+                inner.core.finish_releases(GOODBYE_WAIT).await;
                 say_goodbye(stream).await;
                 return;
             }
