@@ -31,6 +31,14 @@ pub fn name(code: i32) -> &'static str {
         .unwrap_or("UNKNOWN")
 }
 
+/// The number of the code named `name` (`"NOT_FOUND"` → 5); `None` for a name no code has.
+pub fn from_name(name: &str) -> Option<i32> {
+    NAMES
+        .iter()
+        .position(|n| *n == name)
+        .and_then(|i| i32::try_from(i).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +50,15 @@ mod tests {
         assert_eq!(name(16), "UNAUTHENTICATED");
         assert_eq!(name(17), "UNKNOWN");
         assert_eq!(name(-1), "UNKNOWN");
+    }
+
+    /// A name read back gives its number again, for every code; other names none.
+    #[test]
+    fn names_read_back_to_their_numbers() {
+        for code in 0..17 {
+            assert_eq!(from_name(name(code)), Some(code));
+        }
+        assert_eq!(from_name("not_found"), None);
+        assert_eq!(from_name("NOPE"), None);
     }
 }

@@ -20,9 +20,16 @@ Layout: ``_native`` (the compiled SDK binding: ``Session``, ``Model``, ``Tensor`
 exceptions), ``_session`` (the ``Session`` and ``Model`` classes of this API, over ``_native``),
 ``_numpy`` and ``_torch`` (a ``Tensor`` as a numpy array, as a torch tensor), ``_module``
 (``module_from``: a ``torch.nn.Module`` built on the meta device, the shared tensors assigned to
-its parameters and buffers).
+its parameters and buffers), ``_serve`` (serving: the handler's ``Batch``, ``Item``, ``Output``,
+``ItemError``, and the loop across versions and signals over ``_native.serve``).
 
-Serving requests from Python (the Serve loop) is not bound yet.
+Serving requests: ``session.serve(model, handler)`` runs the SDK's serve loop with a Python
+handler (``_serve``: ``Batch``, ``Item``, ``Output``, ``ItemError``, ``Stop``)::
+
+    def handle(batch):
+        return [{"embedding": embed(item.text)} for item in batch.items]
+
+    session.serve("my-encoder", handle, credits=2)
 """
 
 from ._native import (
@@ -37,6 +44,7 @@ from ._native import (
     PermissionDenied,
     ProtocolError,
     SessionEnded,
+    Stop,
     Tensor,
     Timeout,
     Unauthenticated,
@@ -45,24 +53,30 @@ from ._native import (
 )
 from ._module import ModuleMismatch, module_from
 from ._numpy import numpy_dtype, to_numpy
+from ._serve import Batch, Item, ItemError, Output
 from ._session import Model, Session
 from ._torch import to_torch, torch_dtype
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "Batch",
     "ChecksumError",
     "ConnectError",
     "CredentialsError",
     "DeviceError",
     "DtypeError",
     "Error",
+    "Item",
+    "ItemError",
     "Model",
     "ModuleMismatch",
     "NotFound",
+    "Output",
     "PermissionDenied",
     "ProtocolError",
     "Session",
     "SessionEnded",
+    "Stop",
     "Tensor",
     "Timeout",
     "Unauthenticated",

@@ -3,6 +3,7 @@
 Use the ``modelshare`` package: its ``Session`` and ``Model`` wrap these classes.
 """
 
+from collections.abc import Callable, Sequence
 from typing import Any, final
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "DeviceError",
     "DtypeError",
     "Error",
+    "Item",
     "Model",
     "NotFound",
     "PROTOCOL_VERSION",
@@ -19,11 +21,13 @@ __all__ = [
     "ProtocolError",
     "Session",
     "SessionEnded",
+    "Stop",
     "Tensor",
     "Timeout",
     "Unauthenticated",
     "Unavailable",
     "__version__",
+    "serve",
 ]
 
 __version__: str
@@ -133,3 +137,48 @@ class Tensor:
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
     ) -> Any: ...
+
+@final
+class Item:
+    """One request of a batch (``modelshare.Item`` wraps it)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def text(self) -> str | None: ...
+    def tensors(self) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+        """``(name, dtype, shape, data)`` of each input tensor, in the request's order."""
+    def parameters(self) -> dict[str, bool | int | float | str]: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def cancelled(self) -> bool: ...
+
+@final
+class Stop:
+    """Stops a ``serve`` call from any thread: the batches held are answered, then it returns."""
+
+    def __init__(self) -> None: ...
+    def stop(self) -> None: ...
+    @property
+    def stopped(self) -> bool: ...
+
+#: One item's answer in the native form: ``(True, [(name, dtype, shape, data)], parameters)``
+#: or ``(False, status_code_name, message)``.
+NativeAnswer = tuple[bool, Any, Any]
+
+def serve(
+    session: Session,
+    model: Model,
+    handler: Callable[[int, int, list[Item]], list[NativeAnswer]],
+    *,
+    stop: Stop,
+    credits: int = 1,
+    max_batch_items: int = 32,
+    max_batch_bytes: int = 0,
+    accepts_kinds: Sequence[str] = ("text", "tensor"),
+    inputs: Sequence[tuple[str, str, Sequence[int]]] = (),
+    outputs: Sequence[tuple[str, str, Sequence[int]]] = (),
+    heartbeat_interval: float | None = None,
+) -> str | None:
+    """Serves ``model`` until drained (returns the server's reason) or stopped (None)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _native
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy
     import torch
 
-#: Environment variable of the server address when ``Session.open`` is given none (as the CLI).
+    from ._serve import Handler
 
 
 class Session:
@@ -112,6 +112,82 @@ class Session:
             Timeout: ``timeout`` seconds passed.
         """
         return Model(self._native.attach(model, version, timeout=timeout))
+
+    def serve(
+        self,
+        model: Model | str,
+        handler: Handler | None = None,
+        *,
+        credits: int = 1,
+        max_batch_items: int = 32,
+        max_batch_bytes: int = 0,
+        accepts: Iterable[str] = ("text", "tensor"),
+        inputs: Iterable[Sequence[Any]] | None = None,
+        outputs: Iterable[Sequence[Any]] | None = None,
+        heartbeat_interval: float | None = None,
+        on_version: Callable[[Model], Handler | None] | None = None,
+        stop: _native.Stop | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        """Serves requests for ``model`` with ``handler`` until stopped.
+
+        The server sends batches of requests (from its OpenAI and KServe v2 doors) for the model;
+        ``handler(batch)`` answers each item of a :class:`Batch`, in order, with a ``dict`` of
+        named arrays or torch tensors, an :class:`Output` (tensors and parameters), or an
+        exception instance (that item fails: :class:`ItemError` names the status code,
+        ``ValueError`` is INVALID_ARGUMENT, anything else INTERNAL). A handler that raises fails
+        every item of its batch. It may be an ``async def``: its coroutines run on an event loop
+        of their own. Batches run on threads of the package (never on the caller's), up to
+        ``credits`` at once, each holding the GIL only while in Python; heartbeats never wait
+        for a handler.
+
+        After a server restart the session reconnects, attaches the model again and serving
+        resumes. When the server drains the stream (a new version was loaded, or it shuts down)
+        the batches held are answered, the latest version is attached and ``on_version(model)``
+        builds the handler for it (a new module over the new weights; ``None`` keeps the
+        handler), then serving resumes. Returns once stopped: on the first SIGTERM or SIGINT
+        (with ``handle_signals``, on the main thread; a second exits at once with status 1), or
+        when ``stop.stop()`` is called; the batches held are answered first.
+
+        Args:
+            model: a :class:`Model` attached by this session, or a model's name (its latest
+                version is attached).
+            handler: the handler; ``None``: ``on_version`` builds it, for the first version too.
+            credits: batches held at once (at most 1024).
+            max_batch_items: most items in one batch (at most 65536).
+            max_batch_bytes: most input bytes in one batch (0: the server's most, 120 MiB).
+            accepts: the input kinds taken: ``"text"`` (OpenAI ``input``), ``"tensor"``
+                (KServe v2 ``inputs``).
+            inputs, outputs: ``(name, datatype, shape)`` of the model's tensors as this worker
+                runs it (``("input_ids", "INT64", [-1])``), for KServe's model metadata.
+            heartbeat_interval: seconds between heartbeats (default: the server's).
+            on_version: builds the handler for a newly attached version.
+            stop: a :class:`Stop` to stop serving from another thread.
+            handle_signals: install SIGTERM and SIGINT handlers while serving.
+
+        Raises:
+            NotFound: no such model (or not visible to this token).
+            PermissionDenied: the token's tenant may not serve it.
+            Error: options over the server's limits, the model gone after a reconnection, a
+                refusal retrying cannot fix.
+        """
+        from ._serve import serve
+
+        serve(
+            self,
+            model,
+            handler,
+            credits=credits,
+            max_batch_items=max_batch_items,
+            max_batch_bytes=max_batch_bytes,
+            accepts=accepts,
+            inputs=inputs,
+            outputs=outputs,
+            heartbeat_interval=heartbeat_interval,
+            on_version=on_version,
+            stop=stop,
+            handle_signals=handle_signals,
+        )
 
     def close(self) -> None:
         """Ends the session now; the server releases every lease it holds.

@@ -13,14 +13,19 @@
 //! - `model`: `Model`, an attached version: manifest, metadata, tensors, checksums.
 //! - `tensor`: `Tensor`, one tensor's view: `__array_interface__` for numpy (read-only, no
 //!   copy), `__dlpack__` for torch and other DLPack consumers, a copy of its bytes.
+//! - `serve`: `serve` (the SDK's serve loop on one attached model, with a Python handler, until
+//!   drained or stopped) and `Stop`; `handler`: the SDK's `Handler` over a Python callable, run
+//!   on the blocking pool; `item`: `Item`, one request as the handler sees it; `outcome`: the
+//!   handler's answers made into the SDK's outcomes, checked.
 //! - `lease`: `Lease`, the SDK's `Model` behind an `Arc`: what the `Model`, `Tensor`s, numpy
 //!   arrays and DLPack tensors of one attach share; the version is released when the last goes.
 //! - `dlpack`: the DLPack structures and the capsule made of a tensor: the only `unsafe` of the
 //!   crate (the capsule over a raw allocation, its destructor and the tensor's deleter), each
 //!   block with `// SAFETY:`.
 //!
-//! Modules depend downwards only: `session` → `model` → `tensor` → `dlpack`; `model` and
-//! `tensor` → `lease`; everything → `runtime`, `errors`. The Python side (python/modelshare/)
+//! Modules depend downwards only: `serve` → `handler` → `item`, `outcome`; `serve` → `session`
+//! → `model` → `tensor` → `dlpack`; `model` and `tensor` → `lease`; everything → `runtime`,
+//! `errors`. The Python side (python/modelshare/)
 //! wraps these classes, turns tensors into numpy arrays and torch tensors, and holds the
 //! user-facing documentation.
 //!
@@ -33,13 +38,31 @@
 #[allow(unsafe_code)]
 mod dlpack;
 mod errors;
+mod handler;
+mod item;
 mod lease;
 mod model;
+mod outcome;
 mod runtime;
+mod serve;
 mod session;
 mod tensor;
 
 use pyo3::prelude::*;
+
+/// The SDK's log to standard error, as the Rust workers write it: `MODELSHARE_LOG` filters it
+/// (`RUST_LOG` syntax: `info`, `modelshare_worker=debug`, ...), default `warn` (reconnections,
+/// broken streams, refusals). Left alone if the process already has a subscriber.
+fn log_to_stderr() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MODELSHARE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
 
 /// Native part of the modelshare package (the worker SDK bound with pyo3). Use the `modelshare`
 /// package, which wraps it.
@@ -53,7 +76,11 @@ mod native {
         PermissionDenied, ProtocolError, SessionEnded, Timeout, Unauthenticated, Unavailable,
     };
     #[pymodule_export]
+    use crate::item::Item;
+    #[pymodule_export]
     use crate::model::Model;
+    #[pymodule_export]
+    use crate::serve::{Stop, serve};
     #[pymodule_export]
     use crate::session::Session;
     #[pymodule_export]
@@ -61,6 +88,7 @@ mod native {
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        crate::log_to_stderr();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("PROTOCOL_VERSION", modelshare_proto::PROTOCOL_VERSION)?;
         // Every exception has a `code`: the server's status code's name, else None.

@@ -26,6 +26,11 @@ impl Model {
     pub(crate) fn new(lease: Lease) -> Self {
         Self { lease }
     }
+
+    /// The lease (the SDK's `Model`), for serving it.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
 }
 
 #[pymethods]

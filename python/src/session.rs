@@ -28,7 +28,7 @@ pub(crate) struct Session {
 
 impl Session {
     /// A clone of the SDK session (each clone keeps it open), or `SessionEnded` once closed.
-    fn sdk(&self) -> PyResult<modelshare_worker::Session> {
+    pub(crate) fn sdk(&self) -> PyResult<modelshare_worker::Session> {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -2,7 +2,7 @@
 """The request path through clients no one here wrote: tritonclient (gRPC and HTTP, KServe v2 /
 OIP) and the official openai client call a real modelshare server; the answers are computed by
 the Rust echo worker (modelshare-echo-worker, on the SDK) and by the Python echo worker
-(workers/python/echo_worker.py, on the .proto files alone), each over the shared weights.
+(workers/python/echo_worker.py, on the modelshare Python package), each over the shared weights.
 
 Then the failure paths, each with its documented status: wrong tenant, unknown model, oversized
 body, malformed JSON, expired deadline, cancelled request, full queue (the tenant's request
@@ -10,6 +10,10 @@ quota), and a kill -9 of a worker holding items (they go to the other worker). A
 admin API must show nothing left: no request outstanding, no item queued, tenants' counts at 0.
 
 Usage: inference_test.py --bin target/debug/modelshare --worker-bin target/debug/modelshare-echo-worker
+                         [--worker-python VENV/bin/python]
+--worker-python: the interpreter of the Python worker, one with the modelshare package installed
+(scripts/test builds it into target/py-venv); this script runs beside it with stubs of the same
+package name, so it needs an interpreter without that package.
 Prints "N passed, M failed" last; exits non-zero on any failure.
 """
 
@@ -109,7 +113,7 @@ class Stack:
             cmd = [self.args.worker_bin, "--server", f"unix:{self.socket}", "--model", "enc",
                    "--credits", "2", "--name", "rust-echo"]
         else:
-            cmd = [sys.executable, os.path.join(ROOT, "workers", "python", "echo_worker.py"),
+            cmd = [self.args.worker_python, os.path.join(ROOT, "workers", "python", "echo_worker.py"),
                    "--server", f"unix:{self.socket}", "--model", "enc", "--credits", "2"]
         log = open(os.path.join(self.tmp, f"worker-{kind}-{len(self.workers)}.log"), "w")
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -381,6 +385,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "modelshare"))
     ap.add_argument("--worker-bin", default=os.path.join(ROOT, "target", "debug", "modelshare-echo-worker"))
+    ap.add_argument("--worker-python", default=os.path.join(ROOT, "target", "py-venv", "bin", "python"),
+                    help="the Python worker's interpreter, with the modelshare package installed")
     args = ap.parse_args()
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:

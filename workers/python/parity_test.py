@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Both echo workers (the Rust modelshare-echo-worker and echo_worker.py) against a fake
-modelshare server written here with grpcio (sessions, Attach of a sealed memfd arena over a
+"""Both echo workers (the Rust modelshare-echo-worker and echo_worker.py, on the modelshare
+Python package) against a fake modelshare server written here with grpcio (sessions, Attach of a sealed memfd arena over a
 real handle socket, Serve driven by hand): their answers must agree byte for byte, match the
 computation's definition, and follow the Serve rules (offer, credits, cancel, heartbeats,
 drain and the offer again, SIGTERM).
 
-Usage: parity_test.py [--rust-bin target/debug/modelshare-echo-worker]
+Usage: parity_test.py [--rust-bin target/debug/modelshare-echo-worker] [--worker-python VENV/bin/python]
+--worker-python: the Python worker's interpreter, one with the modelshare package installed
+(default target/py-venv/bin/python, where scripts/test builds it). This script itself runs on an
+interpreter without that package: its stubs are a package of the same name.
 Prints "N passed, M failed" last; exits non-zero on any failure.
 """
 
@@ -26,11 +29,35 @@ import traceback
 from concurrent import futures
 
 import grpc
+from grpc_tools import protoc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-import echo_worker as ew  # noqa: E402
+
+
+class Stubs:
+    """The modules compiled from proto/modelshare/v1/*.proto (filled by ``load``)."""
+
+    common_pb2 = serving_pb2 = worker_pb2 = worker_pb2_grpc = None
+
+    @classmethod
+    def load(cls):
+        with tempfile.TemporaryDirectory() as out_dir:
+            protos = [f"modelshare/v1/{n}.proto" for n in ("common", "serving", "worker")]
+            args = ["protoc", f"-I{os.path.join(ROOT, 'proto')}", f"--python_out={out_dir}",
+                    f"--grpc_python_out={out_dir}"]
+            if protoc.main(args + protos) != 0:
+                raise RuntimeError("protoc failed")
+            sys.path.insert(0, out_dir)
+            try:
+                from modelshare.v1 import common_pb2, serving_pb2, worker_pb2, worker_pb2_grpc
+            finally:
+                sys.path.remove(out_dir)
+        cls.common_pb2, cls.serving_pb2 = common_pb2, serving_pb2
+        cls.worker_pb2, cls.worker_pb2_grpc = worker_pb2, worker_pb2_grpc
+
+
+ew = Stubs
 
 HEARTBEAT_MS = 100
 # The arena: a non-float tensor first in name order, then w ("emb", F32), then a BF16 one.
@@ -163,6 +190,11 @@ class Fake:
 def start_fake(tmp):
     fake = Fake(tmp)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    # The calls the fake leaves out answer UNIMPLEMENTED, as the generated base class does.
+    base = ew.worker_pb2_grpc.WorkerServiceServicer()
+    for name in dir(base):
+        if not name.startswith("_") and not hasattr(fake, name):
+            setattr(fake, name, getattr(base, name))
     ew.worker_pb2_grpc.add_WorkerServiceServicer_to_server(fake, server)
     sock = os.path.join(tmp, "grpc.sock")
     server.add_insecure_port(f"unix:{sock}")
@@ -358,11 +390,13 @@ def exercise(fake, proc):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rust-bin", default=os.path.join(ROOT, "target", "debug", "modelshare-echo-worker"))
+    ap.add_argument("--worker-python", default=os.path.join(ROOT, "target", "py-venv", "bin", "python"),
+                    help="the Python worker's interpreter, with the modelshare package installed")
     opts = ap.parse_args()
     global S
-    ew.load_stubs()
+    ew.load()
     S = ew.serving_pb2
-    workers = [("rust", [opts.rust_bin]), ("python", [sys.executable, os.path.join(HERE, "echo_worker.py")])]
+    workers = [("rust", [opts.rust_bin]), ("python", [opts.worker_python, os.path.join(HERE, "echo_worker.py")])]
     answers, passed, failed = {}, 0, 0
     for name, cmd in workers:
         with tempfile.TemporaryDirectory() as tmp:
