@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Serves any Hugging Face ``transformers`` text encoder the server holds as embeddings, on the
+``modelshare`` package: the weights are the server's shared memory (no copy: a module built on
+the meta device and assigned the shared tensors), the model code is transformers', the answers go
+through the server's OpenAI (``/v1/embeddings``) and KServe v2 doors.
+
+Families: whatever ``transformers.AutoModel`` builds from the model's ``config.json`` as an
+encoder (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, MPNet, ...); never remote code, never a
+pickle: configuration, tokenizer and pooling come from the JSON files the server publishes with
+the weights (``config.json``, ``tokenizer.json``, ``tokenizer_config.json``,
+``special_tokens_map.json``, and sentence-transformers' ``modules.json``,
+``sentence_bert_config.json``, ``1_Pooling/config.json``).
+
+The embedding of a text is what sentence-transformers computes for the same folder:
+- tokens: the fast tokenizer of ``tokenizer.json`` (AutoTokenizer over the JSON files), cut at
+  ``max_seq_length`` (``sentence_bert_config.json``), else the tokenizer's ``model_max_length``,
+  else what the position embeddings hold; with item parameter ``truncate=false`` a longer input
+  fails instead;
+- pooling: ``1_Pooling/config.json`` (cls, mean, max, mean-sqrt-len, last token), else mean;
+  ``--pooling`` overrides;
+- normalised to unit length when ``modules.json`` has a Normalize module (or ``--normalize``).
+Checkpoints saved from a task model (``bert.``-prefixed names, an MLM head) are taken too: the
+base model's prefix is stripped and heads are left out.
+
+Inputs: text (OpenAI ``input``; KServe BYTES ``text``), or token ids (KServe ``input_ids``,
+INT32/INT64 ``[n]``). Output: ``embedding`` FP32 ``[hidden]`` and ``prompt_tokens``. Parameter
+``dimensions`` (OpenAI's) is accepted only as the model's own size.
+
+Usage: encoder_worker.py --model NAME [--server ADDR] [--credits 2] [--max-batch-items 64]
+                         [--pooling mean] [--normalize | --no-normalize] [--device cuda:0]
+``Encoder`` (model files + tensors -> embeddings) is importable, so that a benchmark can run the
+same code in one process, without the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+import modelshare
+
+log = logging.getLogger("encoder_worker")
+
+POOLING = ("cls", "mean", "max", "mean_sqrt_len", "lasttoken")
+# The JSON files a fast tokenizer is read from (no vocab.txt or sentencepiece model: the
+# tokenizer.json holds them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _json(files: Mapping[str, bytes], name: str) -> Any:
+    raw = files.get(name)
+    return json.loads(raw) if raw is not None else None
+
+
+def pooling_of(files: Mapping[str, bytes]) -> tuple[str, bool]:
+    """(pooling, normalize) as sentence-transformers reads them from the model's folder."""
+    modules = _json(files, "modules.json") or []
+    normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    pooling_dir = next((m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
+    config = _json(files, f"{pooling_dir}/config.json") if pooling_dir else None
+    if not config:
+        return "mean", normalize
+    for mode in ("cls_token", "max_tokens", "mean_sqrt_len_tokens", "lasttoken", "mean_tokens"):
+        if config.get(f"pooling_mode_{mode}"):
+            return {"cls_token": "cls", "max_tokens": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
+                    "lasttoken": "lasttoken", "mean_tokens": "mean"}[mode], normalize
+    return "mean", normalize
+
+
+def tokenizer_of(files: Mapping[str, bytes]):
+    """The fast tokenizer of the model's JSON files (written to a private temporary folder for
+    ``AutoTokenizer``, which reads files); no remote code."""
+    import transformers
+
+    if "tokenizer.json" not in files:
+        raise modelshare.Error("the model has no tokenizer.json: this worker needs a fast tokenizer")
+    with tempfile.TemporaryDirectory(prefix="modelshare-tok-") as folder:
+        for name in TOKENIZER_FILES:
+            if name in files:
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(files[name])
+        return transformers.AutoTokenizer.from_pretrained(folder, use_fast=True, trust_remote_code=False)
+
+
+class Encoder:
+    """A transformers encoder over given tensors, with sentence-transformers' tokenization and
+    pooling. ``files``: the model's metadata files (name -> bytes); ``tensors``: name -> torch
+    tensor (``Model.torch()``, or a safetensors file's); ``device``: where to run (default: the
+    tensors')."""
+
+    def __init__(self, files: Mapping[str, bytes], tensors: Mapping[str, torch.Tensor], *,
+                 pooling: str | None = None, normalize: bool | None = None, device: str | None = None) -> None:
+        import transformers
+
+        config_json = _json(files, "config.json")
+        if not config_json or "model_type" not in config_json:
+            raise modelshare.Error("the model has no config.json with a model_type")
+        config = transformers.AutoConfig.for_model(**config_json)
+        model_class = transformers.MODEL_MAPPING[type(config)]
+        prefix = getattr(model_class, "base_model_prefix", "")
+        floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
+        dtype = torch.float16 if floats == {torch.float16} else torch.bfloat16 if floats == {torch.bfloat16} else None
+
+        def build():
+            try:
+                return model_class(config, add_pooling_layer=False)
+            except TypeError:  # a family without a pooler (DistilBERT, MPNet's is optional)
+                return model_class(config)
+
+        if device is not None:
+            tensors = {k: v.to(device) for k, v in tensors.items()}
+        self.net = modelshare.module_from(dict(tensors), build, rename={f"{prefix}.": ""} if prefix else None,
+                                          strict=False, dtype=dtype)
+        self.device = next(self.net.parameters()).device
+        self.hidden = int(config.hidden_size if hasattr(config, "hidden_size") else config.dim)
+        self.tokenizer = tokenizer_of(files)
+        found_pooling, found_normalize = pooling_of(files)
+        self.pooling = pooling or found_pooling
+        if self.pooling not in POOLING:
+            raise ValueError(f"pooling must be one of {POOLING}, not {self.pooling!r}")
+        self.normalize = found_normalize if normalize is None else normalize
+        self.max_tokens = self._max_tokens(files, config)
+
+    def _max_tokens(self, files: Mapping[str, bytes], config: Any) -> int:
+        st = _json(files, "sentence_bert_config.json") or {}
+        if st.get("max_seq_length"):
+            return int(st["max_seq_length"])
+        positions = int(getattr(config, "max_position_embeddings", 512))
+        if config.model_type in ("roberta", "xlm-roberta", "camembert", "longformer"):
+            positions -= int(config.pad_token_id or 0) + 1  # positions count from pad_token_id + 1
+        model_max = getattr(self.tokenizer, "model_max_length", None) or positions
+        return min(positions, int(model_max))
+
+    def tokenize(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
+        """Each text's token ids, special tokens included, cut at ``max_tokens`` if ``truncate``
+        (else ``ValueError`` names the first that is too long)."""
+        ids = self.tokenizer(texts, add_special_tokens=True, truncation=truncate, max_length=self.max_tokens)["input_ids"]
+        if not truncate:
+            for i, seq in enumerate(ids):
+                if len(seq) > self.max_tokens:
+                    raise ValueError(f"input {i} is {len(seq)} tokens; this model takes {self.max_tokens}")
+        return ids
+
+    @torch.inference_mode()
+    def embed_ids(self, sequences: list[list[int]]) -> np.ndarray:
+        """Embeddings [n, hidden] (FP32) of token id sequences, padded to the longest."""
+        if not sequences:
+            return np.zeros((0, self.hidden), dtype=np.float32)
+        longest = max(len(s) for s in sequences)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(sequences), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[i, : len(seq)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        hidden = self.net(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        pooled = self._pool(hidden, mask)
+        if self.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.cpu().numpy()
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        if self.pooling == "lasttoken":
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), mask.sum(1) - 1]
+        if self.pooling == "max":
+            return hidden.masked_fill(m == 0, -1e9).max(1).values
+        summed = (hidden * m).sum(1)
+        counts = m.sum(1).clamp(min=1e-9)
+        return summed / (counts.sqrt() if self.pooling == "mean_sqrt_len" else counts)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embed_ids(self.tokenize(texts))
+
+
+def handler_for(encoder: Encoder):
+    """The serve handler: tokenizes the batch's items, runs them as one padded batch (sorted by
+    length, as sentence-transformers does), answers each."""
+
+    def check(item: modelshare.Item) -> bool:
+        """The item's parameters; returns its ``truncate``."""
+        truncate = item.parameters.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise modelshare.ItemError("parameter 'truncate' must be a boolean")
+        dims = item.parameters.get("dimensions")
+        if dims is not None and (isinstance(dims, bool) or dims != encoder.hidden):
+            raise modelshare.ItemError(
+                f"this model's embeddings have {encoder.hidden} dimensions; 'dimensions' may only be {encoder.hidden}")
+        return truncate
+
+    def token_ids(item: modelshare.Item) -> list[int]:
+        """A tensor item's tokens: one INT32/INT64 ``input_ids`` of shape [n]."""
+        inputs = item.inputs
+        ids = inputs.get("input_ids")
+        if len(inputs) != 1 or ids is None or ids.dtype not in (np.int32, np.int64) or ids.ndim != 1:
+            raise modelshare.ItemError("a tensor item is one input_ids tensor, INT32 or INT64, of shape [n]")
+        if len(ids) == 0:
+            raise modelshare.ItemError("input_ids is empty")
+        if len(ids) > encoder.max_tokens:
+            raise modelshare.ItemError(f"input_ids holds {len(ids)} tokens; this model takes {encoder.max_tokens}")
+        return ids.astype(np.int64).tolist()
+
+    def handle(batch: modelshare.Batch):
+        answers: list[Any] = [None] * len(batch.items)
+        sequences: dict[int, list[int]] = {}
+        texts: list[tuple[int, str]] = []  # truncated, tokenized together
+        for i, item in enumerate(batch.items):
+            try:
+                truncate = check(item)
+                if item.text is None:
+                    sequences[i] = token_ids(item)
+                elif truncate:
+                    texts.append((i, item.text))
+                else:
+                    sequences[i] = encoder.tokenize([item.text], truncate=False)[0]
+            except (modelshare.ItemError, ValueError) as e:
+                answers[i] = e
+        if texts:
+            sequences.update(zip((i for i, _ in texts), encoder.tokenize([t for _, t in texts])))
+        order = sorted(sequences, key=lambda i: len(sequences[i]))
+        vectors = encoder.embed_ids([sequences[i] for i in order])
+        for i, vector in zip(order, vectors):
+            answers[i] = modelshare.Output({"embedding": vector}, {"prompt_tokens": len(sequences[i])})
+        return answers
+
+    return handle
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="the model to serve (its latest ready version)")
+    ap.add_argument("--server", help="server address (default: the discovery rule: MODELSHARE_SERVER, ...)")
+    ap.add_argument("--name", default="python-encoder-worker", help="worker name shown by `modelshare ps`")
+    ap.add_argument("--token", help="bearer token (else MODELSHARE_TOKEN)")
+    ap.add_argument("--token-file", help="file holding the bearer token (else MODELSHARE_TOKEN_FILE)")
+    ap.add_argument("--credits", type=int, default=2, help="batches taken at once")
+    ap.add_argument("--max-batch-items", type=int, default=64, help="most items in one batch")
+    ap.add_argument("--pooling", choices=POOLING, help="override the model's pooling")
+    ap.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                    help="normalise embeddings to unit length (default: as the model's modules.json says)")
+    ap.add_argument("--device", help="run on this torch device (default: where the weights are)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="encoder_worker: %(message)s")
+
+    def on_version(model: modelshare.Model):
+        encoder = Encoder(model.metadata, model.torch(), pooling=args.pooling, normalize=args.normalize,
+                          device=args.device)
+        log.info("%s v%d: %s on %s, %s pooling%s, %d tokens at most", model.name, model.version,
+                 type(encoder.net).__name__, encoder.device, encoder.pooling,
+                 ", normalised" if encoder.normalize else "", encoder.max_tokens)
+        return handler_for(encoder)
+
+    try:
+        with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file) as session:
+            session.serve(
+                args.model, on_version=on_version, credits=args.credits, max_batch_items=args.max_batch_items,
+                inputs=[("text", "BYTES", [-1]), ("input_ids", "INT64", [-1])],
+                outputs=[("embedding", "FP32", [-1])],
+            )
+    except modelshare.Error as e:
+        print(f"encoder_worker: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
