@@ -266,7 +266,10 @@ fn embedding(model: &str, output: &pb::ItemOutput) -> Result<Vec<f32>, InferErro
     let is_float = |t: &&pb::TensorOutput| {
         matches!(
             pb::DType::try_from(t.dtype),
-            Ok(pb::DType::DtypeF32 | pb::DType::DtypeF16 | pb::DType::DtypeBf16)
+            Ok(pb::DType::DtypeF32
+                | pb::DType::DtypeF64
+                | pb::DType::DtypeF16
+                | pb::DType::DtypeBf16)
         )
     };
     let t = output
@@ -297,6 +300,13 @@ fn embedding(model: &str, output: &pb::ItemOutput) -> Result<Vec<f32>, InferErro
             .data
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        // A Python worker's numpy arrays are float64 unless told otherwise: rounded to the
+        // f32 the answer carries (base64 is f32 by OpenAI's definition).
+        Ok(pb::DType::DtypeF64) => t
+            .data
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
             .collect(),
         _ => return Err(bad(format!("output '{}' is not a float tensor", t.name))),
     };
@@ -543,6 +553,31 @@ mod tests {
                 .flat_map(|x| x.to_le_bytes())
                 .collect::<Vec<u8>>()
         );
+    }
+
+    /// A float64 embedding (numpy's default in a Python worker) is answered as f32, not
+    /// refused as "not a float tensor".
+    #[test]
+    fn f64_embeddings_are_answered_as_f32() {
+        let r = InferResponse {
+            model: "m".into(),
+            versions: vec![1],
+            outputs: vec![pb::ItemOutput {
+                tensors: vec![pb::TensorOutput {
+                    name: "embedding".into(),
+                    dtype: pb::DType::DtypeF64 as i32,
+                    shape: vec![2],
+                    data: [0.5f64, -0.1]
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect::<Vec<u8>>()
+                        .into(),
+                }],
+                parameters: Default::default(),
+            }],
+        };
+        let v = answer(&r, true).expect("f64 taken");
+        assert_eq!(v["data"][0]["embedding"], json!([0.5, -0.1f32]));
     }
 
     #[test]
