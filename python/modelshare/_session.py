@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from . import _native
 from ._native import ChecksumError, Tensor
 from ._numpy import to_numpy
-from ._torch import to_torch
+from ._torch import arena_views
 
 if TYPE_CHECKING:
     import numpy
@@ -312,7 +312,15 @@ class Model:
         ``names``: the tensors to give (default: all). torch has no read-only tensors: writing to
         one of host memory kills the process (SIGSEGV: the mapping is read-only); clone first.
         """
-        return {t.name: to_torch(t) for t in self._select(names)}
+        layout = self._native.layout()
+        if names is not None:
+            wanted = [names] if isinstance(names, str) else list(names)
+            by_name = {entry[0]: entry for entry in layout}
+            for name in wanted:
+                if name not in by_name:
+                    self._native.tensor(name)  # raises NotFound, naming it
+            layout = [by_name[name] for name in wanted]
+        return arena_views(self._native.arena(), layout)
 
     def _select(self, names: Iterable[str] | None) -> list[Tensor]:
         if names is None:

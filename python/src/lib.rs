@@ -17,6 +17,10 @@
 //!   drained or stopped) and `Stop`; `handler`: the SDK's `Handler` over a Python callable, run
 //!   on the blocking pool; `item`: `Item`, one request as the handler sees it; `outcome`: the
 //!   handler's answers made into the SDK's outcomes, checked.
+//! - `arena`: `Arena`, a model's whole mapping as one DLPack `uint8` tensor (`Model.torch()`
+//!   makes every tensor a view of it: one export, not one per tensor); `export`: what the
+//!   tensor's and the arena's DLPack exports share (device, waiting for a loading version, the
+//!   consumer's request checked).
 //! - `lease`: `Lease`, the SDK's `Model` behind an `Arc`: what the `Model`, `Tensor`s, numpy
 //!   arrays and DLPack tensors of one attach share; the version is released when the last goes.
 //! - `dlpack`: the DLPack structures and the capsule made of a tensor: the only `unsafe` of the
@@ -24,9 +28,9 @@
 //!   block with `// SAFETY:`.
 //!
 //! Modules depend downwards only: `serve` → `handler` → `item`, `outcome`; `serve` → `session`
-//! → `model` → `tensor` → `dlpack`; `model` and `tensor` → `lease`; everything → `runtime`,
-//! `errors`. The Python side (python/modelshare/)
-//! wraps these classes, turns tensors into numpy arrays and torch tensors, and holds the
+//! → `model` → `tensor`, `arena` → `export`, `dlpack`; `model`, `tensor` and `arena` →
+//! `lease`; everything → `runtime`, `errors`. The Python side (python/modelshare/) wraps these
+//! classes, turns tensors into numpy arrays and torch tensors, and holds the
 //! user-facing documentation.
 //!
 //! # Building
@@ -35,9 +39,11 @@
 //! python/tests test it through the wheel that maturin builds (`scripts/test`).
 #![deny(unsafe_code)]
 
+mod arena;
 #[allow(unsafe_code)]
 mod dlpack;
 mod errors;
+mod export;
 mod handler;
 mod item;
 mod lease;
@@ -70,6 +76,8 @@ fn log_to_stderr() {
 mod native {
     use pyo3::prelude::*;
 
+    #[pymodule_export]
+    use crate::arena::Arena;
     #[pymodule_export]
     use crate::errors::{
         ChecksumError, ConnectError, CredentialsError, DeviceError, DtypeError, Error, NotFound,

@@ -4,8 +4,9 @@
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
+use crate::arena::Arena;
 use crate::errors::{DeviceError, Timeout, from_worker};
 use crate::lease::Lease;
 use crate::runtime::seconds;
@@ -116,6 +117,25 @@ impl Model {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+
+    /// `(name, dtype, shape, offset)` of every tensor, in arena order, as tuples (what
+    /// `Model.torch()` needs to view the arena, made in one call).
+    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let manifest = self.lease.manifest();
+        manifest
+            .tensors
+            .iter()
+            .map(|t| {
+                let shape = PyTuple::new(py, &t.shape)?;
+                (t.name.as_str(), dtype_name(t.dtype()), shape, t.offset).into_pyobject(py)
+            })
+            .collect()
+    }
+
+    /// The whole mapping, exported as one `uint8` DLPack tensor (`Model.torch()` views it).
+    fn arena(&self) -> Arena {
+        Arena::new(self.lease.clone())
     }
 
     /// Every tensor, in arena order (all from the same mapping).

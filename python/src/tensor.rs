@@ -8,16 +8,14 @@
 //! DLPack: `__dlpack__` hands out a capsule (see `dlpack`) whose managed tensor owns a clone of
 //! the tensor and of the lease, released by the consumer's call to its deleter.
 
-use std::time::Duration;
-
 use modelshare_proto::v1::DType;
 use modelshare_worker::Mapping;
-use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::dlpack::{self, DLDataType, DLDevice, Export};
 use crate::errors::{DeviceError, DtypeError, from_worker};
+use crate::export;
 use crate::lease::Lease;
 
 /// The safetensors name of a dtype (`"F32"`, `"BF16"`, `"F8_E4M3"`, ...).
@@ -58,13 +56,6 @@ fn dl_dtype(dtype: DType) -> Option<DLDataType> {
     })
 }
 
-/// DLPack's device type codes.
-const DL_CPU: i32 = 1;
-const DL_CUDA: i32 = 2;
-
-/// How often `__dlpack__` looks at a loading version's ready event.
-const READY_POLL: Duration = Duration::from_millis(2);
-
 /// One tensor of an attached model: its name, dtype and shape, and its bytes in the shared
 /// mapping. Holds the model's lease while it lives.
 #[pyclass(module = "modelshare._native", name = "Tensor", frozen)]
@@ -95,43 +86,9 @@ impl Tensor {
         }
     }
 
-    /// The DLPack device: the CPU, or the CUDA device (this process's ordinal) of the arena.
+    /// The DLPack device of the tensor's mapping.
     fn dl_device(&self) -> PyResult<DLDevice> {
-        if !self.tensor.is_on_device() {
-            return Ok(DLDevice {
-                device_type: DL_CPU,
-                device_id: 0,
-            });
-        }
-        let ordinal = self
-            .mapping
-            .context()
-            .map(|ctx| ctx.ordinal())
-            .ok_or_else(|| {
-                DeviceError::new_err(format!(
-                    "tensor '{}' is in device memory without a CUDA context",
-                    self.tensor.name()
-                ))
-            })?;
-        Ok(DLDevice {
-            device_type: DL_CUDA,
-            device_id: i32::try_from(ordinal)
-                .map_err(|_| DeviceError::new_err(format!("CUDA device ordinal {ordinal}")))?,
-        })
-    }
-
-    /// Waits (GIL released) until the version's load has landed: CUDA only, for a version
-    /// attached while loading; host arenas are always ready.
-    fn wait_loaded(&self, py: Python<'_>) -> PyResult<()> {
-        loop {
-            match self.mapping.is_ready() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(DeviceError::new_err(e.to_string())),
-            }
-            py.detach(|| std::thread::sleep(READY_POLL));
-            py.check_signals()?;
-        }
+        export::dl_device(&self.mapping, &format!("tensor '{}'", self.tensor.name()))
     }
 }
 
@@ -246,21 +203,8 @@ impl Tensor {
         // The ordering a consumer's stream needs is the load's only: waited for below.
         let _ = stream;
         let device = self.dl_device()?;
-        if let Some((kind, id)) = dl_device
-            && (kind, id) != (device.device_type, device.device_id)
-        {
-            return Err(PyBufferError::new_err(format!(
-                "tensor '{}' is on DLPack device ({}, {}), not ({kind}, {id}): modelshare does not copy",
-                self.tensor.name(),
-                device.device_type,
-                device.device_id
-            )));
-        }
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "modelshare tensors are shared, never copied on export: copy in the consumer",
-            ));
-        }
+        let what = format!("tensor '{}'", self.tensor.name());
+        export::check_request(&what, device, dl_device, copy)?;
         let dtype = dl_dtype(self.tensor.dtype()).ok_or_else(|| {
             DtypeError::new_err(format!(
                 "tensor '{}' has dtype {}, which DLPack cannot describe",
@@ -275,9 +219,7 @@ impl Tensor {
             .map(|&d| i64::try_from(d))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| DtypeError::new_err("a dimension past i64"))?;
-        if self.tensor.is_on_device() {
-            self.wait_loaded(py)?;
-        }
+        export::wait_loaded(py, &self.mapping)?;
         let export = Export {
             address: if self.tensor.byte_length() == 0 {
                 0

@@ -57,6 +57,13 @@ def test_torch_shares_the_mapping(session: modelshare.Session):
     t = model.torch(["half"])["half"]
     assert t.data_ptr() == tensor.data_ptr
     assert t.data_ptr() == model.numpy(["half"])["half"].__array_interface__["data"][0]
+    # Every tensor of torch() is a view of the one arena export, at its own tensor's address.
+    arena = model._native.arena()
+    for name, view in model.torch().items():
+        native = model.tensor(name)
+        if native.byte_length:
+            assert view.data_ptr() == native.data_ptr, name
+            assert arena.data_ptr <= view.data_ptr() < arena.data_ptr + arena.byte_length, name
 
 
 def test_legacy_capsule(server: Server, session: modelshare.Session):

@@ -1,0 +1,110 @@
+//! `Arena`: a model's whole mapping as one DLPack tensor (`uint8`, the mapping's length), so
+//! that `Model.torch()` makes one capsule and views for every tensor instead of one capsule per
+//! tensor (a 256-tensor model: one export instead of 256). The views share its storage, and so
+//! the lease it holds.
+
+use modelshare_worker::Mapping;
+use pyo3::prelude::*;
+
+use crate::dlpack::{self, DLDataType, Export};
+use crate::export;
+use crate::lease::Lease;
+
+/// DLPack's `uint8`: `kDLUInt`, 8 bits.
+const U8: DLDataType = DLDataType {
+    code: 1,
+    bits: 8,
+    lanes: 1,
+};
+
+/// A model's whole mapping, exported as one `uint8` tensor. Holds the lease while it (or a
+/// consumer's tensor of it) lives.
+#[pyclass(module = "modelshare._native", name = "Arena", frozen)]
+#[derive(Debug)]
+pub(crate) struct Arena {
+    mapping: Mapping,
+    lease: Lease,
+}
+
+impl Arena {
+    pub(crate) fn new(lease: Lease) -> Self {
+        Self {
+            mapping: lease.view(),
+            lease,
+        }
+    }
+
+    /// The address of the mapping's first byte in this process (host or device memory).
+    fn address(&self) -> u64 {
+        match self.mapping.device_ptr() {
+            Some(ptr) => ptr,
+            None => self
+                .mapping
+                .host_bytes()
+                .map_or(0, |bytes| bytes.as_ptr() as u64),
+        }
+    }
+}
+
+#[pymethods]
+impl Arena {
+    /// Length in bytes (the tensors' offsets count from its start).
+    #[getter]
+    fn byte_length(&self) -> u64 {
+        self.mapping.len()
+    }
+
+    /// The address of the first byte in this process: host memory, or on the device.
+    #[getter]
+    fn data_ptr(&self) -> u64 {
+        self.address()
+    }
+
+    /// The DLPack device: `(1, 0)` for the CPU (host memory), `(2, ordinal)` for CUDA.
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        let d = export::dl_device(&self.mapping, "the arena")?;
+        Ok((d.device_type, d.device_id))
+    }
+
+    /// A DLPack capsule of the whole mapping as `uint8`, with no copy, flagged read-only where
+    /// the mapping is (DLPack 1.x consumers). A version attached while loading is waited for
+    /// first, as for a tensor.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream;
+        let device = export::dl_device(&self.mapping, "the arena")?;
+        export::check_request("the arena", device, dl_device, copy)?;
+        let length = i64::try_from(self.mapping.len())
+            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
+        export::wait_loaded(py, &self.mapping)?;
+        let export = Export {
+            address: if length == 0 { 0 } else { self.address() },
+            device,
+            dtype: U8,
+            shape: vec![length],
+            read_only: self.mapping.read_only(),
+            owner: Box::new((self.mapping.clone(), self.lease.clone())),
+        };
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        dlpack::capsule(py, export, versioned)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<modelshare.Arena of {} bytes{}>",
+            self.mapping.len(),
+            if self.mapping.is_on_device() {
+                " on the device"
+            } else {
+                ""
+            }
+        )
+    }
+}
