@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Python workers on a GPU (issue 27's GPU rows), against the carried wheel and a CUDA server:
+
+  memory      N Python workers serving one model hold its weights once: device memory is
+              W + N x (a torch process's context), not N x W; their answers are the file's
+  pointers    each worker's torch tensors lie in the one imported mapping, at the native
+              tensors' addresses
+  write       a worker writing into a VMM-backed tensor fails alone: the others still answer
+              right, the server stays ready, the weights' checksums hold, its session ends
+  attach      attach p50 from Python (the call to a ready dict of torch tensors) against the
+              Rust SDK's (gpu_worker attach-bench), 256 tensors over CUDA VMM, alternated
+  parity      workers/python/encoder_worker.py on all-MiniLM-L6-v2 (f16) through /v1/embeddings
+              against sentence-transformers on the same folder, mixed sentences
+  throughput  that worker through the front door (16 client processes, mixed sentences) against
+              the same Encoder code alone in one process on the same sentences; MiniLM and a
+              BERT-base-sized model (random f16 weights, compute-bound)
+
+    python3 gpu/python_serve.py --carry gpu-carry/pyserve --minilm gpu-carry/minilm-f16 --out $OUT
+        [--only memory,write,attach,parity,throughput]
+
+--carry holds modelshare.xz and gpu_worker.xz (release, xz), the wheel, and wheels/ (the
+sentence-transformers wheel, installed without dependencies when missing). Writes
+python-serve.json and python-serve.md under --out; exit 0 when every row run passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import lzma
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "workers", "python"))
+from check import lib_path  # noqa: E402
+
+#: The server's backend: cuda here; host for a dry run of the encoder rows on a machine without
+#: a GPU (--backend host --bin target/debug).
+BACKEND = ["cuda"]
+ROWS = ("memory", "pointers", "write", "attach", "parity", "throughput")
+WORKERS = 4
+BIG_TENSORS = 256
+BIG_BYTES = 2 << 30
+MIXED = ["hello world", "", "日本語のテキスト 🎉", "word " * 400, "Ünïcödé façade — naïve café", "👨‍👩‍👧‍👦 🇯🇵",
+         "مرحبا بالعالم", "Привет мир", "a", "The quick brown fox jumps over the lazy dog. " * 5,
+         "Shared weights, many workers, one copy.", "x" * 3000]
+
+
+def log(msg: str) -> None:
+    print(f"[python-serve] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def smi_used() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def sentences(n: int, seed: int = 27) -> list[str]:
+    """Mixed English-like sentences of 4 to 100 words (a fixed draw)."""
+    import random
+
+    rng = random.Random(seed)
+    words = ("model weights shared memory worker server tensor request answer token batch device "
+             "the a of to and in is was for on with as by at from it this that be are have not").split()
+    return [" ".join(rng.choice(words) for _ in range(rng.choice([4, 8, 12, 20, 32, 50, 100]))).capitalize() + "."
+            for _ in range(n)]
+
+
+class Server:
+    def __init__(self, bin_dir: str, root: str, out: str, tag: str) -> None:
+        self.bin, self.root = bin_dir, root
+        self.tmp = tempfile.mkdtemp(prefix=f"pyserve-{tag}-")
+        self.sock = os.path.join(self.tmp, "grpc.sock")
+        self.address = f"unix:{self.sock}"
+        self.http = f"http://127.0.0.1:{free_port()}"
+        self.log = open(os.path.join(out, f"server-{tag}.log"), "w")
+        env = dict(os.environ, LD_LIBRARY_PATH=lib_path())
+        self.proc = subprocess.Popen(
+            [f"{bin_dir}/modelshare", "serve", "--backend", BACKEND[0], "--model-root", root, "--unix-socket", self.sock,
+             "--handle-socket", os.path.join(self.tmp, "h.sock"), "--http-listen", self.http.removeprefix("http://"),
+             "--no-worker-wait-ms", "10000"], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 60
+        while not self.ready():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the server did not start (see server-{tag}.log)")
+            time.sleep(0.1)
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run([f"{self.bin}/modelshare", *args, "--server", self.address], capture_output=True,
+                              text=True, check=True, timeout=300).stdout
+
+    def ready(self) -> bool:
+        return subprocess.run([f"{self.bin}/modelshare", "ready", "--server", self.address],
+                              capture_output=True).returncode == 0
+
+    def serving(self, name: str) -> int:
+        ss = json.loads(self.cli("ps", "--output", "json"))["sessions"]
+        return sum(1 for s in ss if s["worker_name"] == name and s["serving"])
+
+    def sessions(self, name: str) -> int:
+        return sum(1 for s in json.loads(self.cli("ps", "--output", "json"))["sessions"] if s["worker_name"] == name)
+
+    def wait_serving(self, name: str, n: int, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while self.serving(name) < n:
+            if time.time() > deadline:
+                raise RuntimeError(f"{n} worker(s) {name} not serving in {timeout} s")
+            time.sleep(0.2)
+
+    def embed(self, model: str, texts: list[str], timeout: float = 60) -> list[list[float]]:
+        body = json.dumps({"model": model, "input": texts}).encode()
+        req = urllib.request.Request(f"{self.http}/v1/embeddings", body, {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return [d["embedding"] for d in json.load(r)["data"]]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# --- worker roles (run as subprocesses of this script) ---------------------------------------
+
+def role_worker(args: argparse.Namespace) -> int:
+    """Attaches the big model, reports where its torch tensors lie, then serves: a text's answer
+    is t000's first 8 values (as f32) plus the text's length, computed on the GPU."""
+    import torch
+
+    import modelshare
+
+    with modelshare.Session.open(args.server, name=args.name) as session:
+        model = session.attach(args.model)
+        tensors = model.torch()
+        native = {t.name: t.data_ptr for t in model._native.tensors()}
+        arena = model._native.arena()
+        inside = all(arena.data_ptr <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size()
+                     <= arena.data_ptr + arena.byte_length for t in tensors.values())
+        report = {"pid": os.getpid(), "devices": sorted({str(t.device) for t in tensors.values()}),
+                  "same_pointers": all(t.data_ptr() == native[n] for n, t in tensors.items()),
+                  "inside_one_mapping": inside, "read_only": model.read_only, "tensors": len(tensors)}
+        with open(os.path.join(args.out, f"worker-{os.getpid()}.json"), "w") as f:
+            json.dump(report, f)
+        first = tensors["t000"]
+
+        def handle(batch):
+            base = first.reshape(-1)[:8].float()
+            return [{"embedding": (base + len(t or "")).cpu().numpy()} for t in batch.texts]
+
+        session.serve(model, handle, credits=2)
+    return 0
+
+
+def role_writer(args: argparse.Namespace) -> int:
+    import torch
+
+    import modelshare
+
+    report: dict = {}
+    try:
+        with modelshare.Session.open(args.server, name="writer") as session:
+            model = session.attach(args.model)
+            t = model.torch(["t000"])["t000"]
+            report["attached"] = True
+            t.add_(1)
+            torch.cuda.synchronize()
+            report["wrote"] = True
+    except Exception as e:  # noqa: BLE001 - the point of the row
+        report["error"] = f"{type(e).__name__}: {e}"[:300]
+    with open(os.path.join(args.out, "writer.json"), "w") as f:
+        json.dump(report, f)
+    sys.stdout.flush()
+    os._exit(2 if "error" in report else 0)
+
+
+def role_attach_bench(args: argparse.Namespace) -> int:
+    import torch  # noqa: F401 - initialised before timing, as the Rust bench creates its context first
+
+    import modelshare
+
+    session = modelshare.Session.open(args.server, name="py-attach-bench")
+    times = []
+    for i in range(args.n + 10):
+        t0 = time.perf_counter()
+        model = session.attach(args.model)
+        tensors = model.torch()
+        elapsed = time.perf_counter() - t0
+        assert len(tensors) == BIG_TENSORS
+        del tensors, model
+        if i >= 10:
+            times.append(elapsed * 1e3)
+    times.sort()
+    print(json.dumps({"n": len(times), "p50_ms": statistics.median(times), "p99_ms": times[int(len(times) * 0.99)]}))
+    session.close()
+    return 0
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+def make_big(root: str) -> tuple[str, dict]:
+    import torch
+    from safetensors.torch import save_file
+
+    folder = os.path.join(root, "big")
+    os.makedirs(folder, exist_ok=True)
+    per = BIG_BYTES // BIG_TENSORS // 2
+    g = torch.Generator(device="cuda").manual_seed(27)
+    tensors = {f"t{i:03d}": torch.randn(per, device="cuda", generator=g).to(torch.bfloat16).reshape(per // 256, 256).cpu()
+               for i in range(BIG_TENSORS)}
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    return "big", {"t000": tensors["t000"].reshape(-1)[:8].float().numpy().tolist()}
+
+
+def spawn(args: argparse.Namespace, role: str, *extra: str, name: str = "") -> subprocess.Popen:
+    log_file = open(os.path.join(args.out, f"{role}-{name or 'x'}-{time.time_ns()}.log"), "w")
+    env = dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG="info")
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role, "--out", args.out, *extra],
+                            stdout=log_file, stderr=subprocess.STDOUT, env=env)
+
+
+def rows_on_big(args: argparse.Namespace, results: dict) -> None:
+    import numpy as np
+
+    root = tempfile.mkdtemp(prefix="pyserve-models-")
+    name, expect = make_big(root)
+    used0 = smi_used()
+    server = Server(args.bin, root, args.out, "big")
+    try:
+        server.cli("load", name, name)
+        used_loaded = smi_used()
+        w_mib = BIG_BYTES / 2**20
+        probe = subprocess.Popen([sys.executable, "-c", "import torch,time; torch.zeros(1, device='cuda').sum().item(); "
+                                  "print('up', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+        probe.stdout.readline()
+        time.sleep(1)
+        ctx = smi_used() - used_loaded
+        probe.kill()
+        probe.wait()
+        time.sleep(1)
+        base = smi_used()
+        workers = [spawn(args, "worker", "--server", server.address, "--model", name, "--name", "mem", name="mem")
+                   for _ in range(WORKERS)]
+        server.wait_serving("mem", WORKERS)
+        time.sleep(1)
+        used_n = smi_used()
+        per_worker = (used_n - base) / WORKERS
+        want = np.array(expect["t000"], dtype=np.float32)
+
+        def answers_right(n: int = 40) -> bool:
+            texts = [f"text {i}" * (i % 5) for i in range(n)]
+            got = [server.embed(name, [t])[0] for t in texts]
+            return all(np.allclose(g, want + len(t), rtol=0, atol=0) for g, t in zip(got, texts))
+
+        right = answers_right()
+        reports = [json.load(open(p)) for p in glob.glob(os.path.join(args.out, "worker-*.json"))]
+        memory_ok = right and per_worker < ctx * 1.25 + 64 and per_worker < w_mib / 4
+        results["memory"] = {"ok": memory_ok, "weights_mib": w_mib, "server_delta_mib": used_loaded - used0,
+                             "torch_context_mib": ctx, "per_worker_mib": per_worker, "workers": WORKERS,
+                             "total_mib": used_n - used0, "answers_right": right}
+        log(f"memory: W {w_mib:.0f} MiB, server +{used_loaded - used0} MiB, torch context {ctx} MiB, "
+            f"{WORKERS} workers +{per_worker:.0f} MiB each; answers right: {right}")
+        results["pointers"] = {"ok": len(reports) == WORKERS and all(
+            r["same_pointers"] and r["inside_one_mapping"] and r["devices"] == ["cuda:0"] and r["read_only"]
+            and r["tensors"] == BIG_TENSORS for r in reports), "reports": reports}
+        log(f"pointers: {results['pointers']['ok']}")
+
+        if "write" in args.rows:
+            writer = spawn(args, "writer", "--server", server.address, "--model", name, name="writer")
+            code = writer.wait(120)
+            wrote = json.load(open(os.path.join(args.out, "writer.json")))
+            time.sleep(2)
+            still_right = answers_right()
+            alive = all(p.poll() is None for p in workers)
+            import modelshare
+
+            with modelshare.Session.open(server.address, name="verifier") as s:
+                bad = s.attach(name)._native.verify()
+            gone = server.sessions("writer") == 0
+            ok = (code != 0 and "error" in wrote and "wrote" not in wrote and still_right and alive and server.ready()
+                  and not bad and gone)
+            results["write"] = {"ok": ok, "writer_exit": code, "writer": wrote, "others_right": still_right,
+                                "others_alive": alive, "server_ready": server.ready(), "checksums_bad": bad,
+                                "writer_session_gone": gone}
+            log(f"write: {results['write']}")
+        for p in workers:
+            p.send_signal(signal.SIGTERM)
+        for p in workers:
+            p.wait(60)
+
+        if "attach" in args.rows:
+            env = dict(os.environ, LD_LIBRARY_PATH=lib_path())
+            rust, python = [], []
+            for _ in range(3):
+                r = subprocess.run([f"{args.bin}/gpu_worker", "attach-bench", "--model", name, "--n", "300",
+                                    "--server", server.address], capture_output=True, text=True, env=env, timeout=300)
+                rust.append(json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]))
+                p = spawn(args, "attach-bench", "--server", server.address, "--model", name, "--n", "300", name="py")
+                p.wait(300)
+                logs = sorted(glob.glob(os.path.join(args.out, "attach-bench-py-*.log")))[-1]
+                python.append(json.loads([ln for ln in open(logs) if ln.startswith("{")][-1]))
+            rust_p50 = statistics.median(r["p50_ms"] for r in rust)
+            py_p50 = statistics.median(r["p50_ms"] for r in python)
+            results["attach"] = {"ok": py_p50 <= 1.5 * rust_p50, "rust_p50_ms": rust_p50, "python_p50_ms": py_p50,
+                                 "ratio": py_p50 / rust_p50, "rounds": {"rust": rust, "python": python},
+                                 "handle_kind": rust[0].get("kind"), "tensors": rust[0].get("tensors")}
+            log(f"attach: Rust p50 {rust_p50:.3f} ms, Python {py_p50:.3f} ms, ratio {py_p50 / rust_p50:.2f}")
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def client_proc(url: str, model: str, texts: list[str], per_request: int, conn_out) -> None:
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    done = 0
+    for i in range(0, len(texts), per_request):
+        body = json.dumps({"model": model, "input": texts[i:i + per_request]})
+        conn.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
+        r = conn.getresponse()
+        payload = r.read()
+        if r.status != 200:
+            conn_out.send(("error", payload[:300].decode(errors="replace")))
+            return
+        done += len(texts[i:i + per_request])
+    conn_out.send(("ok", done))
+
+
+def door_throughput(server: Server, model: str, pool: list[str], clients: int = 16, per_request: int = 8) -> float:
+    chunks = [pool[i::clients] for i in range(clients)]
+    ctx = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    server.embed(model, pool[:64])  # warm
+    start = time.perf_counter()
+    for chunk in chunks:
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=client_proc, args=(server.http, model, chunk, per_request, b))
+        p.start()
+        pipes.append(a)
+        procs.append(p)
+    results = [a.recv() for a in pipes]
+    elapsed = time.perf_counter() - start
+    for p in procs:
+        p.join()
+    errors = [r for r in results if r[0] == "error"]
+    if errors:
+        raise RuntimeError(f"door errors: {errors[:2]}")
+    return sum(r[1] for r in results) / elapsed
+
+
+def alone_throughput(folder: str, pool: list[str], batch: int = 64) -> float:
+    import torch
+    from encoder_worker import Encoder
+    from safetensors.torch import load_file
+
+    files = {}
+    for path in glob.glob(os.path.join(folder, "**", "*.json"), recursive=True):
+        files[os.path.relpath(path, folder)] = open(path, "rb").read()
+    device = "cuda:0" if BACKEND[0] == "cuda" else "cpu"
+    encoder = Encoder(files, load_file(os.path.join(folder, "model.safetensors"), device=device))
+    for i in range(0, 256, batch):
+        encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
+    start = time.perf_counter()
+    for i in range(0, len(pool), batch):
+        encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
+    return len(pool) / (time.perf_counter() - start)
+
+
+def make_bert_base(minilm: str, root: str) -> str:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    folder = os.path.join(root, "bertbase")
+    shutil.copytree(minilm, folder, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+    config = BertConfig(vocab_size=30522)
+    torch.manual_seed(0)
+    BertModel(config, add_pooling_layer=False).half().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def rows_on_minilm(args: argparse.Namespace, results: dict) -> None:
+    import numpy as np
+
+    root = tempfile.mkdtemp(prefix="pyserve-enc-")
+    minilm = os.path.join(root, "minilm")
+    shutil.copytree(args.minilm, minilm)
+    models = {"minilm": minilm}
+    if "throughput" in args.rows and args.sentences[1]:
+        models["bertbase"] = make_bert_base(args.minilm, root)
+    server = Server(args.bin, root, args.out, "enc")
+    workers = []
+    try:
+        for name in models:
+            server.cli("load", name, name)
+            workers.append(subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "workers", "python", "encoder_worker.py"), "--model", name,
+                 "--server", server.address, "--name", name, "--credits", "2", "--max-batch-items", "64"],
+                stdout=open(os.path.join(args.out, f"encoder-{name}.log"), "w"), stderr=subprocess.STDOUT,
+                env=dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG="info")))
+        for name in models:
+            server.wait_serving(name, 1)
+        if "parity" in args.rows:
+            from sentence_transformers import SentenceTransformer
+
+            got = np.array(server.embed("minilm", MIXED), dtype=np.float32)
+            st = SentenceTransformer(minilm, device="cuda" if BACKEND[0] == "cuda" else "cpu")
+            ref = st.encode(MIXED, convert_to_numpy=True)
+            cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+            results["parity"] = {"ok": bool(cos.min() >= 0.9999), "min_cosine": float(cos.min()),
+                                 "sentences": len(MIXED), "reference_dtype": str(next(st.parameters()).dtype)}
+            log(f"parity: min cosine {cos.min():.7f} over {len(MIXED)} mixed sentences")
+        if "throughput" in args.rows:
+            rows = {}
+            for name, n in zip(("minilm", "bertbase"), args.sentences):
+                if not n:
+                    continue
+                pool = sentences(n)
+                door = door_throughput(server, name, pool)
+                alone = alone_throughput(models[name], pool)
+                rows[name] = {"door_per_s": door, "alone_per_s": alone, "ratio": door / alone, "sentences": n}
+                log(f"throughput {name}: door {door:.0f}/s, alone {alone:.0f}/s, ratio {door / alone:.2f}")
+            results["throughput"] = {"ok": all(r["ratio"] >= 0.9 for r in rows.values()), "models": rows,
+                                     "clients": 16, "per_request": 8, "worker": "1 process, credits 2, 64 items"}
+    finally:
+        for p in workers:
+            p.send_signal(signal.SIGTERM)
+        for p in workers:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def setup(args: argparse.Namespace) -> None:
+    if args.bin:
+        args.bin = os.path.abspath(args.bin)
+        return
+    bin_dir = tempfile.mkdtemp(prefix="pyserve-bin-")
+    for xz in glob.glob(os.path.join(args.carry, "*.xz")):
+        target = os.path.join(bin_dir, os.path.basename(xz)[:-3])
+        with lzma.open(xz) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.chmod(target, 0o755)
+    args.bin = bin_dir
+    wheel = glob.glob(os.path.join(args.carry, "modelshare-*.whl"))[0]
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", wheel], check=True)
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        for w in glob.glob(os.path.join(args.carry, "wheels", "*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", w], check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", default="main")
+    ap.add_argument("--carry", default="gpu-carry/pyserve")
+    ap.add_argument("--minilm", default="gpu-carry/minilm-f16")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/python-serve"))
+    ap.add_argument("--only", default=",".join(ROWS))
+    ap.add_argument("--server")
+    ap.add_argument("--model")
+    ap.add_argument("--name", default="py")
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "host"])
+    ap.add_argument("--bin", help="binaries already there (instead of --carry's .xz)")
+    ap.add_argument("--sentences", default="20000,6000",
+                    help="sentences per throughput pool: MiniLM, BERT-base (0: skip that model)")
+    args = ap.parse_args()
+    BACKEND[0] = args.backend
+    args.sentences = [int(n) for n in args.sentences.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    if args.role != "main":
+        return {"worker": role_worker, "writer": role_writer, "attach-bench": role_attach_bench}[args.role](args)
+    args.rows = set(args.only.split(","))
+    setup(args)
+    smi = shutil.which("nvidia-smi")
+    device = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
+                            text=True).stdout.strip() if smi else "no GPU (host backend)"
+    results: dict = {"device": device, "date": time.strftime("%Y-%m-%d")}
+    if args.rows & {"memory", "pointers", "write", "attach"}:
+        try:
+            rows_on_big(args, results)
+        except Exception as e:  # noqa: BLE001 - report, go on with the other rows
+            results["big_error"] = f"{type(e).__name__}: {e}"
+            log(f"rows on the big model failed: {e}")
+    if args.rows & {"parity", "throughput"}:
+        try:
+            rows_on_minilm(args, results)
+        except Exception as e:  # noqa: BLE001
+            results["encoder_error"] = f"{type(e).__name__}: {e}"
+            log(f"encoder rows failed: {e}")
+    with open(os.path.join(args.out, "python-serve.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    ran = [r for r in ROWS if r in results]
+    lines = ["| row | result | figures |", "|---|---|---|"]
+    for r in ran:
+        figures = {k: v for k, v in results[r].items() if k not in ("ok", "reports", "rounds", "models")}
+        if r == "throughput":
+            figures = results[r]["models"]
+        lines.append(f"| {r} | {'PASS' if results[r]['ok'] else 'FAIL'} | {json.dumps(figures)[:400]} |")
+    open(os.path.join(args.out, "python-serve.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    ok = all(results[r]["ok"] for r in ran) and not any(k.endswith("_error") for k in results)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
