@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from ._native import ChecksumError, Tensor
+from ._native import ChecksumError, ConnectError, Tensor, Timeout, Unavailable
 from ._numpy import to_numpy
 from ._torch import arena_views
 
@@ -43,6 +45,7 @@ class Session:
         labels: Mapping[str, str] | None = None,
         reconnect: bool = True,
         timeout: float | None = 30.0,
+        wait: float | None = 0.0,
     ) -> Session:
         """Connects to ``server`` and opens a session.
 
@@ -59,23 +62,38 @@ class Session:
             labels: labels shown by ``modelshare ps``.
             reconnect: reconnect (and attach again) when the connection breaks.
             timeout: seconds the connection and handshake may take (``None``: no limit).
+            wait: seconds to keep trying, with backoff (0.1 s doubling to 2 s), while no server
+                answers (``ConnectError``, ``Unavailable``, ``Timeout``): a worker started before
+                its server passes ``None``, waiting as long as it takes, as the Rust workers do.
+                A refusal (a wrong token, ...) is raised at once.
 
         Raises:
-            ConnectError: the server cannot be reached.
+            ConnectError: the server cannot be reached (within ``wait``).
             Unauthenticated: the server refused the token.
             CredentialsError: the token or a TLS setting is unusable.
             Timeout: the server did not answer in time.
         """
-        native = _native.Session.open(
-            server,
-            name=name,
-            token=token,
-            token_file=os.fspath(token_file) if token_file is not None else None,
-            labels=dict(labels) if labels is not None else None,
-            reconnect=reconnect,
-            timeout=timeout,
-        )
-        return cls(native)
+        deadline = None if wait is None else time.monotonic() + wait
+        backoff = 0.1
+        while True:
+            try:
+                native = _native.Session.open(
+                    server,
+                    name=name,
+                    token=token,
+                    token_file=os.fspath(token_file) if token_file is not None else None,
+                    labels=dict(labels) if labels is not None else None,
+                    reconnect=reconnect,
+                    timeout=timeout,
+                )
+                return cls(native)
+            except (ConnectError, Unavailable, Timeout) as e:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise
+                logging.getLogger("modelshare").warning("no server yet (%s); trying again in %.1f s", e, backoff)
+                time.sleep(backoff if left is None else min(backoff, left))
+                backoff = min(backoff * 2, 2.0)
 
     @property
     def id(self) -> str:

@@ -16,6 +16,9 @@ import pytest
 
 from stack import Stack, embeddings
 
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = [
     "A man is eating food.",

@@ -69,7 +69,7 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"{args.name}: %(message)s")
     try:
-        with modelshare.Session.open(name=args.name) as session:
+        with modelshare.Session.open(name=args.name, wait=None) as session:
             if args.write_on_attach:
                 model = session.attach(args.model)
                 tensor = model.torch(["w"])["w"]

@@ -195,7 +195,8 @@ def main():
         ap.error("--model is required")
     logging.basicConfig(level=logging.INFO, format="echo_worker: %(message)s")
     try:
-        with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file) as session:
+        with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file,
+                                     wait=None) as session:
             session.serve(
                 args.model,
                 on_version=handler_for,

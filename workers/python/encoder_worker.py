@@ -263,7 +263,8 @@ def main() -> int:
         return handler_for(encoder)
 
     try:
-        with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file) as session:
+        with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file,
+                                     wait=None) as session:
             session.serve(
                 args.model, on_version=on_version, credits=args.credits, max_batch_items=args.max_batch_items,
                 inputs=[("text", "BYTES", [-1]), ("input_ids", "INT64", [-1])],
