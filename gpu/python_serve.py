@@ -7,6 +7,8 @@
               tensors' addresses
   write       a worker writing into a VMM-backed tensor fails alone: the others still answer
               right, the server stays ready, the weights' checksums hold, its session ends
+  loading     a version attached while it loads: Model.torch() returns at once (the consumer's
+              stream waits on the device for the ready event) and the values read are the file's
   attach      attach p50 from Python (the call to a ready dict of torch tensors) against the
               Rust SDK's (gpu_worker attach-bench), 256 tensors over CUDA VMM, alternated
   parity      workers/python/encoder_worker.py on all-MiniLM-L6-v2 (f16) through /v1/embeddings
@@ -50,7 +52,7 @@ from check import lib_path  # noqa: E402
 #: The server's backend: cuda here; host for a dry run of the encoder rows on a machine without
 #: a GPU (--backend host --bin target/debug).
 BACKEND = ["cuda"]
-ROWS = ("memory", "pointers", "write", "attach", "parity", "throughput")
+ROWS = ("memory", "pointers", "write", "attach", "loading", "parity", "throughput")
 WORKERS = 4
 BIG_TENSORS = 256
 BIG_BYTES = 2 << 30
@@ -232,6 +234,56 @@ def make_big(root: str) -> tuple[str, dict]:
     return "big", {"t000": tensors["t000"].reshape(-1)[:8].float().numpy().tolist()}
 
 
+LOADING_TENSORS = 16
+LOADING_BYTES = 6 << 30
+
+
+def make_loading(root: str) -> dict[str, float]:
+    """A model of 16 bf16 tensors, 6 GiB; returns each tensor's sum (f64) as torch computes it."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = os.path.join(root, "loading")
+    os.makedirs(folder, exist_ok=True)
+    per = LOADING_BYTES // LOADING_TENSORS // 2
+    g = torch.Generator(device="cuda").manual_seed(28)
+    tensors, sums = {}, {}
+    for i in range(LOADING_TENSORS):
+        t = torch.randn(per, device="cuda", generator=g).to(torch.bfloat16)
+        sums[f"l{i:02d}"] = float(t.double().sum())
+        tensors[f"l{i:02d}"] = t.cpu()
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    return sums
+
+
+def role_loading(args: argparse.Namespace) -> int:
+    """Attaches "loading" as soon as the server lets it (while it loads, if in time), times
+    Model.torch(), then sums every tensor on the GPU (on torch's current stream)."""
+    import torch
+
+    import modelshare
+
+    torch.zeros(1, device="cuda")
+    session = modelshare.Session.open(args.server, name="loading")
+    deadline = time.time() + 120
+    while True:
+        try:
+            model = session.attach("loading", 1)  # version 1 by name: attachable while it loads
+            break
+        except (modelshare.NotFound, modelshare.Unavailable):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.001)
+    while_loading = model._native.attached_while_loading
+    t0 = time.perf_counter()
+    tensors = model.torch()
+    torch_ms = (time.perf_counter() - t0) * 1e3
+    sums = {n: float(t.double().sum()) for n, t in tensors.items()}
+    print(json.dumps({"attached_while_loading": while_loading, "torch_ms": torch_ms, "sums": sums}))
+    return 0
+
+
 def spawn(args: argparse.Namespace, role: str, *extra: str, name: str = "") -> subprocess.Popen:
     log_file = open(os.path.join(args.out, f"{role}-{name or 'x'}-{time.time_ns()}.log"), "w")
     env = dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG="info")
@@ -325,6 +377,23 @@ def rows_on_big(args: argparse.Namespace, results: dict) -> None:
                                  "ratio": py_p50 / rust_p50, "rounds": {"rust": rust, "python": python},
                                  "handle_kind": rust[0].get("kind"), "tensors": rust[0].get("tensors")}
             log(f"attach: Rust p50 {rust_p50:.3f} ms, Python {py_p50:.3f} ms, ratio {py_p50 / rust_p50:.2f}")
+
+        if "loading" in args.rows:
+            sums = make_loading(root)
+            reader = spawn(args, "loading", "--server", server.address, name="loading")
+            time.sleep(3)  # its CUDA context and session are up; then the load starts
+            t0 = time.perf_counter()
+            server.cli("load", "loading", "loading")
+            load_s = time.perf_counter() - t0
+            reader.wait(180)
+            out = sorted(glob.glob(os.path.join(args.out, "loading-loading-*.log")))[-1]
+            got = json.loads([ln for ln in open(out) if ln.startswith("{")][-1])
+            equal = all(abs(got["sums"][n] - v) <= 1e-6 * max(1.0, abs(v)) for n, v in sums.items())
+            ok = equal and got["attached_while_loading"] and got["torch_ms"] < 50
+            results["loading"] = {"ok": ok, "attached_while_loading": got["attached_while_loading"],
+                                  "torch_ms": got["torch_ms"], "load_s": load_s, "sums_equal": equal,
+                                  "gib": LOADING_BYTES / 2**30}
+            log(f"loading: {results['loading']}")
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -495,14 +564,15 @@ def main() -> int:
     args.sentences = [int(n) for n in args.sentences.split(",")]
     os.makedirs(args.out, exist_ok=True)
     if args.role != "main":
-        return {"worker": role_worker, "writer": role_writer, "attach-bench": role_attach_bench}[args.role](args)
+        return {"worker": role_worker, "writer": role_writer, "attach-bench": role_attach_bench,
+            "loading": role_loading}[args.role](args)
     args.rows = set(args.only.split(","))
     setup(args)
     smi = shutil.which("nvidia-smi")
     device = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
                             text=True).stdout.strip() if smi else "no GPU (host backend)"
     results: dict = {"device": device, "date": time.strftime("%Y-%m-%d")}
-    if args.rows & {"memory", "pointers", "write", "attach"}:
+    if args.rows & {"memory", "pointers", "write", "attach", "loading"}:
         try:
             rows_on_big(args, results)
         except Exception as e:  # noqa: BLE001 - report, go on with the other rows

@@ -142,6 +142,8 @@ pub trait Mapped: Send + Sync + std::fmt::Debug {
     fn context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>>;
     /// Makes `stream` wait, on the device, until the arena is loaded.
     fn wait_ready(&self, stream: &cudarc::driver::CudaStream) -> Result<()>;
+    /// Makes another library's `stream` wait, on the device, until the arena is loaded.
+    fn wait_ready_foreign(&self, stream: crate::cuda::ForeignStream) -> Result<()>;
     /// Whether the load has completed.
     fn is_ready(&self) -> Result<bool>;
     /// Copies `dst.len()` bytes at `offset` to the host (after the load completed).

@@ -84,6 +84,12 @@ impl Mapping {
         self.0.wait_ready(stream)
     }
 
+    /// Makes another library's `stream` (a DLPack consumer's) wait, on the device, until the
+    /// arena is fully loaded. A no-op for host memory.
+    pub fn wait_ready_foreign(&self, stream: crate::cuda::ForeignStream) -> Result<()> {
+        self.0.wait_ready_foreign(stream)
+    }
+
     /// Whether the load has completed (a host-side check; prefer [`Mapping::wait_ready`]).
     pub fn is_ready(&self) -> Result<bool> {
         self.0.is_ready()

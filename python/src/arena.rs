@@ -67,8 +67,8 @@ impl Arena {
     }
 
     /// A DLPack capsule of the whole mapping as `uint8`, with no copy, flagged read-only where
-    /// the mapping is (DLPack 1.x consumers). A version attached while loading is waited for
-    /// first, as for a tensor.
+    /// the mapping is (DLPack 1.x consumers). A version attached while loading is ordered after
+    /// its load as for a tensor (the consumer's stream waits on the device).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -78,12 +78,11 @@ impl Arena {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = stream;
         let device = export::dl_device(&self.mapping, "the arena")?;
         export::check_request("the arena", device, dl_device, copy)?;
         let length = i64::try_from(self.mapping.len())
             .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
-        export::wait_loaded(py, &self.mapping)?;
+        export::wait_loaded(py, &self.mapping, dlpack::consumer_stream(stream.as_ref())?)?;
         let export = Export {
             address: if length == 0 { 0 } else { self.address() },
             device,

@@ -19,6 +19,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::errors::DtypeError;
+use modelshare_device::cuda::ForeignStream;
 
 /// Name of an unconsumed legacy capsule.
 const LEGACY: &CStr = c"dltensor";
@@ -268,4 +269,34 @@ unsafe extern "C" fn destroy_versioned(capsule: *mut ffi::PyObject) {
             delete_versioned(managed);
         }
     }
+}
+
+/// The consumer's stream of a `__dlpack__(stream=...)` call on CUDA memory, as the DLPack
+/// protocol passes it: `None` or -1, no stream (the producer synchronises on the host, or not at
+/// all); 1, the legacy default stream; 2, the per-thread default stream; any other integer, a
+/// `cudaStream_t` of the consumer's current device (0, which the protocol forbids as ambiguous,
+/// is taken as the legacy default, as CUDA reads it).
+pub(crate) fn consumer_stream(
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<ForeignStream>> {
+    let Some(stream) = stream.filter(|s| !s.is_none()) else {
+        return Ok(None);
+    };
+    let raw: i64 = stream.extract().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err("stream must be an integer (a CUDA stream handle)")
+    })?;
+    let raw = match raw {
+        -1 => return Ok(None),
+        0 => 1,
+        raw => usize::try_from(raw).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "stream {raw} is no CUDA stream handle"
+            ))
+        })?,
+    };
+    // SAFETY: the DLPack protocol has the consumer pass a stream of its current device that
+    // lives through this call, in which the stream is only made to wait on the ready event
+    // (torch passes its current stream, of the device's primary context, where the arena is
+    // mapped).
+    Ok(Some(unsafe { ForeignStream::from_raw(raw) }))
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use modelshare_device::cuda::ForeignStream;
 use modelshare_worker::Mapping;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -37,11 +38,22 @@ pub(crate) fn dl_device(mapping: &Mapping, what: &str) -> PyResult<DLDevice> {
     })
 }
 
-/// Waits (GIL released) until the version's load has landed: CUDA only, for a version
-/// attached while loading; host arenas are always ready.
-pub(crate) fn wait_loaded(py: Python<'_>, mapping: &Mapping) -> PyResult<()> {
+/// Orders the consumer's use of a version attached while loading after the load: with the
+/// consumer's `stream`, that stream waits on the device for the ready event (no host round
+/// trip: the export returns at once); without one, this thread waits (GIL released) until the
+/// load has landed. CUDA only; host arenas are always ready.
+pub(crate) fn wait_loaded(
+    py: Python<'_>,
+    mapping: &Mapping,
+    stream: Option<ForeignStream>,
+) -> PyResult<()> {
     if !mapping.is_on_device() {
         return Ok(());
+    }
+    if let Some(stream) = stream {
+        return mapping
+            .wait_ready_foreign(stream)
+            .map_err(|e| DeviceError::new_err(e.to_string()));
     }
     loop {
         match mapping.is_ready() {

@@ -189,8 +189,9 @@ impl Tensor {
 
     /// A DLPack capsule of the tensor, with no copy. A consumer asking for DLPack 1.x gets a
     /// versioned tensor, flagged read-only where the mapping is; older ones get the legacy
-    /// `dltensor`. On CUDA, a version attached while loading is waited for first (on the host:
-    /// the load's ready event), so any stream of the consumer sees every byte.
+    /// `dltensor`. On CUDA, a version attached while loading is ordered after its load: the
+    /// consumer's `stream` waits on the device for the ready event (the call returns at once),
+    /// or, without a stream, this thread waits until the load has landed.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -200,8 +201,6 @@ impl Tensor {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // The ordering a consumer's stream needs is the load's only: waited for below.
-        let _ = stream;
         let device = self.dl_device()?;
         let what = format!("tensor '{}'", self.tensor.name());
         export::check_request(&what, device, dl_device, copy)?;
@@ -219,7 +218,7 @@ impl Tensor {
             .map(|&d| i64::try_from(d))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| DtypeError::new_err("a dimension past i64"))?;
-        export::wait_loaded(py, &self.mapping)?;
+        export::wait_loaded(py, &self.mapping, dlpack::consumer_stream(stream.as_ref())?)?;
         let export = Export {
             address: if self.tensor.byte_length() == 0 {
                 0

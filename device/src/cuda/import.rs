@@ -128,6 +128,9 @@ impl Mapped for CudaMapping {
     fn wait_ready(&self, stream: &CudaStream) -> Result<()> {
         CudaMapping::wait_ready(self, stream)
     }
+    fn wait_ready_foreign(&self, stream: super::ForeignStream) -> Result<()> {
+        self.ready.wait_on_foreign(stream)
+    }
     fn is_ready(&self) -> Result<bool> {
         CudaMapping::is_ready(self)
     }

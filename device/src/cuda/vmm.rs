@@ -93,6 +93,9 @@ impl Mapped for VmmMapping {
     fn wait_ready(&self, stream: &CudaStream) -> Result<()> {
         self.ready.wait_on(stream)
     }
+    fn wait_ready_foreign(&self, stream: super::ForeignStream) -> Result<()> {
+        self.ready.wait_on_foreign(stream)
+    }
     fn is_ready(&self) -> Result<bool> {
         self.ready.is_done()
     }

@@ -105,6 +105,15 @@ impl Event {
             .map_err(driver("cuStreamWaitEvent"))
     }
 
+    /// Makes another library's `stream` wait, on the device, for the last record.
+    pub fn wait_on_foreign(&self, stream: super::ForeignStream) -> Result<()> {
+        bind(&self.ctx)?;
+        // SAFETY: the event is live; `ForeignStream::from_raw`'s caller vouched for the stream.
+        unsafe { sys::cuStreamWaitEvent(stream.handle(), self.ev, 0) }
+            .result()
+            .map_err(driver("cuStreamWaitEvent"))
+    }
+
     /// The IPC handle (the event must be inter-process).
     pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
         bind(&self.ctx)?;
