@@ -85,15 +85,22 @@ Layout = tuple[str, str, tuple[int, ...], int]
 
 def arena_views(arena: Arena, layout: list[Layout]) -> dict[str, torch.Tensor]:
     """Every tensor of ``layout`` (the model's whose mapping ``arena`` is) as a view of the one
-    DLPack export of ``arena``: same memory, same data pointers as ``to_torch`` gives."""
+    DLPack export of ``arena``: same memory, same data pointers as ``to_torch`` gives.
+
+    Tensors of one dtype and shape laid out at equal spacing (a transformer's layers: every
+    layer's ``q_proj`` one layer apart) are made by one ``as_strided`` over all of them and one
+    ``unbind``: a CUDA tensor costs torch a microsecond or two to make, and a view per tensor
+    from Python twice that. The dict keeps the layout's order."""
     import torch
 
     base = torch.from_dlpack(arena)  # uint8, the whole mapping
     kinds: dict[str, torch.dtype] = {}
     typed: dict[torch.dtype, torch.Tensor] = {}
-    strides: dict[tuple[int, ...], tuple[int, ...]] = {}
-    out: dict[str, torch.Tensor] = {}
+    groups: dict[tuple[str, tuple[int, ...]], list[tuple[str, int]]] = {}
     for name, dtype, shape, offset in layout:
+        groups.setdefault((dtype, shape), []).append((name, offset))
+    views: dict[str, torch.Tensor] = {}
+    for (dtype, shape), members in groups.items():
         kind = kinds.get(dtype)
         if kind is None:
             kind = kinds[dtype] = torch_dtype(dtype)
@@ -101,12 +108,36 @@ def arena_views(arena: Arena, layout: list[Layout]) -> dict[str, torch.Tensor]:
         whole = typed.get(kind)
         if whole is None:
             whole = typed[kind] = base[: base.numel() // size * size].view(kind)
-        stride = strides.get(shape)
-        if stride is None:
-            stride = strides[shape] = _contiguous_strides(shape)
-        # The server aligns every tensor (256 bytes at least): its offset is a whole number of
-        # elements. as_strided checks the view against the storage's bounds.
-        if offset % size:
-            raise DtypeError(f"tensor {name!r} starts at byte {offset}, not at a {dtype} element")
-        out[name] = whole.as_strided(shape, stride, offset // size)
-    return out
+        stride = _contiguous_strides(shape)
+        elements = 1
+        for dim in shape:
+            elements *= dim
+        for name, offset in members:
+            # The server aligns every tensor (256 bytes at least): its offset is a whole number
+            # of elements. as_strided checks every view against the storage's bounds.
+            if offset % size:
+                raise DtypeError(f"tensor {name!r} starts at byte {offset}, not at a {dtype} element")
+        for run in _runs(members, elements * size):
+            first = run[0][1] // size
+            if len(run) == 1:
+                views[run[0][0]] = whole.as_strided(shape, stride, first)
+                continue
+            step = (run[1][1] - run[0][1]) // size
+            stacked = whole.as_strided((len(run), *shape), (step, *stride), first)
+            views.update(zip((name for name, _ in run), stacked.unbind(0)))
+    return {name: views[name] for name, _, _, _ in layout}
+
+
+def _runs(members: list[tuple[str, int]], nbytes: int) -> list[list[tuple[str, int]]]:
+    """``members`` (name, offset), in arena order, cut into runs at one spacing, at least the
+    tensor's size (views of a run never overlap); a tensor of no bytes runs alone."""
+    runs: list[list[tuple[str, int]]] = []
+    for member in members:
+        if runs and nbytes:
+            run = runs[-1]
+            gap = member[1] - run[-1][1]
+            if gap >= nbytes and (len(run) == 1 or gap == run[1][1] - run[0][1]):
+                run.append(member)
+                continue
+        runs.append([member])
+    return runs

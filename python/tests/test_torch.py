@@ -115,3 +115,35 @@ def test_torch_tensors_hold_the_lease(server: Server):
     del capsule
     gc.collect()
     server.wait_for("the lease released after the capsule", lambda: server.leases_of(name) is None)
+
+
+def test_layers_of_one_shape_are_views_at_their_own_bytes(server: Server, session: modelshare.Session):
+    """Tensors of one dtype and shape at equal spacing (a transformer's layers) are made as one
+    strided view and unbound; irregular spacing, other shapes, scalars and empty tensors between
+    them must still each be their own bytes, at their own addresses, in the file's order."""
+    from conftest import write_safetensors
+
+    rng = np.random.default_rng(5)
+    tensors = []
+    for layer in range(4):
+        tensors.append((f"layers.{layer}.q", "F32", [8, 8], rng.standard_normal(64, dtype=np.float32).tobytes()))
+        tensors.append((f"layers.{layer}.norm", "F32", [8], rng.standard_normal(8, dtype=np.float32).tobytes()))
+        if layer == 2:  # breaks the spacing of the layers after it
+            tensors.append(("extra", "BF16", [3, 5], rng.integers(0, 256, 30, dtype=np.uint8).tobytes()))
+    tensors += [("scale", "F32", [], struct_f32(0.5)), ("nothing", "F32", [0, 4], b""),
+                ("also.nothing", "F32", [0, 4], b""), ("head", "F32", [8, 8], rng.standard_normal(64, dtype=np.float32).tobytes())]
+    write_safetensors(server.tmp / "models" / "layers" / "model.safetensors", tensors)
+    server.cli("load", "layers", "layers", "--public")
+    model = session.attach("layers")
+    views = model.torch()
+    assert list(views) == [name for name, *_ in tensors]
+    for name, dtype, shape, data in tensors:
+        t = views[name]
+        assert t.dtype == TORCH_DTYPES[dtype] and list(t.shape) == shape and t.is_contiguous(), name
+        assert raw_bytes(t) == data, name
+        if data:
+            assert t.data_ptr() == model.tensor(name).data_ptr, name
+
+
+def struct_f32(x: float) -> bytes:
+    return np.float32(x).tobytes()
