@@ -407,7 +407,8 @@ def client_proc(url: str, model: str, texts: list[str], per_request: int, conn_o
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
     done = 0
     for i in range(0, len(texts), per_request):
-        body = json.dumps({"model": model, "input": texts[i:i + per_request]})
+        # base64, as the official openai client asks by default.
+        body = json.dumps({"model": model, "input": texts[i:i + per_request], "encoding_format": "base64"})
         conn.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
         r = conn.getresponse()
         payload = r.read()
@@ -470,9 +471,16 @@ def alone_throughput(folder: str, pool: list[str], batch: int = 64) -> float:
     for i in range(0, 256, batch):
         encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
     start = time.perf_counter()
+    model = 0.0
     for i in range(0, len(pool), batch):
-        encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
-    return len(pool) / (time.perf_counter() - start)
+        ids = sorted(encoder.tokenize(pool[i:i + batch]), key=len)
+        t = time.perf_counter()
+        encoder.embed_ids(ids)
+        model += time.perf_counter() - t
+    elapsed = time.perf_counter() - start
+    batches = (len(pool) + batch - 1) // batch
+    log(f"alone: per batch {elapsed / batches * 1e3:.2f} ms, of which the model {model / batches * 1e3:.2f} ms")
+    return len(pool) / elapsed
 
 
 def random_weights(folder: str) -> bool:
@@ -520,7 +528,8 @@ def rows_on_minilm(args: argparse.Namespace, results: dict) -> None:
             server.cli("load", name, name)
             workers.append(subprocess.Popen(
                 [sys.executable, os.path.join(ROOT, "workers", "python", "encoder_worker.py"), "--model", name,
-                 "--server", server.address, "--name", name, "--credits", str(args.credits), "--max-batch-items", "64"],
+                 "--server", server.address, "--name", name, "--credits", str(args.credits), "--max-batch-items", "64",
+                 "--stats"],
                 stdout=open(os.path.join(args.out, f"encoder-{name}.log"), "w"), stderr=subprocess.STDOUT,
                 env=dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG="info")))
         for name in models:
@@ -569,6 +578,12 @@ def rows_on_minilm(args: argparse.Namespace, results: dict) -> None:
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for name in models:
+            stats = [ln.split("stats: ", 1)[1].strip() for ln in open(os.path.join(args.out, f"encoder-{name}.log"))
+                     if "stats: " in ln]
+            if stats and name in results.get("throughput", {}).get("models", {}):
+                results["throughput"]["models"][name]["worker_stats"] = stats[-1]
+                log(f"worker {name}: {stats[-1]}")
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -606,7 +621,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--backend", default="cuda", choices=["cuda", "host"])
     ap.add_argument("--bin", help="binaries already there (instead of --carry's .xz)")
-    ap.add_argument("--loads", default="16x8,32x8,32x16",
+    ap.add_argument("--loads", default="16x8,32x16,8x64",
                     help="client loads of the door: processes x sentences per request, comma-separated")
     ap.add_argument("--credits", type=int, default=2, help="the encoder worker's credits")
     ap.add_argument("--sentences", default="20000,6000",

@@ -40,6 +40,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -185,7 +186,32 @@ class Encoder:
         return self.embed_ids(self.tokenize(texts))
 
 
-def handler_for(encoder: Encoder):
+class Stats:
+    """Per-batch timings, logged when serving ends (``--stats``): where a batch's time goes."""
+
+    def __init__(self) -> None:
+        self.batches = self.items = 0
+        self.handler = self.model = 0.0
+        self.first = self.last = None
+
+    def add(self, items: int, start: float, model_start: float, end: float) -> None:
+        self.batches += 1
+        self.items += items
+        self.handler += end - start
+        self.model += end - model_start
+        self.first = start if self.first is None else self.first
+        self.last = end
+
+    def summary(self) -> str:
+        if not self.batches:
+            return "no batch"
+        wall = (self.last - self.first) or 1e-9
+        return (f"{self.batches} batches, {self.items / self.batches:.1f} items each; per batch: handler "
+                f"{self.handler / self.batches * 1e3:.2f} ms, of which the model {self.model / self.batches * 1e3:.2f} ms; "
+                f"handlers busy {self.handler / wall:.0%} of {wall:.1f} s")
+
+
+def handler_for(encoder: Encoder, stats: Stats | None = None):
     """The serve handler: tokenizes the batch's items, runs them as one padded batch (sorted by
     length, as sentence-transformers does), answers each."""
 
@@ -213,6 +239,7 @@ def handler_for(encoder: Encoder):
         return ids.astype(np.int64).tolist()
 
     def handle(batch: modelshare.Batch):
+        start = time.perf_counter()
         answers: list[Any] = [None] * len(batch.items)
         sequences: dict[int, list[int]] = {}
         texts: list[tuple[int, str]] = []  # truncated, tokenized together
@@ -230,9 +257,12 @@ def handler_for(encoder: Encoder):
         if texts:
             sequences.update(zip((i for i, _ in texts), encoder.tokenize([t for _, t in texts])))
         order = sorted(sequences, key=lambda i: len(sequences[i]))
+        model_start = time.perf_counter()
         vectors = encoder.embed_ids([sequences[i] for i in order])
         for i, vector in zip(order, vectors):
             answers[i] = modelshare.Output({"embedding": vector}, {"prompt_tokens": len(sequences[i])})
+        if stats is not None:
+            stats.add(len(batch.items), start, model_start, time.perf_counter())
         return answers
 
     return handle
@@ -251,8 +281,10 @@ def main() -> int:
     ap.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                     help="normalise embeddings to unit length (default: as the model's modules.json says)")
     ap.add_argument("--device", help="run on this torch device (default: where the weights are)")
+    ap.add_argument("--stats", action="store_true", help="log where the batches' time went when serving ends")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="encoder_worker: %(message)s")
+    stats = Stats() if args.stats else None
 
     def on_version(model: modelshare.Model):
         encoder = Encoder(model.metadata, model.torch(), pooling=args.pooling, normalize=args.normalize,
@@ -260,7 +292,7 @@ def main() -> int:
         log.info("%s v%d: %s on %s, %s pooling%s, %d tokens at most", model.name, model.version,
                  type(encoder.net).__name__, encoder.device, encoder.pooling,
                  ", normalised" if encoder.normalize else "", encoder.max_tokens)
-        return handler_for(encoder)
+        return handler_for(encoder, stats)
 
     try:
         with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file,
@@ -273,6 +305,8 @@ def main() -> int:
     except modelshare.Error as e:
         print(f"encoder_worker: error: {e}", file=sys.stderr, flush=True)
         return 1
+    if stats is not None:
+        log.info("stats: %s", stats.summary())
     return 0
 
 
