@@ -143,7 +143,7 @@ pub trait Mapped: Send + Sync + std::fmt::Debug {
     /// Makes `stream` wait, on the device, until the arena is loaded.
     fn wait_ready(&self, stream: &cudarc::driver::CudaStream) -> Result<()>;
     /// Makes another library's `stream` wait, on the device, until the arena is loaded.
-    fn wait_ready_foreign(&self, stream: crate::cuda::ForeignStream) -> Result<()>;
+    fn wait_ready_foreign(&self, stream: crate::ForeignStream) -> Result<()>;
     /// Whether the load has completed.
     fn is_ready(&self) -> Result<bool>;
     /// Copies `dst.len()` bytes at `offset` to the host (after the load completed).

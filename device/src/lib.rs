@@ -33,7 +33,9 @@
 //! - [`error`]: [`DeviceError`], the crate's one error type.
 //! - [`ignore_hangup`]: SIGHUP made harmless, first thing in the server's `main` (a wrapper
 //!   over `signal`, as the crate holds the unsafe code).
-//! - `sys`, `cuda::sys` (private): the only `unsafe` code.
+//! - [`stream`]: [`ForeignStream`], another library's CUDA stream (a DLPack consumer's), made
+//!   from a raw handle (an `unsafe` constructor) and made to wait on a ready event.
+//! - `sys`, `cuda::sys` (private): the only `unsafe` code besides that constructor.
 //!
 //! Data flow of a load: `DeviceThread::allocate` → `ArenaHandle::writer` (one per loading
 //! thread) → `ArenaWriter::buffer`/`submit`… → `finish` → `ArenaHandle::checksums` →
@@ -60,6 +62,8 @@ pub mod numa;
 pub mod pagecache;
 pub mod peer;
 pub mod replica;
+#[allow(unsafe_code)] // An unsafe constructor of a raw stream handle; see its docs.
+pub mod stream;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
 mod sys;
 pub mod thread;
@@ -72,6 +76,7 @@ pub use host_memory::HostMemory;
 pub use mapping::Mapping;
 pub use peer::PeerWatch;
 pub use replica::PeerSource;
+pub use stream::ForeignStream;
 pub use sys::ignore_hangup;
 pub use thread::{Arena, ArenaHandle, Backend, DeviceCtx, DeviceThread, Reply};
 

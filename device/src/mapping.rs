@@ -86,7 +86,7 @@ impl Mapping {
 
     /// Makes another library's `stream` (a DLPack consumer's) wait, on the device, until the
     /// arena is fully loaded. A no-op for host memory.
-    pub fn wait_ready_foreign(&self, stream: crate::cuda::ForeignStream) -> Result<()> {
+    pub fn wait_ready_foreign(&self, stream: crate::ForeignStream) -> Result<()> {
         self.0.wait_ready_foreign(stream)
     }
 

@@ -19,7 +19,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::errors::DtypeError;
-use modelshare_device::cuda::ForeignStream;
+use modelshare_device::ForeignStream;
 
 /// Name of an unconsumed legacy capsule.
 const LEGACY: &CStr = c"dltensor";

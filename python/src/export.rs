@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use modelshare_device::cuda::ForeignStream;
+use modelshare_device::ForeignStream;
 use modelshare_worker::Mapping;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;

@@ -128,7 +128,7 @@ impl Mapped for CudaMapping {
     fn wait_ready(&self, stream: &CudaStream) -> Result<()> {
         CudaMapping::wait_ready(self, stream)
     }
-    fn wait_ready_foreign(&self, stream: super::ForeignStream) -> Result<()> {
+    fn wait_ready_foreign(&self, stream: crate::ForeignStream) -> Result<()> {
         self.ready.wait_on_foreign(stream)
     }
     fn is_ready(&self) -> Result<bool> {

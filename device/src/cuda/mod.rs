@@ -37,7 +37,6 @@ pub use arena::{STAGING_BYTES, STAGING_SLOTS};
 pub use context::{device_count, init_driver, ordinal_of, primary as context, uuid as device_uuid};
 pub use import::CudaMapping;
 pub(crate) use import::import;
-pub use sys::ForeignStream;
 pub use vmm::VmmMapping;
 pub(crate) use vmm::import as import_vmm;
 

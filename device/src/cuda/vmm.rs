@@ -93,7 +93,7 @@ impl Mapped for VmmMapping {
     fn wait_ready(&self, stream: &CudaStream) -> Result<()> {
         self.ready.wait_on(stream)
     }
-    fn wait_ready_foreign(&self, stream: super::ForeignStream) -> Result<()> {
+    fn wait_ready_foreign(&self, stream: crate::ForeignStream) -> Result<()> {
         self.ready.wait_on_foreign(stream)
     }
     fn is_ready(&self) -> Result<bool> {

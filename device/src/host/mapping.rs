@@ -69,7 +69,7 @@ impl Mapped for HostMapping {
     fn wait_ready(&self, _stream: &cudarc::driver::CudaStream) -> Result<()> {
         Ok(())
     }
-    fn wait_ready_foreign(&self, _stream: crate::cuda::ForeignStream) -> Result<()> {
+    fn wait_ready_foreign(&self, _stream: crate::ForeignStream) -> Result<()> {
         Ok(())
     }
     fn is_ready(&self) -> Result<bool> {

@@ -106,7 +106,7 @@ impl Event {
     }
 
     /// Makes another library's `stream` wait, on the device, for the last record.
-    pub fn wait_on_foreign(&self, stream: super::ForeignStream) -> Result<()> {
+    pub fn wait_on_foreign(&self, stream: crate::ForeignStream) -> Result<()> {
         bind(&self.ctx)?;
         // SAFETY: the event is live; `ForeignStream::from_raw`'s caller vouched for the stream.
         unsafe { sys::cuStreamWaitEvent(stream.handle(), self.ev, 0) }

@@ -14,7 +14,6 @@
 //! - `event`: [`Event`], a CUDA event (plain or inter-process).
 //! - `gate`: [`Gate`], a host-side latch a stream waits on through a host function.
 //! - `pinned`: [`Pinned`], page-locked host memory for asynchronous copies.
-//! - `stream`: [`ForeignStream`], another library's stream (a DLPack consumer's), waited on.
 //! - `ms64`: the ms64 checksum kernel launched over many ranges.
 //! - `vmm`: the VMM calls (`cuMemCreate`, descriptors, read-only imports).
 //! - `common`: the helpers they share (error mapping, binding a context, range checks).
@@ -28,7 +27,6 @@ mod memory;
 mod ms64;
 mod peer;
 mod pinned;
-mod stream;
 mod vmm;
 
 pub use devices::{device_count, device_uuid, driver_present, init, nvrtc_present};
@@ -39,5 +37,4 @@ pub use memory::DeviceMemory;
 pub use ms64::launch_ms64_many;
 pub use peer::enable_peer_access;
 pub use pinned::Pinned;
-pub use stream::ForeignStream;
 pub use vmm::{VmmImport, fd_handles_supported};

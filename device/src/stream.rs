@@ -18,6 +18,7 @@ impl ForeignStream {
         Self(raw as CUstream)
     }
 
+    /// The raw handle (for the CUDA backend's driver calls).
     pub(crate) fn handle(self) -> CUstream {
         self.0
     }
