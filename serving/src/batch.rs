@@ -98,13 +98,16 @@ pub(super) struct Backlog {
     pub(super) oldest: Option<Instant>,
 }
 
-/// Whether a batch for a worker with `spec` closes at `now`: at its max items or max bytes, or
-/// once the oldest item has waited `delay`.
+/// Whether a batch for a worker with `spec` closes at `now`: at once for an `idle` worker (no
+/// batch in flight: waiting for company would only leave it idle), else at its max items or max
+/// bytes, or once the oldest item has waited `delay` (while the worker computes, the next batch
+/// fills).
 pub(super) fn closing(
     backlog: Backlog,
     spec: &WorkerSpec,
     delay: Duration,
     now: Instant,
+    idle: bool,
 ) -> Closing {
     let Some(oldest) = backlog.oldest else {
         return Closing::Empty;
@@ -112,7 +115,7 @@ pub(super) fn closing(
     if backlog.items == 0 {
         return Closing::Empty;
     }
-    if backlog.items >= spec.max_items.max(1) || backlog.bytes >= spec.max_bytes {
+    if idle || backlog.items >= spec.max_items.max(1) || backlog.bytes >= spec.max_bytes {
         return Closing::Now;
     }
     match oldest.checked_add(delay) {

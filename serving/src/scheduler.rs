@@ -11,7 +11,8 @@
 //! # The path of a request
 //! [`Scheduler::submit`] admits it (or refuses at once, changing nothing) and queues its items
 //! under its tenant. [`Scheduler::next_batch`], asked for a worker with a credit left, cuts a
-//! batch when enough items or bytes wait or the oldest has waited the model's queue delay; it
+//! batch at once when the worker is idle (no batch in flight), else when enough items or bytes
+//! wait or the oldest has waited the model's queue delay (work piles up: let it batch); it
 //! fails items whose deadline has passed instead of sending them. [`Scheduler::complete`]
 //! records the worker's results and returns the requests that are now complete. A worker that
 //! goes away ([`Scheduler::unregister_worker`]) has its items requeued once; an item that loses
@@ -47,8 +48,9 @@ pub struct Limits {
     /// Most requests a named tenant may have outstanding (queued or in flight), over all
     /// models; the admin (`None`) has no quota.
     pub max_tenant_requests: usize,
-    /// How long the oldest item of a model may wait for a batch to fill, unless the model has
-    /// its own ([`Scheduler::set_queue_delay`]).
+    /// How long the oldest item of a model may wait for a batch to fill while the worker asking
+    /// has a batch in flight, unless the model has its own ([`Scheduler::set_queue_delay`]); an
+    /// idle worker takes what is queued at once.
     pub max_queue_delay: Duration,
     /// Items a weight-1 tenant may take per turn of the round robin (0 is taken as 1).
     pub quantum: u32,
@@ -302,6 +304,10 @@ impl<O> Scheduler<O> {
         if !has_credit || self.outranked(&spec) {
             return dispatch;
         }
+        let idle = self
+            .workers
+            .get(&worker_id)
+            .is_some_and(|w| w.in_flight.is_empty());
         let delay = self.queue_delay(&spec.model);
         let quantum = u64::from(self.limits.quantum);
         let weights = &self.weights;
@@ -323,7 +329,7 @@ impl<O> Scheduler<O> {
                 }
             }
         };
-        match batch::closing(backlog, &spec, delay, now) {
+        match batch::closing(backlog, &spec, delay, now, idle) {
             Closing::Now => {}
             Closing::At(at) => {
                 dispatch.retry_at = Some(at);

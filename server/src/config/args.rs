@@ -55,8 +55,9 @@ pub struct ServeArgs {
     /// The old name of --http-listen, kept as an alias.
     #[arg(long, env = "MODELSHARE_METRICS_LISTEN", hide = true)]
     pub metrics_listen: Option<SocketAddr>,
-    /// How long a batch may wait to fill, in microseconds (per model in the file's
-    /// `[serving.queue_delay_us]`); default 1000.
+    /// How long a batch may wait to fill while its worker computes another, in microseconds
+    /// (per model in the file's `[serving.queue_delay_us]`); default 1000. An idle worker takes
+    /// what is queued at once.
     #[arg(long, env = "MODELSHARE_MAX_QUEUE_DELAY_US")]
     pub max_queue_delay_us: Option<u64>,
     /// How long a request waits for a worker to serve its model, in milliseconds; default 5000.

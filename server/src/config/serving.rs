@@ -5,7 +5,7 @@
 //! max_queue_items = 4096        # items queued per model
 //! max_tenant_requests = 256     # inference requests a tenant may have outstanding (quota
 //!                               # `requests` in the tenants file overrides it per tenant)
-//! max_queue_delay_us = 1000     # how long a batch may wait to fill
+//! max_queue_delay_us = 1000     # how long a batch may wait to fill while its worker is busy
 //! no_worker_wait_ms = 5000      # how long a request waits for a worker to serve its model
 //! max_request_secs = 60         # the longest deadline a request may have (and the default)
 //! max_request_bytes = 67108864  # the largest HTTP request body
