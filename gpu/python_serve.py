@@ -17,7 +17,7 @@
               the same Encoder code alone in one process on the same sentences; MiniLM and a
               BERT-base-sized model (random f16 weights, compute-bound)
 
-    python3 gpu/python_serve.py --carry gpu-carry/pyserve --minilm gpu-carry/minilm-f16 --out $OUT
+    python3 gpu/python_serve.py --carry gpu-carry/pyserve --minilm gpu-carry/minilm-files --out $OUT
         [--only memory,write,attach,parity,throughput]
 
 --carry holds modelshare.xz and gpu_worker.xz (release, xz), the wheel, and wheels/ (the
@@ -612,7 +612,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", default="main")
     ap.add_argument("--carry", default="gpu-carry/pyserve")
-    ap.add_argument("--minilm", default="gpu-carry/minilm-f16")
+    ap.add_argument("--minilm", default="gpu-carry/minilm-files",
+                    help="MiniLM's folder; random f16 weights are written when it has none")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/python-serve"))
     ap.add_argument("--only", default=",".join(ROWS))
     ap.add_argument("--server")
