@@ -185,6 +185,10 @@ def check_clients(stack, who):
     assert g.is_model_ready("enc", headers=hdr)
     meta = g.get_model_metadata("enc", headers=hdr)
     assert meta.name == "enc", meta
+    # The worker declares one item's shapes; a request stacks items on a first dimension.
+    shapes = {t.name: list(t.shape) for t in [*meta.inputs, *meta.outputs]}
+    assert shapes == {"input_ids": [-1, -1], "input": [-1, -1], "embedding": [-1, -1], "echo": [-1, -1],
+                      "plus_weights": [-1, -1]}, shapes
     inp = tg.InferInput("x", [2, 4], "FP32")
     inp.set_data_from_numpy(x)
     r = g.infer("enc", [inp], headers=hdr)

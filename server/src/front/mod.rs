@@ -66,8 +66,8 @@ pub async fn infer(
 }
 
 /// What the request path knows of `model` for `caller` (its serving versions, and the inputs
-/// and outputs its newest worker declared), for the OIP's model metadata. A model the caller
-/// may not see is unknown.
+/// and outputs its newest worker declared), for the OIP's model metadata, the shapes as a
+/// request has them ([`request_shapes`]). A model the caller may not see is unknown.
 pub async fn model_serving(
     app: &App,
     caller: &Caller,
@@ -77,13 +77,26 @@ pub async fn model_serving(
         return Err(InferError::ModelNotFound(model.to_owned()));
     }
     let snapshot = app.engine.snapshot().await;
-    Ok(snapshot
+    let mut serving = snapshot
         .model(model)
         .cloned()
         .unwrap_or_else(|| ModelServing {
             model: model.to_owned(),
             ..ModelServing::default()
-        }))
+        });
+    request_shapes(&mut serving.inputs);
+    request_shapes(&mut serving.outputs);
+    Ok(serving)
+}
+
+/// A worker declares one item's tensors; the OIP doors stack a request's items along a first
+/// (batch) dimension, splitting inputs on it and joining outputs along it: the metadata says
+/// what a request sends and gets, so each shape gains a leading -1 (an embedding of `[384]` per
+/// item is `[-1, 384]` per request, token ids of `[-1]` are `[-1, -1]`).
+pub fn request_shapes(specs: &mut [pb::TensorSpec]) {
+    for spec in specs {
+        spec.shape.insert(0, -1);
+    }
 }
 
 /// Whether `caller`'s requests for `model` (of `version`, if named) would be taken now: a
