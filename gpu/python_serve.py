@@ -210,10 +210,6 @@ def role_attach_bench(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - t0
         assert len(tensors) == BIG_TENSORS
         del tensors, model
-        # The last reference gone, the lease's release runs in the background: let it finish
-        # outside the timing, as the Rust bench awaits `release()` between its attaches
-        # (otherwise each attach races the previous release at the server).
-        time.sleep(0.005)
         if i >= 10:
             times.append(elapsed * 1e3)
     times.sort()
