@@ -365,3 +365,53 @@ def test_serving_resumes_after_a_server_restart(stack: Stack) -> None:
     r = embeddings(stack, ["back"])
     assert np.array_equal(f32(r.data[0].embedding), f32(W1) + np.float32(4))
     assert all(p.poll() is None for p in stack.workers), "the workers outlived the restart"
+
+
+def test_overload_is_refused_at_once_with_429_not_a_late_504(stack: Stack) -> None:
+    """A model that cannot serve a request before the client's own timeout (openai-python sends
+    it as x-stainless-read-timeout) answers 429 with Retry-After at once, instead of queueing it
+    to answer 504 when the timeout has passed (the client then retries each, tripling the load)."""
+    import openai
+
+    def handle(batch: modelshare.Batch):
+        time.sleep(0.02)  # 50 items a second, one at a time
+        return [{"embedding": np.zeros(2, dtype=np.float32)} for _ in batch.items]
+
+    client = openai.OpenAI(base_url=f"{stack.http}/v1", api_key=TOKEN_B, max_retries=0, timeout=1.0)
+    outcomes: list[tuple[str, float, object]] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        started = time.monotonic()
+        try:
+            client.embeddings.create(model="enc", input=["x"])
+            kind, detail = "ok", None
+        except openai.APIStatusError as e:
+            kind, detail = str(e.status_code), e.response.headers.get("retry-after")
+        except openai.APITimeoutError:
+            kind, detail = "timeout", None
+        with lock:
+            outcomes.append((kind, time.monotonic() - started, detail))
+
+    with serving(stack, handle, credits=1, max_batch_items=1):
+        # Warm-up: a backlog that the model works through, so that its rate is measured.
+        warm = [threading.Thread(target=call) for _ in range(30)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join(30)
+        outcomes.clear()
+        # Then 90 at once (under httpx's 100 connections): about 50 fit in the second each
+        # client gives.
+        burst = [threading.Thread(target=call) for _ in range(90)]
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join(30)
+    kinds = [k for k, _, _ in outcomes]
+    refused = [(elapsed, after) for k, elapsed, after in outcomes if k == "429"]
+    assert kinds.count("ok") >= 20, kinds
+    assert len(refused) >= 25, f"only {len(refused)} refused: {sorted(set(kinds))}"
+    assert all(elapsed < 0.5 for elapsed, _ in refused), "a refusal must come at once"
+    assert all(after is not None and int(after) >= 1 for _, after in refused), refused[:3]
+    assert kinds.count("504") + kinds.count("timeout") <= 15, kinds

@@ -102,9 +102,13 @@ impl InferError {
         )
     }
 
-    /// How long the caller should wait before retrying, for refusals that a retry may pass.
+    /// How long the caller should wait before retrying, for refusals that a retry may pass: an
+    /// overloaded model's estimate of its queue's drain, else the kind's usual pause.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.kind().retry_after()
+        match self {
+            Self::Refused(Admission::Overloaded { retry_after, .. }) => Some(*retry_after),
+            _ => self.kind().retry_after(),
+        }
     }
 }
 

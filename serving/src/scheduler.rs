@@ -39,6 +39,7 @@ use super::request::Requests;
 pub use super::request::{Completed, InFlightItem, ItemError, NewRequest, Outcome};
 
 mod expiry;
+mod rate;
 
 /// Limits and defaults of a [`Scheduler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +110,21 @@ pub enum Admission {
         /// The model.
         model: String,
     },
+    /// The request would wait longer than its deadline: the work ahead of it over the model's
+    /// measured rate at the tenant's fair share.
+    #[error(
+        "model '{model}' is overloaded: this request would wait about {:.1} s for its turn, longer than its deadline allows ({:.1} s); retry in {} s", wait.as_secs_f64(), deadline.as_secs_f64(), retry_after.as_secs()
+    )]
+    Overloaded {
+        /// The model.
+        model: String,
+        /// The expected wait.
+        wait: Duration,
+        /// The time the request had.
+        deadline: Duration,
+        /// About how long until the model's queue drains.
+        retry_after: Duration,
+    },
 }
 
 /// What [`Scheduler::next_batch`] did.
@@ -143,6 +159,8 @@ pub struct Scheduler<O = Vec<u8>> {
     queues: HashMap<String, ModelQueue>,
     requests: Requests<O>,
     workers: BTreeMap<WorkerId, Worker>,
+    /// Each model's measured service rate (`rate`).
+    rates: HashMap<String, rate::Rate>,
     next_batch_id: u64,
 }
 
@@ -156,6 +174,7 @@ impl<O> Scheduler<O> {
             queues: HashMap::new(),
             requests: Requests::default(),
             workers: BTreeMap::new(),
+            rates: HashMap::new(),
             next_batch_id: 0,
         }
     }
@@ -217,6 +236,7 @@ impl<O> Scheduler<O> {
                 });
             }
         }
+        self.check_wait(&model, &tenant, item_bytes.len(), arrival, deadline)?;
         let id = self
             .requests
             .insert(tenant.clone(), model.clone(), item_bytes.len(), deadline);
@@ -346,9 +366,14 @@ impl<O> Scheduler<O> {
             Serves::Everyone => queue.take(cut, |t| weights.get(t).copied().unwrap_or(1)),
             Serves::Only(tenant) => queue.take_tenant(tenant, cut),
         };
+        let backlog = queue.len();
         if queue.is_empty() {
             self.queues.remove(&spec.model);
         }
+        self.rates
+            .entry(spec.model.clone())
+            .or_default()
+            .dispatched(taken.len(), backlog, now);
         self.next_batch_id = self.next_batch_id.wrapping_add(1);
         let batch_id = BatchId(self.next_batch_id);
         let items: Vec<QueuedItem> = taken.into_iter().map(|(_, item)| item).collect();

@@ -1,5 +1,6 @@
-//! A request's deadline: from gRPC's `grpc-timeout` header, or on HTTP from `x-request-timeout`
-//! or `x-stainless-timeout` (seconds, as the official OpenAI clients send their timeout),
+//! A request's deadline: from gRPC's `grpc-timeout` header, or on HTTP from `x-request-timeout`,
+//! `x-stainless-read-timeout` or `x-stainless-timeout` (seconds: openai-python sends its read
+//! timeout in the first of those, other official OpenAI clients their timeout in the second),
 //! bounded by the server's longest request time, which also applies when none is given.
 
 use std::time::{Duration, Instant};
@@ -9,7 +10,11 @@ use axum::http::HeaderMap;
 use modelshare_serving::InferError;
 
 /// HTTP headers that carry a timeout in seconds (a decimal number), first found wins.
-pub const HTTP_TIMEOUT_HEADERS: [&str; 2] = ["x-request-timeout", "x-stainless-timeout"];
+pub const HTTP_TIMEOUT_HEADERS: [&str; 3] = [
+    "x-request-timeout",
+    "x-stainless-read-timeout",
+    "x-stainless-timeout",
+];
 
 /// Parses a `grpc-timeout` value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
@@ -110,6 +115,9 @@ mod tests {
         assert_eq!(http(&h, now, longest), Ok(now + longest));
         h.insert("x-stainless-timeout", "0.5".parse().unwrap());
         assert_eq!(http(&h, now, longest), Ok(now + Duration::from_millis(500)));
+        // openai-python's read timeout comes before the generic one.
+        h.insert("x-stainless-read-timeout", "2".parse().unwrap());
+        assert_eq!(http(&h, now, longest), Ok(now + Duration::from_secs(2)));
         h.insert("x-request-timeout", "600".parse().unwrap());
         assert_eq!(http(&h, now, longest), Ok(now + longest));
         h.insert("x-request-timeout", "soon".parse().unwrap());

@@ -1,7 +1,7 @@
 //! Admission and expiry: deadlines, a full queue, requests larger than the queue, tenant
-//! quotas, models nobody (or no allowed worker) serves.
+//! quotas, models nobody (or no allowed worker) serves, and admission by expected wait.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::*;
 
@@ -176,4 +176,86 @@ fn items_no_worker_may_receive_expire_even_when_the_model_has_workers() {
     assert_eq!(done[0].outcomes[0].result, Err(ItemError::NoWorker));
     assert_eq!(s.queued_for_tenant(&b), 1);
     assert_eq!(s.next_no_worker_expiry(ms(100)), None);
+}
+
+/// Dispatches one-item batches to `w` every `every`, completing each, `n` times from `t0`,
+/// with `backlog` items kept queued behind them (so that the dispatches measure the rate).
+fn serve_under_backlog(
+    s: &mut Scheduler,
+    w: WorkerId,
+    t0: Instant,
+    every: Duration,
+    n: u32,
+) -> Instant {
+    let mut now = t0;
+    for _ in 0..n {
+        submit(s, &None, &[1], now);
+        let batch = s.next_batch(w, now).batch.expect("a batch");
+        let _ = s.complete(w, batch.id, ok(batch.items.len()));
+        now += every;
+    }
+    now
+}
+
+/// A request that would outwait its deadline is queued (to fail when the deadline passes, a
+/// 504 a minute late) instead of refused at once with the wait and a retry hint; or one that
+/// fits is refused; or a model whose rate is not measured yet refuses anything.
+#[test]
+fn a_request_that_would_outwait_its_deadline_is_refused_at_once() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(Limits {
+        max_queue_delay: Duration::ZERO,
+        ..Limits::default()
+    });
+    let w = register(&mut s, 1, spec(1, 1, 1, u64::MAX));
+    // No rate yet: a deep queue is admitted.
+    for _ in 0..50 {
+        submit(&mut s, &None, &[1], t0);
+    }
+    // One item every 10 ms with 50 behind: 100 items/s.
+    let now = serve_under_backlog(&mut s, w, t0, ms(10), 60);
+    let queued = s.queue_depth(MODEL);
+    assert!(queued >= 50, "{queued}");
+    // 50 ahead at 100/s: about half a second. A 2 s deadline fits, a 100 ms one does not.
+    let mut fits = request(&None, &[1], now);
+    fits.deadline = now + Duration::from_secs(2);
+    s.submit(fits).expect("0.5 s of wait within 2 s");
+    let mut late = request(&None, &[1], now);
+    late.deadline = now + ms(100);
+    match s.submit(late) {
+        Err(Admission::Overloaded {
+            wait, retry_after, ..
+        }) => {
+            assert!(wait > ms(400) && wait < ms(700), "{wait:?}");
+            assert!(retry_after >= Duration::from_secs(1), "{retry_after:?}");
+        }
+        other => panic!("expected Overloaded, got {other:?}"),
+    }
+}
+
+/// A tenant's wait counts its own sub-queue at its fair share: another tenant's deep backlog
+/// does not refuse a light tenant, whose turn comes each round.
+#[test]
+fn the_wait_is_the_tenants_own_at_its_fair_share() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(Limits {
+        max_queue_delay: Duration::ZERO,
+        ..Limits::default()
+    });
+    let w = register(&mut s, 1, spec(1, 1, 1, u64::MAX));
+    for _ in 0..200 {
+        submit(&mut s, &tenant("heavy"), &[1], t0);
+    }
+    let now = serve_under_backlog(&mut s, w, t0, ms(10), 60);
+    // heavy: ~200 ahead at half of 100/s: about 4 s. light: its one item at half the rate.
+    let mut light = request(&tenant("light"), &[1], now);
+    light.deadline = now + ms(500);
+    s.submit(light)
+        .expect("the light tenant's turn comes within 20 ms");
+    let mut heavy = request(&tenant("heavy"), &[1], now);
+    heavy.deadline = now + ms(500);
+    assert!(
+        matches!(s.submit(heavy), Err(Admission::Overloaded { .. })),
+        "the heavy tenant's item waits behind its own 200"
+    );
 }
