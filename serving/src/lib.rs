@@ -34,6 +34,7 @@ pub mod error;
 mod ids;
 pub mod kind;
 mod queue;
+mod rate;
 mod request;
 pub mod scheduler;
 #[cfg(test)]

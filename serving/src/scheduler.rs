@@ -4,9 +4,9 @@
 //!
 //! [`Scheduler`] is the facade over `ids`, `request`, `queue` and `batch` (siblings of this
 //! file), and [`Admission`] its one refusal type; every public type of those files is
-//! re-exported here. Imports go one way: `ids` ← `request`, `queue` ← `batch` ← this file.
-//! What time alone does (deadlines, the no-worker wait, cancels past their grace) is in its
-//! child `expiry`.
+//! re-exported here. Imports go one way: `ids` ← `request`, `queue` ← `batch` ← this file, and
+//! `rate` ← this file. What time alone does (deadlines, the no-worker wait, cancels past their
+//! grace) is in its child `expiry`; admission by expected wait in its child `wait`.
 //!
 //! # The path of a request
 //! [`Scheduler::submit`] admits it (or refuses at once, changing nothing) and queues its items
@@ -35,11 +35,12 @@ use super::batch::{self, Backlog, Closing, Worker};
 pub use super::batch::{Batch, BatchItem, WorkerSpec};
 pub use super::ids::{BatchId, ItemId, RequestId, Serves, Tenant, WorkerId};
 use super::queue::{Cut, ModelQueue, QueuedItem};
+use super::rate::Rate;
 use super::request::Requests;
 pub use super::request::{Completed, InFlightItem, ItemError, NewRequest, Outcome};
 
 mod expiry;
-mod rate;
+mod wait;
 
 /// Limits and defaults of a [`Scheduler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,8 +160,8 @@ pub struct Scheduler<O = Vec<u8>> {
     queues: HashMap<String, ModelQueue>,
     requests: Requests<O>,
     workers: BTreeMap<WorkerId, Worker>,
-    /// Each model's measured service rate (`rate`).
-    rates: HashMap<String, rate::Rate>,
+    /// Each model's measured service rate.
+    rates: HashMap<String, Rate>,
     next_batch_id: u64,
 }
 
