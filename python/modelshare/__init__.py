@@ -53,13 +53,14 @@ from ._native import (
 )
 from ._module import ModuleMismatch, module_from
 from ._numpy import numpy_dtype, to_numpy
-from ._serve import Batch, Item, ItemError, Output
+from ._serve import Batch, BatchOutput, Item, ItemError, Output
 from ._session import Model, Session
 from ._torch import to_torch, torch_dtype
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Batch",
+    "BatchOutput",
     "ChecksumError",
     "ConnectError",
     "CredentialsError",

@@ -89,6 +89,30 @@ class Output:
         return f"Output(tensors={sorted(self.tensors)}, parameters={self.parameters})"
 
 
+class BatchOutput:
+    """The whole batch's answer at once, instead of one answer per item: each tensor's first
+    dimension is the batch's items (row ``i`` is item ``i``'s tensor), each parameter a sequence
+    of one value per item; ``errors`` maps item indices to exceptions (those items fail, their
+    rows are ignored). The rows are split in Rust without a copy per item: for a batched model
+    (an encoder's ``[n, d]`` embeddings) the cheapest answer.
+    """
+
+    __slots__ = ("errors", "parameters", "tensors")
+
+    def __init__(
+        self,
+        tensors: Mapping[str, Any],
+        parameters: Mapping[str, Sequence[bool | int | float | str]] | None = None,
+        errors: Mapping[int, BaseException] | None = None,
+    ) -> None:
+        self.tensors = dict(tensors)
+        self.parameters = dict(parameters or {})
+        self.errors = dict(errors or {})
+
+    def __repr__(self) -> str:
+        return f"BatchOutput(tensors={sorted(self.tensors)}, parameters={sorted(self.parameters)}, errors={sorted(self.errors)})"
+
+
 class Item:
     """One request of a batch."""
 
@@ -292,6 +316,23 @@ def _answer(answer: Any) -> tuple[bool, Any, Any]:
         return False, "INTERNAL", f"the worker's handler gave a bad answer: {e}"
 
 
+def _batch_answer(answer: BatchOutput, items: int) -> Any:
+    """The native form of a batch-level answer (python/src/outcome.rs checks and splits it)."""
+    try:
+        tensors = [_tensor(name, value) for name, value in answer.tensors.items()]
+        parameters = {name: list(values) for name, values in answer.parameters.items()}
+        failures = {}
+        for index, error in answer.errors.items():
+            if not 0 <= int(index) < items:
+                raise ValueError(f"errors names item {index} of a batch of {items}")
+            _, code, message = _failure(error)
+            failures[int(index)] = (code, message)
+    except Exception as e:
+        log.error("bad batch answer: %s", e)
+        return [(False, "INTERNAL", f"the worker's handler gave a bad answer: {e}")] * items
+    return ("batch", tensors, parameters, failures)
+
+
 class _Loop:
     """An asyncio event loop on a thread of its own, for ``async def`` handlers: each batch's
     coroutine runs there, so that batches held at once interleave on one loop."""
@@ -323,12 +364,14 @@ class _Adapter:
         self._loop: _Loop | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, batch_id: int, version: int, items: list[_native.Item]) -> list[tuple[bool, Any, Any]]:
+    def __call__(self, batch_id: int, version: int, items: list[_native.Item]) -> Any:
         batch = Batch(batch_id, version, [Item(i) for i in items], self.model)
         try:
             answers = self.handler(batch)
             if inspect.isawaitable(answers):
                 answers = self._event_loop().run(answers)
+            if isinstance(answers, BatchOutput):
+                return _batch_answer(answers, len(items))
             answers = list(answers)
         except Exception as e:
             log.exception("the handler failed on batch %d; its %d item(s) fail", batch_id, len(items))

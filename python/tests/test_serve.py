@@ -415,3 +415,27 @@ def test_overload_is_refused_at_once_with_429_not_a_late_504(stack: Stack) -> No
     assert all(elapsed < 0.5 for elapsed, _ in refused), "a refusal must come at once"
     assert all(after is not None and int(after) >= 1 for _, after in refused), refused[:3]
     assert kinds.count("504") + kinds.count("timeout") <= 15, kinds
+
+
+def test_a_batch_level_answer_is_split_into_the_items(stack: Stack) -> None:
+    """BatchOutput: one [n, d] array and per-item parameter lists for the whole batch, split into
+    the items in Rust; an item named in ``errors`` fails alone; a row count other than the
+    batch's fails the batch."""
+    import openai
+
+    def handle(batch: modelshare.Batch):
+        texts = batch.texts
+        if "rows" in texts:
+            return modelshare.BatchOutput({"embedding": np.zeros((len(texts) + 1, 2), dtype=np.float32)})
+        rows = np.array([[len(t), i] for i, t in enumerate(texts)], dtype=np.float32)
+        errors = {i: modelshare.ItemError("no such word") for i, t in enumerate(texts) if t == "bad"}
+        return modelshare.BatchOutput({"embedding": rows}, {"prompt_tokens": [len(t) for t in texts]}, errors)
+
+    with serving(stack, handle, max_batch_items=8):
+        r = embeddings(stack, ["a", "bbb", "cc"])
+        assert [d.embedding[0] for d in r.data] == [1.0, 3.0, 2.0]
+        assert r.usage.prompt_tokens == 6
+        with pytest.raises(openai.BadRequestError, match="no such word"):
+            embeddings(stack, ["bad"])
+        with pytest.raises(openai.InternalServerError, match="rows for a batch of 1"):
+            embeddings(stack, ["rows"])

@@ -259,11 +259,14 @@ def handler_for(encoder: Encoder, stats: Stats | None = None):
         order = sorted(sequences, key=lambda i: len(sequences[i]))
         model_start = time.perf_counter()
         vectors = encoder.embed_ids([sequences[i] for i in order])
-        for i, vector in zip(order, vectors):
-            answers[i] = modelshare.Output({"embedding": vector}, {"prompt_tokens": len(sequences[i])})
+        # One [n, hidden] answer for the batch (rows split in Rust); failed items' rows unused.
+        embeddings = np.zeros((len(batch.items), encoder.hidden), dtype=np.float32)
+        embeddings[order] = vectors
+        tokens = [len(sequences.get(i, ())) for i in range(len(batch.items))]
+        errors = {i: e for i, e in enumerate(answers) if e is not None}
         if stats is not None:
             stats.add(len(batch.items), start, model_start, time.perf_counter())
-        return answers
+        return modelshare.BatchOutput({"embedding": embeddings}, {"prompt_tokens": tokens}, errors)
 
     return handle
 
