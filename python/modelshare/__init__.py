@@ -21,7 +21,8 @@ exceptions), ``_session`` (the ``Session`` and ``Model`` classes of this API, ov
 ``_numpy`` and ``_torch`` (a ``Tensor`` as a numpy array, as a torch tensor), ``_module``
 (``module_from``: a ``torch.nn.Module`` built on the meta device, the shared tensors assigned to
 its parameters and buffers), ``_serve`` (serving: the handler's ``Batch``, ``Item``, ``Output``,
-``ItemError``, and the loop across versions and signals over ``_native.serve``).
+``ItemError``, and the loop across versions and signals over ``_native.serve``), ``_retry``
+(a call tried again with backoff while it fails with what may pass).
 
 Serving requests: ``session.serve(model, handler)`` runs the SDK's serve loop with a Python
 handler (``_serve``: ``Batch``, ``Item``, ``Output``, ``ItemError``, ``Stop``)::

@@ -29,7 +29,6 @@ import signal
 import struct
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -37,6 +36,7 @@ from . import _native
 from ._native import Error, NotFound, SessionEnded, Stop, Timeout, Unauthenticated, Unavailable
 from ._native import ConnectError as _ConnectError
 from ._numpy import numpy_dtype
+from ._retry import retry
 
 if TYPE_CHECKING:
     import numpy
@@ -50,7 +50,6 @@ Answer = Union["Output", Mapping[str, Any], BaseException]
 #: A handler: a batch in, one answer per item out (or an ``async def`` doing the same).
 Handler = Callable[["Batch"], Any]
 
-_MIN_BACKOFF, _MAX_BACKOFF = 0.1, 2.0
 
 
 class ItemError(Error):
@@ -428,24 +427,15 @@ def _tensor_specs(what: str, specs: Iterable[Sequence[Any]] | None) -> list[tupl
     return out
 
 
-def _sleep(seconds: float, stop: Stop) -> None:
-    deadline = time.monotonic() + seconds
-    while not stop.stopped and time.monotonic() < deadline:
-        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-
-
 def attach_again(session: Session, name: str, stop: Stop) -> Model | None:
     """Attaches the latest version of ``name`` again after a drain, waiting out what may pass
     (the server restarting, the model reloading, a token file being rotated); None if stopped."""
-    backoff = _MIN_BACKOFF
-    while not stop.stopped:
-        try:
-            return session.attach(name)
-        except (Unavailable, SessionEnded, NotFound, Unauthenticated, Timeout, _ConnectError) as e:
-            log.warning("cannot attach %r again (%s); retrying in %.1f s", name, e, backoff)
-        _sleep(backoff, stop)
-        backoff = min(backoff * 2, _MAX_BACKOFF)
-    return None
+    return retry(
+        lambda: session.attach(name),
+        (Unavailable, SessionEnded, NotFound, Unauthenticated, Timeout, _ConnectError),
+        f"cannot attach {name!r} again",
+        stopped=lambda: stop.stopped,
+    )
 
 
 def serve(

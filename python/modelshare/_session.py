@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from . import _native
 from ._native import ChecksumError, ConnectError, Tensor, Timeout, Unavailable
 from ._numpy import to_numpy
+from ._retry import retry
 from ._torch import arena_views
 
 if TYPE_CHECKING:
@@ -73,27 +73,21 @@ class Session:
             CredentialsError: the token or a TLS setting is unusable.
             Timeout: the server did not answer in time.
         """
-        deadline = None if wait is None else time.monotonic() + wait
-        backoff = 0.1
-        while True:
-            try:
-                native = _native.Session.open(
-                    server,
-                    name=name,
-                    token=token,
-                    token_file=os.fspath(token_file) if token_file is not None else None,
-                    labels=dict(labels) if labels is not None else None,
-                    reconnect=reconnect,
-                    timeout=timeout,
-                )
-                return cls(native)
-            except (ConnectError, Unavailable, Timeout) as e:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise
-                logging.getLogger("modelshare").warning("no server yet (%s); trying again in %.1f s", e, backoff)
-                time.sleep(backoff if left is None else min(backoff, left))
-                backoff = min(backoff * 2, 2.0)
+        native = retry(
+            lambda: _native.Session.open(
+                server,
+                name=name,
+                token=token,
+                token_file=os.fspath(token_file) if token_file is not None else None,
+                labels=dict(labels) if labels is not None else None,
+                reconnect=reconnect,
+                timeout=timeout,
+            ),
+            (ConnectError, Unavailable, Timeout),
+            "no server yet",
+            deadline=None if wait is None else time.monotonic() + wait,
+        )
+        return cls(native)
 
     @property
     def id(self) -> str:

@@ -6,8 +6,8 @@
 use modelshare_worker::Mapping;
 use pyo3::prelude::*;
 
-use crate::dlpack::{self, DLDataType, Export};
-use crate::export;
+use crate::dlpack::DLDataType;
+use crate::export::{self, Asked, Part};
 use crate::lease::Lease;
 
 /// DLPack's `uint8`: `kDLUInt`, 8 bits.
@@ -78,21 +78,21 @@ impl Arena {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let device = export::dl_device(&self.mapping, "the arena")?;
-        export::check_request("the arena", device, dl_device, copy)?;
         let length = i64::try_from(self.mapping.len())
             .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
-        export::wait_loaded(py, &self.mapping, dlpack::consumer_stream(stream.as_ref())?)?;
-        let export = Export {
+        let asked = Asked {
+            stream,
+            max_version,
+            dl_device,
+            copy,
+        };
+        let part = Part {
             address: if length == 0 { 0 } else { self.address() },
-            device,
             dtype: U8,
             shape: vec![length],
-            read_only: self.mapping.read_only(),
             owner: Box::new((self.mapping.clone(), self.lease.clone())),
         };
-        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        dlpack::capsule(py, export, versioned)
+        export::capsule(py, "the arena", &self.mapping, asked, part)
     }
 
     fn __repr__(&self) -> String {

@@ -1,6 +1,7 @@
-//! What every DLPack export of the crate shares (a tensor's, the whole arena's): the DLPack
-//! device of a mapping, waiting for a version attached while loading, and the checks of a
-//! consumer's request (`dl_device`, `copy`).
+//! What every DLPack export of the crate shares (a tensor's, the whole arena's): [`capsule`],
+//! which takes a `__dlpack__` call's arguments ([`Asked`]) and the part of a mapping to hand out
+//! ([`Part`]): the DLPack device of the mapping, the checks of the consumer's request
+//! (`dl_device`, `copy`), the ordering after a version attached while loading, the capsule.
 
 use std::time::Duration;
 
@@ -9,8 +10,51 @@ use modelshare_worker::Mapping;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 
-use crate::dlpack::DLDevice;
+use crate::dlpack::{self, DLDataType, DLDevice, Export};
 use crate::errors::DeviceError;
+
+/// The keyword arguments of a `__dlpack__` call.
+pub(crate) struct Asked<'py> {
+    pub(crate) stream: Option<Bound<'py, PyAny>>,
+    pub(crate) max_version: Option<(u32, u32)>,
+    pub(crate) dl_device: Option<(i32, i32)>,
+    pub(crate) copy: Option<bool>,
+}
+
+/// What is handed out of a mapping: the address of its first byte (0 when it has none), its
+/// DLPack type and shape, and what the consumer's tensor keeps alive (the lease among it).
+pub(crate) struct Part {
+    pub(crate) address: u64,
+    pub(crate) dtype: DLDataType,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) owner: Box<dyn Send>,
+}
+
+/// A DLPack capsule of `part` of `mapping` (`what` names it in errors), with no copy: a
+/// consumer asking for DLPack 1.x gets a versioned tensor, flagged read-only where the mapping
+/// is; older ones get the legacy `dltensor`. A version attached while loading is ordered after
+/// its load first ([`wait_loaded`]).
+pub(crate) fn capsule<'py>(
+    py: Python<'py>,
+    what: &str,
+    mapping: &Mapping,
+    asked: Asked<'py>,
+    part: Part,
+) -> PyResult<Bound<'py, PyAny>> {
+    let device = dl_device(mapping, what)?;
+    check_request(what, device, asked.dl_device, asked.copy)?;
+    wait_loaded(py, mapping, dlpack::consumer_stream(asked.stream.as_ref())?)?;
+    let export = Export {
+        address: part.address,
+        device,
+        dtype: part.dtype,
+        shape: part.shape,
+        read_only: mapping.read_only(),
+        owner: part.owner,
+    };
+    let versioned = asked.max_version.is_some_and(|(major, _)| major >= 1);
+    dlpack::capsule(py, export, versioned)
+}
 
 /// DLPack's device type codes.
 const DL_CPU: i32 = 1;
@@ -42,11 +86,7 @@ pub(crate) fn dl_device(mapping: &Mapping, what: &str) -> PyResult<DLDevice> {
 /// consumer's `stream`, that stream waits on the device for the ready event (no host round
 /// trip: the export returns at once); without one, this thread waits (GIL released) until the
 /// load has landed. CUDA only; host arenas are always ready.
-pub(crate) fn wait_loaded(
-    py: Python<'_>,
-    mapping: &Mapping,
-    stream: Option<ForeignStream>,
-) -> PyResult<()> {
+fn wait_loaded(py: Python<'_>, mapping: &Mapping, stream: Option<ForeignStream>) -> PyResult<()> {
     if !mapping.is_on_device() {
         return Ok(());
     }
@@ -68,7 +108,7 @@ pub(crate) fn wait_loaded(
 
 /// Refuses what a consumer asks and modelshare does not do: another device (no copy across
 /// devices), or a copy.
-pub(crate) fn check_request(
+fn check_request(
     what: &str,
     device: DLDevice,
     dl_device: Option<(i32, i32)>,

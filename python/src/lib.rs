@@ -4,8 +4,8 @@
 //!
 //! # Layout
 //! - `runtime`: the tokio runtime the module owns (the SDK's sessions keep their heartbeats on
-//!   it), `wait` (a future run there while the calling thread waits with the GIL released,
-//!   answering Ctrl-C) and `OnRuntime` (SDK values dropped inside the runtime, so that a
+//!   it), `wait` (a future polled inside it on the calling thread with the GIL released,
+//!   answering Ctrl-C; `wait_stoppable`: the first Ctrl-C stops it cleanly) and `OnRuntime` (SDK values dropped inside the runtime, so that a
 //!   lease's release can be spawned from any thread).
 //! - `errors`: the exception hierarchy (`modelshare.Error` and its subclasses) and the one
 //!   mapping of `modelshare_worker::WorkerError` to it.
@@ -18,9 +18,9 @@
 //!   on the blocking pool; `item`: `Item`, one request as the handler sees it; `outcome`: the
 //!   handler's answers made into the SDK's outcomes, checked.
 //! - `arena`: `Arena`, a model's whole mapping as one DLPack `uint8` tensor (`Model.torch()`
-//!   makes every tensor a view of it: one export, not one per tensor); `export`: what the
-//!   tensor's and the arena's DLPack exports share (device, waiting for a loading version, the
-//!   consumer's request checked).
+//!   makes every tensor a view of it: one export, not one per tensor); `export`: the
+//!   tensor's and the arena's DLPack export (`capsule`: device, the consumer's request checked,
+//!   the ordering after a loading version, the capsule).
 //! - `lease`: `Lease`, the SDK's `Model` behind an `Arc`: what the `Model`, `Tensor`s, numpy
 //!   arrays and DLPack tensors of one attach share; the version is released when the last goes.
 //! - `dlpack`: the DLPack structures and the capsule made of a tensor: the only `unsafe` of the
@@ -28,7 +28,7 @@
 //!   block with `// SAFETY:`.
 //!
 //! Modules depend downwards only: `serve` → `handler` → `item`, `outcome`; `serve` → `session`
-//! → `model` → `tensor`, `arena` → `export`, `dlpack`; `model`, `tensor` and `arena` →
+//! → `model` → `tensor`, `arena` → `export` → `dlpack`; `model`, `tensor` and `arena` →
 //! `lease`; everything → `runtime`, `errors`. The Python side (python/modelshare/) wraps these
 //! classes, turns tensors into numpy arrays and torch tensors, and holds the
 //! user-facing documentation.

@@ -62,13 +62,7 @@ fn outcome(answer: &Bound<'_, PyAny>) -> Result<Outcome, String> {
     if !ok {
         let code: String = first.extract().map_err(|e| format!("bad code: {e}"))?;
         let message: String = second.extract().map_err(|e| format!("bad message: {e}"))?;
-        let number = modelshare_proto::codes::from_name(&code)
-            .ok_or_else(|| format!("no status code is named {code:?}"))?;
-        // OK is no failure: the SDK sends it as INTERNAL, as any failure needs a failing code.
-        return Ok(Err(ItemFailure::new(
-            tonic::Code::from_i32(number),
-            message,
-        )));
+        return Ok(Err(failure(&code, message)?));
     }
     let tensors: Vec<(String, String, Vec<i64>, Vec<u8>)> =
         first.extract().map_err(|e| format!("bad tensors: {e}"))?;
@@ -163,12 +157,7 @@ fn batch_outcomes(
     let mut outcomes = Vec::with_capacity(items);
     for (i, params) in per_item.into_iter().enumerate() {
         if let Some((code, message)) = failures.get(&i) {
-            let number = modelshare_proto::codes::from_name(code)
-                .ok_or_else(|| format!("no status code is named {code:?}"))?;
-            outcomes.push(Err(ItemFailure::new(
-                tonic::Code::from_i32(number),
-                message.clone(),
-            )));
+            outcomes.push(Err(failure(code, message.clone())?));
             continue;
         }
         let mut output = Output::new();
@@ -186,6 +175,14 @@ fn batch_outcomes(
         outcomes.push(Ok(output));
     }
     Ok(outcomes)
+}
+
+/// An item's failure with the status code named `code` (`"INVALID_ARGUMENT"`, ...).
+fn failure(code: &str, message: String) -> Result<ItemFailure, String> {
+    let number = modelshare_proto::codes::from_name(code)
+        .ok_or_else(|| format!("no status code is named {code:?}"))?;
+    // OK is no failure: the SDK sends it as INTERNAL, as any failure needs a failing code.
+    Ok(ItemFailure::new(tonic::Code::from_i32(number), message))
 }
 
 /// One output tensor, its bytes checked against its dtype and shape.

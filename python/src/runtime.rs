@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
+use tokio_util::sync::CancellationToken;
 
 use crate::errors::{Error, Timeout};
 
@@ -64,26 +65,78 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let rt = runtime()?;
-    let mut call = Box::pin(async move {
+    let call = async move {
         match timeout {
             Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
             None => Some(fut.await),
         }
-    });
+    };
+    match drive(py, call, None)? {
+        Some(output) => Ok(output),
+        None => Err(Timeout::new_err(format!(
+            "{what} did not finish within {:.3} s",
+            timeout.unwrap_or_default().as_secs_f64()
+        ))),
+    }
+}
+
+/// Runs `fut` as [`wait`] does, with no timeout, for a call that can stop cleanly: the first
+/// signal handler that raises cancels `stop` and the call goes on to its clean end, after
+/// which that exception is returned; a second one drops the call at once and is returned.
+pub(crate) fn wait_stoppable<F>(
+    py: Python<'_>,
+    stop: &CancellationToken,
+    fut: F,
+) -> PyResult<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    drive(py, fut, Some(stop))
+}
+
+/// The one waiting loop: polls `fut` inside the runtime with the GIL released, waking every
+/// [`SIGNAL_CHECK`] to run Python's signal handlers (see [`wait_stoppable`] for `stop`). A
+/// call dropped before its end is dropped inside the runtime (its parts may spawn or need the
+/// runtime's context to go).
+fn drive<F>(py: Python<'_>, fut: F, stop: Option<&CancellationToken>) -> PyResult<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let rt = runtime()?;
+    let mut call = Box::pin(fut);
+    let mut interrupted: Option<PyErr> = None;
+    let drop_inside = |call| {
+        let _inside = rt.enter();
+        drop(call);
+    };
     loop {
         // The timer is made inside `block_on`, where the runtime's clock is at hand.
         let waited = py
             .detach(|| rt.block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut call).await }));
         match waited {
-            Ok(Some(output)) => return Ok(output),
-            Ok(None) => {
-                return Err(Timeout::new_err(format!(
-                    "{what} did not finish within {:.3} s",
-                    timeout.unwrap_or_default().as_secs_f64()
-                )));
+            Ok(output) => {
+                drop_inside(call);
+                return match interrupted {
+                    Some(e) => Err(e),
+                    None => Ok(output),
+                };
             }
-            Err(_still_running) => py.check_signals()?,
+            Err(_still_running) => {
+                if let Err(e) = py.check_signals() {
+                    match stop {
+                        Some(stop) if interrupted.is_none() => {
+                            stop.cancel();
+                            interrupted = Some(e);
+                        }
+                        _ => {
+                            drop_inside(call);
+                            return Err(e);
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -16,14 +16,11 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
-use crate::errors::{Error, from_worker};
+use crate::errors::from_worker;
 use crate::handler::PyHandler;
 use crate::model::Model;
-use crate::runtime::runtime;
+use crate::runtime::wait_stoppable;
 use crate::session::Session;
-
-/// How often the waiting thread takes the GIL back to let Python run its signal handlers.
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Stops a `serve` call: no new batch is started, those held are answered, the stream closes
 /// and `serve` returns None. Usable from any thread, and from a signal handler.
@@ -136,40 +133,13 @@ pub(crate) fn serve(
     let sdk = session.sdk()?;
     let lease = model.lease().clone();
     let handler = PyHandler::new(handler);
-    let rt = runtime()?;
-    let mut task = rt.spawn(async move {
+    let served = wait_stoppable(py, &stop.token, async move {
         let served = sdk.serve(&lease, options, handler).await;
         // Dropped here, on the runtime (a last reference releases the lease).
         drop(lease);
         drop(sdk);
         served
-    });
-    let mut interrupted: Option<PyErr> = None;
-    let served = loop {
-        let waited = py
-            .detach(|| rt.block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut task).await }));
-        match waited {
-            Ok(Ok(served)) => break served,
-            Ok(Err(join)) => {
-                return Err(Error::new_err(format!(
-                    "serving failed inside the runtime: {join}"
-                )));
-            }
-            Err(_still_running) => {
-                if let Err(e) = py.check_signals() {
-                    if interrupted.is_some() {
-                        task.abort();
-                        return Err(e);
-                    }
-                    stop.token.cancel();
-                    interrupted = Some(e);
-                }
-            }
-        }
-    };
-    if let Some(e) = interrupted {
-        return Err(e);
-    }
+    })?;
     match served {
         Ok(ServeEnd::Drained { reason }) => Ok(Some(reason)),
         Ok(ServeEnd::Stopped) => Ok(None),

@@ -13,9 +13,9 @@ use modelshare_worker::Mapping;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::dlpack::{self, DLDataType, DLDevice, Export};
+use crate::dlpack::{DLDataType, DLDevice};
 use crate::errors::{DeviceError, DtypeError, from_worker};
-use crate::export;
+use crate::export::{self, Asked, Part};
 use crate::lease::Lease;
 
 /// The safetensors name of a dtype (`"F32"`, `"BF16"`, `"F8_E4M3"`, ...).
@@ -201,9 +201,6 @@ impl Tensor {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let device = self.dl_device()?;
-        let what = format!("tensor '{}'", self.tensor.name());
-        export::check_request(&what, device, dl_device, copy)?;
         let dtype = dl_dtype(self.tensor.dtype()).ok_or_else(|| {
             DtypeError::new_err(format!(
                 "tensor '{}' has dtype {}, which DLPack cannot describe",
@@ -218,21 +215,24 @@ impl Tensor {
             .map(|&d| i64::try_from(d))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| DtypeError::new_err("a dimension past i64"))?;
-        export::wait_loaded(py, &self.mapping, dlpack::consumer_stream(stream.as_ref())?)?;
-        let export = Export {
+        let asked = Asked {
+            stream,
+            max_version,
+            dl_device,
+            copy,
+        };
+        let part = Part {
             address: if self.tensor.byte_length() == 0 {
                 0
             } else {
                 self.address()
             },
-            device,
             dtype,
             shape,
-            read_only: self.mapping.read_only(),
             owner: Box::new((self.tensor.clone(), self.lease.clone())),
         };
-        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        dlpack::capsule(py, export, versioned)
+        let what = format!("tensor '{}'", self.tensor.name());
+        export::capsule(py, &what, &self.mapping, asked, part)
     }
 
     fn __repr__(&self) -> String {
