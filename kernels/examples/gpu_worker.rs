@@ -569,6 +569,14 @@ async fn write_probe(a: &Args) -> Res<serde_json::Value> {
 
 #[tokio::main]
 async fn main() {
+    // The SDK's log on standard error, as `MODELSHARE_LOG` filters it (nothing when unset).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("MODELSHARE_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let result = async {
         let a = args()?;
         match a.mode.as_str() {

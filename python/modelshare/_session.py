@@ -324,15 +324,10 @@ class Model:
         ``names``: the tensors to give (default: all). torch has no read-only tensors: writing to
         one of host memory kills the process (SIGSEGV: the mapping is read-only); clone first.
         """
-        layout = self._native.layout()
         if names is not None:
-            wanted = [names] if isinstance(names, str) else list(names)
-            by_name = {entry[0]: entry for entry in layout}
-            for name in wanted:
-                if name not in by_name:
-                    self._native.tensor(name)  # raises NotFound, naming it
-            layout = [by_name[name] for name in wanted]
-        return arena_views(self._native.arena(), layout)
+            names = [names] if isinstance(names, str) else list(names)
+        runs, order = self._native.runs(names)
+        return arena_views(self._native.arena(), runs, order)
 
     def _select(self, names: Iterable[str] | None) -> list[Tensor]:
         if names is None:

@@ -1,6 +1,6 @@
 """A modelshare ``Tensor`` as a ``torch.Tensor``, through DLPack, with no copy.
 
-``to_torch`` exports one tensor; ``arena_views`` (what ``Model.torch()`` uses) exports the model's
+``to_torch`` exports one tensor; ``arena_views`` (what ``Model.torch()`` uses, after the plan ``_native.Model.runs()`` makes) exports the model's
 whole mapping once and makes every tensor a view of it (``as_strided`` on the mapping seen as the
 tensor's dtype): one DLPack export and one cheap view per tensor instead of an export each, so
 that a model of hundreds of tensors is ready in well under a millisecond after its attach. The
@@ -71,73 +71,38 @@ def to_torch(tensor: Tensor) -> torch.Tensor:
     return result
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(strides))
+#: One run of ``_native.Model.runs()``: dtype name, shape, strides, first and step (elements of
+#: the dtype), and the names of the tensors it makes.
+Run = tuple[str, tuple[int, ...], tuple[int, ...], int, int, list[str]]
 
 
-#: One layout entry of ``_native.Model.layout()``: name, dtype name, shape, offset in the arena.
-Layout = tuple[str, str, tuple[int, ...], int]
+def arena_views(arena: Arena, runs: list[Run], order: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors ``runs`` plans (the model's whose mapping ``arena`` is) as views of the one
+    DLPack export of ``arena``, keyed in ``order``: same memory, same data pointers as
+    ``to_torch`` gives.
 
-
-def arena_views(arena: Arena, layout: list[Layout]) -> dict[str, torch.Tensor]:
-    """Every tensor of ``layout`` (the model's whose mapping ``arena`` is) as a view of the one
-    DLPack export of ``arena``: same memory, same data pointers as ``to_torch`` gives.
-
-    Tensors of one dtype and shape laid out at equal spacing (a transformer's layers: every
-    layer's ``q_proj`` one layer apart) are made by one ``as_strided`` over all of them and one
-    ``unbind``: a CUDA tensor costs torch a microsecond or two to make, and a view per tensor
-    from Python twice that. The dict keeps the layout's order."""
+    Each run (tensors of one dtype and shape at one spacing: a transformer's layers) is one
+    ``as_strided`` over all of them and one ``unbind``: torch's own cost of making a CUDA tensor
+    (a microsecond or two) is then most of the time. ``as_strided`` checks every view against
+    the export's bounds."""
     import torch
 
-    base = torch.from_dlpack(arena)  # uint8, the whole mapping
-    kinds: dict[str, torch.dtype] = {}
-    typed: dict[torch.dtype, torch.Tensor] = {}
-    groups: dict[tuple[str, tuple[int, ...]], list[tuple[str, int]]] = {}
-    for name, dtype, shape, offset in layout:
-        groups.setdefault((dtype, shape), []).append((name, offset))
+    if arena.ready:
+        # Loaded: nothing to order after, so no consumer stream to look up (torch.from_dlpack
+        # asks torch for the current CUDA stream, a tenth of the views' time).
+        base = torch.utils.dlpack.from_dlpack(arena.__dlpack__())  # uint8, the whole mapping
+    else:
+        base = torch.from_dlpack(arena)  # the current stream waits on the device for the load
+    typed: dict[str, torch.Tensor] = {}
     views: dict[str, torch.Tensor] = {}
-    for (dtype, shape), members in groups.items():
-        kind = kinds.get(dtype)
-        if kind is None:
-            kind = kinds[dtype] = torch_dtype(dtype)
-        size = kind.itemsize
-        whole = typed.get(kind)
+    for dtype, shape, strides, first, step, names in runs:
+        whole = typed.get(dtype)
         if whole is None:
-            whole = typed[kind] = base[: base.numel() // size * size].view(kind)
-        stride = _contiguous_strides(shape)
-        elements = 1
-        for dim in shape:
-            elements *= dim
-        for name, offset in members:
-            # The server aligns every tensor (256 bytes at least): its offset is a whole number
-            # of elements. as_strided checks every view against the storage's bounds.
-            if offset % size:
-                raise DtypeError(f"tensor {name!r} starts at byte {offset}, not at a {dtype} element")
-        for run in _runs(members, elements * size):
-            first = run[0][1] // size
-            if len(run) == 1:
-                views[run[0][0]] = whole.as_strided(shape, stride, first)
-                continue
-            step = (run[1][1] - run[0][1]) // size
-            stacked = whole.as_strided((len(run), *shape), (step, *stride), first)
-            views.update(zip((name for name, _ in run), stacked.unbind(0)))
-    return {name: views[name] for name, _, _, _ in layout}
-
-
-def _runs(members: list[tuple[str, int]], nbytes: int) -> list[list[tuple[str, int]]]:
-    """``members`` (name, offset), in arena order, cut into runs at one spacing, at least the
-    tensor's size (views of a run never overlap); a tensor of no bytes runs alone."""
-    runs: list[list[tuple[str, int]]] = []
-    for member in members:
-        if runs and nbytes:
-            run = runs[-1]
-            gap = member[1] - run[-1][1]
-            if gap >= nbytes and (len(run) == 1 or gap == run[1][1] - run[0][1]):
-                run.append(member)
-                continue
-        runs.append([member])
-    return runs
+            kind = torch_dtype(dtype)
+            size = kind.itemsize
+            whole = typed[dtype] = base[: base.numel() // size * size].view(kind)
+        if len(names) == 1:
+            views[names[0]] = whole.as_strided(shape, strides, first)
+        else:
+            views.update(zip(names, whole.as_strided((len(names), *shape), (step, *strides), first).unbind(0)))
+    return {name: views[name] for name in order}

@@ -60,6 +60,16 @@ impl Arena {
         self.address()
     }
 
+    /// Whether every byte has landed: host memory always; device memory once the version's
+    /// load has (a version attached while loading is not, until then). A ready arena's export
+    /// needs no consumer stream to order after the load.
+    #[getter]
+    fn ready(&self) -> PyResult<bool> {
+        self.mapping
+            .is_ready()
+            .map_err(|e| crate::errors::DeviceError::new_err(e.to_string()))
+    }
+
     /// The DLPack device: `(1, 0)` for the CPU (host memory), `(2, ordinal)` for CUDA.
     fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
         let d = export::dl_device(&self.mapping, "the arena")?;

@@ -90,19 +90,27 @@ fn wait_loaded(py: Python<'_>, mapping: &Mapping, stream: Option<ForeignStream>)
     if !mapping.is_on_device() {
         return Ok(());
     }
+    let ready = || {
+        mapping
+            .is_ready()
+            .map_err(|e| DeviceError::new_err(e.to_string()))
+    };
+    // A version loaded before the attach (the usual case) needs no ordering: one query of its
+    // event costs less than making the consumer's stream wait on it.
+    if ready()? {
+        return Ok(());
+    }
     if let Some(stream) = stream {
         return mapping
             .wait_ready_foreign(stream)
             .map_err(|e| DeviceError::new_err(e.to_string()));
     }
     loop {
-        match mapping.is_ready() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => return Err(DeviceError::new_err(e.to_string())),
-        }
         py.detach(|| std::thread::sleep(READY_POLL));
         py.check_signals()?;
+        if ready()? {
+            return Ok(());
+        }
     }
 }
 

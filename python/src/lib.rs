@@ -53,6 +53,7 @@ mod runtime;
 mod serve;
 mod session;
 mod tensor;
+mod views;
 
 use pyo3::prelude::*;
 

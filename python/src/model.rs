@@ -7,10 +7,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::arena::Arena;
-use crate::errors::{DeviceError, Timeout, from_worker};
+use modelshare_proto::v1 as pb;
+
+use crate::errors::{DeviceError, DtypeError, Timeout, from_worker};
 use crate::lease::Lease;
 use crate::runtime::seconds;
 use crate::tensor::{Tensor, dtype_name};
+use crate::views::{self, Unviewable};
 
 /// How often `wait_ready` looks at a loading version's ready event.
 const READY_POLL: Duration = Duration::from_millis(2);
@@ -119,18 +122,63 @@ impl Model {
         Ok(d)
     }
 
-    /// `(name, dtype, shape, offset)` of every tensor, in arena order, as tuples (what
-    /// `Model.torch()` needs to view the arena, made in one call).
-    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    /// The plan of `Model.torch()`: runs of tensors of one dtype and shape at one spacing, each
+    /// `(dtype, shape, strides, first, step, names)` (offsets and strides in elements of the
+    /// dtype), covering `names` (default: every tensor; `modelshare.NotFound` for one that is
+    /// not there), and the names in the order asked.
+    #[pyo3(signature = (names=None))]
+    fn runs<'py>(
+        &self,
+        py: Python<'py>,
+        names: Option<Vec<String>>,
+    ) -> PyResult<(Vec<Bound<'py, PyTuple>>, Vec<String>)> {
         let manifest = self.lease.manifest();
-        manifest
-            .tensors
-            .iter()
-            .map(|t| {
-                let shape = PyTuple::new(py, &t.shape)?;
-                (t.name.as_str(), dtype_name(t.dtype()), shape, t.offset).into_pyobject(py)
+        let chosen: Vec<&pb::TensorInfo> = match &names {
+            None => manifest.tensors.iter().collect(),
+            Some(names) => {
+                let mut chosen = Vec::with_capacity(names.len());
+                for name in names {
+                    match manifest.tensors.iter().find(|t| &t.name == name) {
+                        Some(t) => chosen.push(t),
+                        None => {
+                            // The SDK's error, naming the tensor and the model.
+                            let e = self.lease.tensor(name).expect_err("no such tensor");
+                            return Err(from_worker(py, &e));
+                        }
+                    }
+                }
+                // Views in arena order, whatever order they were asked in.
+                chosen.sort_by_key(|t| t.offset);
+                chosen
+            }
+        };
+        let order = match names {
+            Some(names) => names,
+            None => manifest.tensors.iter().map(|t| t.name.clone()).collect(),
+        };
+        let runs = views::plan(chosen).map_err(|e| match e {
+            Unviewable::Dtype { name } => {
+                DtypeError::new_err(format!("tensor {name:?} has no element type to view"))
+            }
+            Unviewable::Misaligned { name, offset } => DtypeError::new_err(format!(
+                "tensor {name:?} starts at byte {offset}, not on an element of its dtype"
+            )),
+        })?;
+        let runs = runs
+            .into_iter()
+            .map(|r| {
+                (
+                    dtype_name(r.dtype),
+                    PyTuple::new(py, r.shape)?,
+                    PyTuple::new(py, r.strides)?,
+                    r.first,
+                    r.step,
+                    r.names,
+                )
+                    .into_pyobject(py)
             })
-            .collect()
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok((runs, order))
     }
 
     /// The whole mapping, exported as one `uint8` DLPack tensor (`Model.torch()` views it).

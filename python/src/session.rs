@@ -184,6 +184,7 @@ impl Session {
                 "versions count from 1 (None: the latest)",
             ));
         }
+        let entered = std::time::Instant::now();
         let sdk = self.sdk()?;
         let what = format!("attaching to model '{model}'");
         let attached = wait(py, &what, seconds(timeout)?, async move {
@@ -193,6 +194,10 @@ impl Session {
             attached
         })?
         .map_err(|e| from_worker(py, &e))?;
+        tracing::trace!(
+            binding_us = entered.elapsed().as_micros() as u64,
+            "attach: back in the binding"
+        );
         Ok(Model::new(Arc::new(OnRuntime::new(attached))))
     }
 

@@ -24,6 +24,11 @@ pub(crate) fn dtype_name(dtype: DType) -> &'static str {
     name.strip_prefix("DTYPE_").unwrap_or(name)
 }
 
+/// The bytes of one element of `dtype` (`None` for `BYTES` and unspecified).
+pub(crate) fn element_bytes(dtype: DType) -> Option<u64> {
+    dl_dtype(dtype).map(|t| u64::from(t.bits) / 8)
+}
+
 /// DLPack's type of a dtype: its code (`kDLInt` 0, `kDLUInt` 1, `kDLFloat` 2, `kDLBfloat` 4,
 /// `kDLComplex` 5, `kDLBool` 6, the float8 codes of DLPack 1.1) and bits.
 fn dl_dtype(dtype: DType) -> Option<DLDataType> {

@@ -143,6 +143,14 @@ def test_layers_of_one_shape_are_views_at_their_own_bytes(server: Server, sessio
         assert raw_bytes(t) == data, name
         if data:
             assert t.data_ptr() == model.tensor(name).data_ptr, name
+    # A choice of tensors comes in the order asked, each still its own bytes.
+    chosen = ["head", "layers.3.q", "extra", "layers.0.q"]
+    some = model.torch(chosen)
+    assert list(some) == chosen
+    for name in chosen:
+        assert some[name].data_ptr() == views[name].data_ptr() and raw_bytes(some[name]) == raw_bytes(views[name]), name
+    with pytest.raises(modelshare.NotFound, match="no tensor 'nope'"):
+        model.torch(["layers.0.q", "nope"])
 
 
 def struct_f32(x: float) -> bytes:

@@ -24,6 +24,7 @@ pub(crate) async fn map(
         source,
     };
     let len = manifest.arena_bytes;
+    let started = std::time::Instant::now();
     let import = match handle {
         Some(Handle::Host(h)) => {
             let fd = handoff::redeem(std::path::Path::new(&h.handle_socket), &h.ticket)
@@ -67,11 +68,21 @@ pub(crate) async fn map(
             ));
         }
     };
+    let redeemed = started.elapsed();
     // Mapping blocks (a CUDA import may create the device's context the first time).
-    tokio::task::spawn_blocking(move || Mapping::import(import))
-        .await
-        .map_err(|e| WorkerError::Protocol(format!("arena import task failed: {e}")))?
-        .map_err(device_err)
+    let mapping = tokio::task::spawn_blocking(move || {
+        let t = std::time::Instant::now();
+        (Mapping::import(import), t.elapsed())
+    })
+    .await
+    .map_err(|e| WorkerError::Protocol(format!("arena import task failed: {e}")))?;
+    tracing::trace!(
+        redeem_us = redeemed.as_micros() as u64,
+        import_us = mapping.1.as_micros() as u64,
+        mapped_us = started.elapsed().as_micros() as u64,
+        "attach: mapped"
+    );
+    mapping.0.map_err(device_err)
 }
 
 #[cfg(test)]

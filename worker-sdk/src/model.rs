@@ -273,7 +273,13 @@ async fn attach_rpc(
 
 /// One attach, the handle redeemed and mapped; releases the lease if anything fails.
 async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached, WorkerError> {
+    let asked = std::time::Instant::now();
     let reply = attach_rpc(link, model, version).await?;
+    tracing::trace!(
+        model,
+        rpc_us = asked.elapsed().as_micros() as u64,
+        "attach: granted"
+    );
     let lease_id = reply.lease_id.clone();
     let loading = reply.loading;
     match map_reply(reply).await {
