@@ -519,7 +519,7 @@ fn items_hold(
 ) -> bool {
     let sent = inputs.clone();
     let items = match tensors::to_items(inputs, parameters, MAX_ITEMS) {
-        Ok(v) => v,
+        Ok(v) => v.items,
         Err(e) => {
             refused(e);
             return false;

@@ -42,6 +42,7 @@ fn request(tenant: Option<&str>, texts: &[&str], timeout: Duration) -> InferRequ
         items: texts.iter().map(|t| text(t)).collect(),
         deadline: Instant::now() + timeout,
         max_outstanding: None,
+        text_input: None,
     }
 }
 
@@ -481,4 +482,52 @@ async fn a_full_mailbox_refuses_new_requests_at_once() {
         .await
         .expect_err("no worker");
     assert!(matches!(err, InferError::NoWorker { .. }), "{err:?}");
+}
+
+/// A worker that declares its inputs no longer refuses, naming it, an input it did not declare
+/// (an OIP text input of another name, or a tensor), or a declared name is no longer served.
+#[tokio::test]
+async fn an_input_the_worker_did_not_declare_is_refused() {
+    let e = engine(quick());
+    let mut declaring = offer(1, 4, 8);
+    declaring.inputs = vec![pb::TensorSpec {
+        name: "text".into(),
+        datatype: "BYTES".into(),
+        shape: vec![-1],
+    }];
+    let mut w = e.open_worker(declaring).expect("open");
+    let mut misnamed = request(None, &["hi"], Duration::from_secs(5));
+    misnamed.text_input = Some("sentences".into());
+    let mut tensor = request(None, &[], Duration::from_secs(5));
+    tensor.items = vec![pb::Item {
+        input: Some(pb::item::Input::Tensors(pb::Tensors {
+            tensors: vec![pb::TensorInput {
+                name: "x".into(),
+                ..Default::default()
+            }],
+        })),
+        ..Default::default()
+    }];
+    for (req, name) in [(misnamed, "sentences"), (tensor, "x")] {
+        match e.infer(req).await {
+            Err(InferError::Item { code, message, .. }) => {
+                assert_eq!(code, crate::Kind::InvalidArgument);
+                assert!(message.contains(&format!("no input '{name}'")), "{message}");
+                assert!(message.contains("its inputs: text"), "{message}");
+            }
+            other => panic!("expected a refusal of '{name}', got {other:?}"),
+        }
+    }
+    // The declared name and an OpenAI text (no name) reach the worker.
+    let mut named = request(None, &["abc"], Duration::from_secs(5));
+    named.text_input = Some("text".into());
+    for req in [named, request(None, &["de"], Duration::from_secs(5))] {
+        let call = tokio::spawn({
+            let e = e.clone();
+            async move { e.infer(req).await }
+        });
+        let batch = next_batch(&mut w).await;
+        e.worker_result(w.id, answer(&batch)).await;
+        call.await.expect("join").expect("served");
+    }
 }

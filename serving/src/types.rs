@@ -74,6 +74,9 @@ pub struct InferRequest {
     pub deadline: Instant,
     /// The tenant's own limit on requests outstanding, if its quota sets one.
     pub max_outstanding: Option<usize>,
+    /// The OIP input the text items came from (a lone BYTES input), which a worker that
+    /// declares its inputs must have declared; `None` for texts that name no input (OpenAI).
+    pub text_input: Option<String>,
 }
 
 /// A computed request.

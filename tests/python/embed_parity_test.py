@@ -223,11 +223,18 @@ class Parity:
         return r.as_numpy("embedding")
 
     def oip_all(self):
-        """All sentences in one OIP request, binary tensors; then a few as JSON under another input name."""
+        """All sentences in one OIP request, binary tensors; then a few as JSON; under a name the
+        worker did not declare they are refused (400, naming the input) rather than embedded."""
+        from tritonclient.utils import InferenceServerException
         indices = list(range(len(SENTENCES)))
         self.expect("oip binary", indices, self.oip_infer(indices, binary=True))
         few = list(range(0, len(SENTENCES), 9))
-        self.expect("oip json", few, self.oip_infer(few, binary=False, input_name="sentences"))
+        self.expect("oip json", few, self.oip_infer(few, binary=False))
+        try:
+            self.oip_infer(few, binary=False, input_name="sentences")
+            raise AssertionError("texts under an undeclared input name were embedded")
+        except InferenceServerException as e:
+            assert e.status() == "400" and "no input 'sentences'" in str(e), f"{e.status()}: {e}"
 
     def oip_no_truncate(self):
         """truncate=false: a too-long input is a 400 naming the limit; a short one is served."""

@@ -172,6 +172,7 @@ def check_clients(stack, who):
     import tritonclient.grpc as tg
     import tritonclient.http as th
     from openai import OpenAI
+    from tritonclient.utils import InferenceServerException
 
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     plus = x + np.array([W[k % 16] for k in range(4)], dtype=np.float32)
@@ -187,9 +188,9 @@ def check_clients(stack, who):
     assert meta.name == "enc", meta
     # The worker declares one item's shapes; a request stacks items on a first dimension.
     shapes = {t.name: list(t.shape) for t in [*meta.inputs, *meta.outputs]}
-    assert shapes == {"input_ids": [-1, -1], "input": [-1, -1], "embedding": [-1, -1], "echo": [-1, -1],
-                      "plus_weights": [-1, -1]}, shapes
-    inp = tg.InferInput("x", [2, 4], "FP32")
+    assert shapes == {"text": [-1, -1], "input_ids": [-1, -1], "input": [-1, -1], "embedding": [-1, -1],
+                      "echo": [-1, -1], "plus_weights": [-1, -1]}, shapes
+    inp = tg.InferInput("input", [2, 4], "FP32")
     inp.set_data_from_numpy(x)
     r = g.infer("enc", [inp], headers=hdr)
     assert np.array_equal(r.as_numpy("echo"), x), r.as_numpy("echo")
@@ -205,7 +206,7 @@ def check_clients(stack, who):
     assert h.is_server_live(headers=dict(hdr)) and h.is_server_ready(headers=dict(hdr))
     assert h.is_model_ready("enc", headers=dict(hdr))
     for binary in (True, False):
-        hi = th.InferInput("x", [2, 4], "FP32")
+        hi = th.InferInput("input", [2, 4], "FP32")
         hi.set_data_from_numpy(x, binary_data=binary)
         outs = [th.InferRequestedOutput("plus_weights", binary_data=binary)]
         r = h.infer("enc", [hi], outputs=outs, headers=dict(hdr))
@@ -214,6 +215,25 @@ def check_clients(stack, who):
     ht.set_data_from_numpy(texts)
     emb = h.infer("enc", [ht], headers=dict(hdr)).as_numpy("embedding")
     expect_embedding(emb[1], len("d\u00e9j\u00e0 vu".encode()))
+    # An input the worker did not declare is refused, naming it and the declared ones, instead of
+    # being computed as if it were one of them (texts under another name, a tensor misnamed).
+    for misnamed in (("sentences", [2], "BYTES", texts), ("x", [2, 4], "FP32", x)):
+        gi = tg.InferInput(*misnamed[:3])
+        gi.set_data_from_numpy(misnamed[3])
+        try:
+            g.infer("enc", [gi], headers=hdr)
+            raise AssertionError(f"{who}: input {misnamed[0]!r} was served")
+        except InferenceServerException as e:
+            assert e.status() == "StatusCode.INVALID_ARGUMENT", (who, e.status(), e)
+            assert f"no input '{misnamed[0]}'" in str(e) and "input_ids" in str(e), (who, e)
+        hi = th.InferInput(*misnamed[:3])
+        hi.set_data_from_numpy(misnamed[3])
+        try:
+            h.infer("enc", [hi], headers=dict(hdr))
+            raise AssertionError(f"{who}: input {misnamed[0]!r} was served over HTTP")
+        except InferenceServerException as e:
+            assert e.status() == "400", (who, e.status(), e)
+            assert f"no input '{misnamed[0]}'" in str(e), (who, e)
 
     oa = OpenAI(base_url=f"{stack.http()}/v1", api_key=TB, max_retries=0)
     ids = [m.id for m in oa.models.list().data]

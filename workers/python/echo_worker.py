@@ -203,7 +203,8 @@ def main():
                 credits=args.credits,
                 max_batch_items=args.max_batch_items,
                 max_batch_bytes=args.max_batch_bytes,
-                inputs=[("input_ids", "INT64", [-1]), ("input", "FP32", [-1])],
+                # The server refuses any other input name (a KServe request's texts come as "text").
+                inputs=[("text", "BYTES", [-1]), ("input_ids", "INT64", [-1]), ("input", "FP32", [-1])],
                 outputs=[("embedding", "FP32", [-1]), ("echo", "FP32", [-1]), ("plus_weights", "FP32", [-1])],
             )
     except modelshare.Error as e:

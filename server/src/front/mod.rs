@@ -39,13 +39,16 @@ pub fn max_items(app: &App) -> usize {
     app.config.serving.max_queue_items
 }
 
-/// Computes `items` on `model` for `caller`, answering by `deadline`. A model the caller may
-/// not see is answered as if it did not exist. Dropping the future cancels the request.
+/// Computes `items` on `model` for `caller`, answering by `deadline`. `text_input`: the OIP
+/// input text items came from (`None` for OpenAI texts), which a worker that declares its
+/// inputs must know. A model the caller may not see is answered as if it did not exist.
+/// Dropping the future cancels the request.
 pub async fn infer(
     app: &App,
     caller: &Caller,
     model: &str,
     items: Vec<pb::Item>,
+    text_input: Option<String>,
     deadline: Instant,
 ) -> Result<InferResponse, InferError> {
     check_visible(app, caller, model)?;
@@ -61,6 +64,7 @@ pub async fn infer(
         items,
         deadline,
         max_outstanding,
+        text_input,
     };
     app.engine.infer(request).await
 }

@@ -312,7 +312,15 @@ pub async fn infer(
                 Ok::<_, DoorError>((req, items))
             })
             .await??;
-        let answer = front::infer(&state.app, &caller, &path.name, items, deadline).await?;
+        let answer = front::infer(
+            &state.app,
+            &caller,
+            &path.name,
+            items.items,
+            items.text_input,
+            deadline,
+        )
+        .await?;
         let model = path.name;
         let render_by = Instant::now() + state.app.config.serving.max_request_time;
         let size = answer.outputs.iter().map(output_bytes).sum();

@@ -379,7 +379,7 @@ pub async fn embeddings(
             .run_sized(body.len(), deadline, move || items(&body))
             .await??;
         drop(hold);
-        let r = front::infer(&state.app, &caller, &model, items, deadline).await?;
+        let r = front::infer(&state.app, &caller, &model, items, None, deadline).await?;
         let render_by = Instant::now() + state.app.config.serving.max_request_time;
         let size = r.outputs.iter().map(super::oip::output_bytes).sum();
         let rendered = state

@@ -152,9 +152,16 @@ impl GrpcInferenceService for InferenceApi {
             .await
             .map_err(pool_status)?
             .or_status()?;
-        let answer = front::infer(&self.app, &caller, &req.model_name, items, deadline)
-            .await
-            .or_status()?;
+        let answer = front::infer(
+            &self.app,
+            &caller,
+            &req.model_name,
+            items.items,
+            items.text_input,
+            deadline,
+        )
+        .await
+        .or_status()?;
         let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
         let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested).or_status()?;
         let mut outputs = Vec::with_capacity(stacked.len());

@@ -32,6 +32,7 @@ use super::types::{
 };
 use modelshare_core::metrics::Metrics;
 
+mod inputs;
 mod report;
 mod requests;
 mod workers;
@@ -110,6 +111,8 @@ struct Waiter {
     tenant: Tenant,
     items: usize,
     arrival: Instant,
+    /// The request's `text_input`.
+    text_input: Option<String>,
 }
 
 /// A batch sent to a worker: its items in order, and those failed here instead of being sent

@@ -86,6 +86,7 @@ impl Driver {
                 tenant: request.tenant,
                 items,
                 arrival,
+                text_input: request.text_input,
             },
         );
     }

@@ -212,12 +212,14 @@ impl Driver {
                 );
                 continue;
             };
-            if let Some(waiter) = self.waiters.get(&item.id.request) {
+            let waiter = self.waiters.get(&item.id.request);
+            if let Some(waiter) = waiter {
                 metrics
                     .inference_queue_seconds
                     .with_label_values(&[batch.model.as_str()])
                     .observe(now.saturating_duration_since(waiter.arrival).as_secs_f64());
             }
+            let text_input = waiter.and_then(|w| w.text_input.as_deref());
             let text = matches!(payload.input, Some(pb::item::Input::Text(_)));
             let refusal = if text && !conn.offer.accepts_text {
                 Some(format!(
@@ -235,7 +237,7 @@ impl Driver {
                     item.bytes, max_bytes, batch.model
                 ))
             } else {
-                None
+                super::inputs::refusal(&batch.model, &conn.offer.inputs, payload, text_input)
             };
             match refusal {
                 Some(message) => {

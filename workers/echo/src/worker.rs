@@ -35,16 +35,18 @@ pub struct Config {
 }
 
 /// The offer's options: both input kinds, and the tensors the echo computation reads and
-/// writes (`input_ids` INT64 `[-1]` and any other tensor, `input` FP32 `[-1]` standing for
-/// it; outputs `embedding` FP32 `[-1]`, `echo` (the input's dtype and shape, FP32 `[-1]`
-/// here) and `plus_weights` FP32 `[-1]`).
+/// writes: inputs `text` BYTES `[-1]` (a KServe request's texts), `input_ids` INT64 `[-1]`
+/// and `input` FP32 `[-1]` (the server refuses any other name, as it does for every worker that
+/// declares its inputs); outputs `embedding` FP32 `[-1]`, `echo` (the input's dtype and shape,
+/// FP32 `[-1]` here) and `plus_weights` FP32 `[-1]`.
 pub fn serve_options(config: &Config) -> ServeOptions {
-    use pb::DType::{DtypeF32, DtypeI64};
+    use pb::DType::{DtypeBytes, DtypeF32, DtypeI64};
     ServeOptions {
         credits: config.credits,
         max_batch_items: config.max_batch_items,
         max_batch_bytes: config.max_batch_bytes,
         inputs: vec![
+            tensor_spec("text", DtypeBytes, &[-1]),
             tensor_spec("input_ids", DtypeI64, &[-1]),
             tensor_spec("input", DtypeF32, &[-1]),
         ],

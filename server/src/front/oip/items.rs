@@ -11,6 +11,15 @@ use super::error::invalid;
 use super::layout::{Tensor, bytes_elements, element_count};
 use modelshare_serving::InferError;
 
+/// A request's items, and the input its text items came from (a worker that declares its
+/// inputs refuses a name it did not declare).
+#[derive(Debug)]
+pub struct Items {
+    pub items: Vec<pb::Item>,
+    /// The lone BYTES input's name, when the items are texts.
+    pub text_input: Option<String>,
+}
+
 /// The request's tensors as items: split along the first dimension of every input (all must
 /// have it, and agree on it). A request of one BYTES input of shape [N] or [N, 1] becomes N
 /// text items (each must be UTF-8). `parameters` go on every item.
@@ -22,7 +31,7 @@ pub fn to_items(
     inputs: Vec<Tensor>,
     parameters: &HashMap<String, pb::Parameter>,
     max_items: usize,
-) -> Result<Vec<pb::Item>, InferError> {
+) -> Result<Items, InferError> {
     let Some(first) = inputs.first() else {
         return Err(invalid("the request has no inputs".into()));
     };
@@ -38,9 +47,15 @@ pub fn to_items(
         && first.dtype == pb::DType::DtypeBytes
         && (first.shape.len() == 1 || (first.shape.len() == 2 && first.shape[1] == 1));
     if text {
-        return text_items(first, n, parameters);
+        return Ok(Items {
+            items: text_items(first, n, parameters)?,
+            text_input: Some(first.name.clone()),
+        });
     }
-    tensor_items(&inputs, n, parameters)
+    Ok(Items {
+        items: tensor_items(&inputs, n, parameters)?,
+        text_input: None,
+    })
 }
 
 /// Refuses an input named twice.

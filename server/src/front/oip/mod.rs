@@ -29,7 +29,7 @@ mod tests;
 
 pub use self::datatypes::{datatype, dtype, element_size};
 pub use self::grpc::{grpc_inputs, parameter, parameters, typed_to_raw};
-pub use self::items::to_items;
+pub use self::items::{Items, to_items};
 pub use self::json::{json_to_raw, raw_to_json};
 pub use self::layout::{Tensor, bytes_elements, check_data, element_count, encode_bytes};
 pub use self::stack::stack;

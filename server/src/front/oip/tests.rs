@@ -117,7 +117,9 @@ fn inputs_split_into_items_by_rows_and_one_bytes_input_into_texts() {
             .collect::<Vec<u8>>()
             .into(),
     );
-    let items = to_items(vec![x, ids], &HashMap::new(), 1 << 20).expect("split");
+    let split = to_items(vec![x, ids], &HashMap::new(), 1 << 20).expect("split");
+    assert_eq!(split.text_input, None);
+    let items = split.items;
     assert_eq!(items.len(), 2);
     let Some(pb::item::Input::Tensors(second)) = &items[1].input else {
         panic!("tensors")
@@ -134,7 +136,9 @@ fn inputs_split_into_items_by_rows_and_one_bytes_input_into_texts() {
         &[2],
         encode_bytes([&b"hi"[..], "é".as_bytes()]),
     );
-    let items = to_items(vec![texts], &HashMap::new(), 1 << 20).expect("texts");
+    let split = to_items(vec![texts], &HashMap::new(), 1 << 20).expect("texts");
+    assert_eq!(split.text_input.as_deref(), Some("text"));
+    let items = split.items;
     let got: Vec<&str> = items
         .iter()
         .map(|i| match &i.input {
@@ -150,7 +154,9 @@ fn inputs_split_into_items_by_rows_and_one_bytes_input_into_texts() {
         &[2, 2],
         encode_bytes([&b"a"[..], b"bb", b"", b"c"]),
     );
-    let items = to_items(vec![pairs], &HashMap::new(), 1 << 20).expect("pairs");
+    let items = to_items(vec![pairs], &HashMap::new(), 1 << 20)
+        .expect("pairs")
+        .items;
     let Some(pb::item::Input::Tensors(row)) = &items[1].input else {
         panic!("tensors")
     };
