@@ -1,4 +1,4 @@
-//! Compiles `modelshare/v1/*.proto` and `inference/grpc_predict_v2.proto` with protox (a pure-Rust protobuf compiler, so no `protoc`
+//! Compiles `modelshare/v1/*.proto` and `inference/*.proto` with protox (a pure-Rust protobuf compiler, so no `protoc`
 //! is needed) and generates the tonic code into `OUT_DIR`, with the file descriptor set that
 //! the server's reflection service serves.
 
@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "modelshare/v1/admin.proto",
     "modelshare/v1/serving.proto",
     "modelshare/v1/worker.proto",
+    "inference/model_repository.proto",
     "inference/grpc_predict_v2.proto",
 ];
 

@@ -99,6 +99,24 @@ impl GrpcInferenceService for Bare {
     ) -> Result<Response<oip::ModelMetadataResponse>, Status> {
         Ok(Response::new(oip::ModelMetadataResponse::default()))
     }
+    async fn model_config(
+        &self,
+        _: Request<oip::ModelConfigRequest>,
+    ) -> Result<Response<oip::ModelConfigResponse>, Status> {
+        Ok(Response::new(oip::ModelConfigResponse::default()))
+    }
+    async fn model_statistics(
+        &self,
+        _: Request<oip::ModelStatisticsRequest>,
+    ) -> Result<Response<oip::ModelStatisticsResponse>, Status> {
+        Ok(Response::new(oip::ModelStatisticsResponse::default()))
+    }
+    async fn repository_index(
+        &self,
+        _: Request<oip::RepositoryIndexRequest>,
+    ) -> Result<Response<oip::RepositoryIndexResponse>, Status> {
+        Ok(Response::new(oip::RepositoryIndexResponse::default()))
+    }
     async fn model_infer(
         &self,
         request: Request<oip::ModelInferRequest>,

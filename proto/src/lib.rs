@@ -12,7 +12,9 @@
 //! - `inference/grpc_predict_v2.proto`: `inference::grpc_inference_service_client` /
 //!   `inference::grpc_inference_service_server`, the KServe v2 Open Inference Protocol
 //!   (package `inference`), wire-compatible with the specification so that its clients work
-//!   unchanged.
+//!   unchanged; `inference/model_repository.proto`: the messages of the three Triton extension
+//!   RPCs the service also has (`ModelConfig`, `RepositoryIndex`, `ModelStatistics`), numbered
+//!   as Triton numbers them.
 //! - [`limits`]: the sizes and counts both sides enforce (message bounds, a Serve batch's
 //!   bytes, items and credits).
 //! - [`dtype`]: bytes per element of each [`v1::DType`], the one table.

@@ -13,6 +13,7 @@ use super::driver::{self, Command};
 use super::error::InferError;
 use super::kind::Kind;
 use super::scheduler::WorkerId;
+use super::stats::VersionStats;
 pub use super::types::{
     EngineConfig, InferRequest, InferResponse, MAILBOX, ModelServing, ServingSnapshot, StreamEnd,
     StreamError, WorkerInfo, WorkerOffer,
@@ -153,6 +154,20 @@ impl Engine {
         let (reply, answer) = oneshot::channel();
         if self.work.send(Command::Snapshot { reply }).await.is_err() {
             return ServingSnapshot::default();
+        }
+        answer.await.unwrap_or_default()
+    }
+
+    /// The cumulative statistics of `model`'s versions (every model's when `None`) that served
+    /// requests, by model name then version (Triton's `ModelStatistics`).
+    pub async fn stats(&self, model: Option<&str>) -> Vec<(String, Vec<VersionStats>)> {
+        let (reply, answer) = oneshot::channel();
+        let command = Command::Stats {
+            model: model.map(str::to_owned),
+            reply,
+        };
+        if self.work.send(command).await.is_err() {
+            return Vec::new();
         }
         answer.await.unwrap_or_default()
     }

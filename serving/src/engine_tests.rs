@@ -531,3 +531,42 @@ async fn an_input_the_worker_did_not_declare_is_refused() {
         call.await.expect("join").expect("served");
     }
 }
+
+/// A served request no longer shows in its version's statistics (items, batch, queue, answer),
+/// or a failed one in `fail`; a request no worker took is in none.
+#[tokio::test]
+async fn statistics_count_what_each_version_computed() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(7, 1, 8)).expect("open");
+    let call = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.infer(request(None, &["a", "bb", "ccc"], Duration::from_secs(5)))
+                .await
+        }
+    });
+    let batch = next_batch(&mut w).await;
+    e.worker_result(w.id, answer(&batch)).await;
+    call.await.expect("join").expect("served");
+    let failing = tokio::spawn({
+        let e = e.clone();
+        async move { e.infer(request(None, &["x"], Duration::from_secs(5))).await }
+    });
+    let batch = next_batch(&mut w).await;
+    let mut result = answer(&batch);
+    result.results[0].outcome = Some(pb::item_result::Outcome::Error(pb::ItemError {
+        code: 3,
+        message: "no".into(),
+    }));
+    e.worker_result(w.id, result).await;
+    failing.await.expect("join").expect_err("failed");
+    let stats = e.stats(Some(MODEL)).await;
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    let v = &stats[0].1[0];
+    assert_eq!(v.version, 7);
+    assert_eq!((v.success.count, v.fail.count, v.items), (1, 1, 3));
+    assert_eq!((v.queue.count, v.compute.count), (4, 2));
+    assert_eq!(v.by_batch_size.keys().copied().collect::<Vec<_>>(), [1, 3]);
+    assert!(v.last_answer_unix_ms > 0 && v.success.ns > 0);
+    assert!(e.stats(Some("other")).await.is_empty());
+}

@@ -37,6 +37,7 @@ mod queue;
 mod rate;
 mod request;
 pub mod scheduler;
+mod stats;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -50,3 +51,4 @@ pub use self::scheduler::{
     Admission, Batch, BatchId, BatchItem, Completed, Dispatch, InFlightItem, ItemError, ItemId,
     Limits, NewRequest, Outcome, RequestId, Scheduler, Serves, Tenant, WorkerId, WorkerSpec,
 };
+pub use self::stats::{Tally, VersionStats};

@@ -235,6 +235,8 @@ def check_clients(stack, who):
             assert e.status() == "400", (who, e.status(), e)
             assert f"no input '{misnamed[0]}'" in str(e), (who, e)
 
+    check_triton_extensions(stack, g, h, hdr, who)
+
     oa = OpenAI(base_url=f"{stack.http()}/v1", api_key=TB, max_retries=0)
     ids = [m.id for m in oa.models.list().data]
     assert "enc" in ids and "priv" not in ids, ids
@@ -258,6 +260,41 @@ def http_post(stack, path, body, token=TB, content_type="application/json"):
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
+
+
+def check_triton_extensions(stack, g, h, hdr, who):
+    """tritonclient's model configuration, repository index and statistics calls on both doors,
+    with their defaults, scoped to the caller: tenant b sees "enc" (public), not "priv"."""
+    from tritonclient.utils import InferenceServerException
+
+    config = g.get_model_config("enc", headers=hdr, as_json=True)["config"]
+    assert config["name"] == "enc" and int(config["max_batch_size"]) > 0, (who, config)
+    # One item's shapes: the batch dimension is max_batch_size's.
+    dims = {t["name"]: (t["data_type"], [int(d) for d in t["dims"]]) for t in config["input"]}
+    assert dims["input"] == ("TYPE_FP32", [-1]) and dims["text"] == ("TYPE_STRING", [-1]), (who, dims)
+    hconfig = h.get_model_config("enc", headers=dict(hdr))
+    assert hconfig["name"] == "enc" and hconfig["max_batch_size"] == int(config["max_batch_size"]), hconfig
+    assert {t["name"] for t in hconfig["output"]} == {"embedding", "echo", "plus_weights"}, hconfig
+
+    index = g.get_model_repository_index(headers=hdr, as_json=True).get("models", [])
+    names = {(m["name"], m.get("state")) for m in index}
+    assert ("enc", "READY") in names and not any(n == "priv" for n, _ in names), (who, index)
+    hindex = h.get_model_repository_index(headers=dict(hdr))
+    assert {m["name"] for m in hindex} == {"enc"}, hindex
+
+    stats = g.get_inference_statistics("enc", headers=hdr, as_json=True)["model_stats"]
+    assert stats and stats[0]["name"] == "enc" and int(stats[0]["inference_count"]) > 0, (who, stats)
+    hstats = h.get_inference_statistics(headers=dict(hdr))["model_stats"]
+    assert {m["name"] for m in hstats} == {"enc"}, hstats
+    for call in (lambda: g.get_model_config("priv", headers=hdr),
+                 lambda: h.get_model_config("priv", headers=dict(hdr)),
+                 lambda: g.get_inference_statistics("priv", headers=hdr),
+                 lambda: h.get_inference_statistics("priv", headers=dict(hdr))):
+        try:
+            call()
+            raise AssertionError(f"{who}: another tenant's private model was described")
+        except InferenceServerException as e:
+            assert e.status() in ("StatusCode.NOT_FOUND", "404"), (who, e.status(), e)
 
 
 def check_failures(stack):

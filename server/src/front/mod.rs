@@ -12,6 +12,7 @@
 
 pub mod deadline;
 pub mod oip;
+pub mod triton;
 
 use std::time::Instant;
 
@@ -21,6 +22,9 @@ use crate::app::App;
 use modelshare_core::tenants::Caller;
 use modelshare_serving::engine::ModelServing;
 use modelshare_serving::{InferError, InferRequest, InferResponse};
+
+/// The OIP and Triton extensions both doors serve (server metadata's `extensions`).
+pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_configuration", "statistics"];
 
 /// Whether `caller` may send requests to `model`: a model it may not see is answered as if it
 /// did not exist. The doors ask this before they parse a request's tensors, so that no work

@@ -7,7 +7,8 @@
 //!   says which loaded models have a serving worker).
 //! - [`metrics`]: `/metrics`, which gathers the gauges' values from the registry
 //!   ([`metrics::gauge_values`]) and hands them to [`modelshare_core::metrics::Metrics::refresh`].
-//! - [`oip`]: the KServe v2 / OIP REST routes (`/v2/...`); [`openai`]: `/v1/embeddings` and
+//! - [`oip`]: the KServe v2 / OIP REST routes (`/v2/...`); [`triton`]: Triton's extensions
+//!   of them (model configuration, repository index, statistics); [`openai`]: `/v1/embeddings` and
 //!   `/v1/models`; [`door`]: what they share (admission by bearer token, deadlines, the error
 //!   value both render in their own shape).
 //!
@@ -24,6 +25,7 @@ pub mod oip;
 pub mod openai;
 pub mod probes;
 pub mod state;
+pub mod triton;
 
 use std::net::SocketAddr;
 
@@ -48,6 +50,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/v2", get(oip::server_metadata))
         .route("/v2/health/live", get(oip::live))
         .route("/v2/health/ready", get(oip::ready))
+        .route("/v2/models/stats", get(triton::all_statistics))
         .route("/v2/models/{name}", get(oip::model_metadata))
         .route(
             "/v2/models/{name}/versions/{version}",
@@ -58,6 +61,17 @@ pub fn router(state: HttpState) -> Router {
             "/v2/models/{name}/versions/{version}/ready",
             get(oip::model_ready),
         )
+        .route("/v2/models/{name}/config", get(triton::model_config))
+        .route(
+            "/v2/models/{name}/versions/{version}/config",
+            get(triton::model_config),
+        )
+        .route("/v2/models/{name}/stats", get(triton::model_statistics))
+        .route(
+            "/v2/models/{name}/versions/{version}/stats",
+            get(triton::model_statistics),
+        )
+        .route("/v2/repository/index", post(triton::repository_index))
         .route("/v2/models/{name}/infer", post(oip::infer))
         .route(
             "/v2/models/{name}/versions/{version}/infer",

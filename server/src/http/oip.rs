@@ -46,7 +46,7 @@ pub async fn server_metadata() -> Response {
     Json(json!({
         "name": "modelshare",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data"],
+        "extensions": front::EXTENSIONS,
     }))
     .into_response()
 }
@@ -69,7 +69,7 @@ pub async fn ready(State(state): State<HttpState>) -> Response {
 }
 
 /// A version from a path segment.
-fn version(text: Option<&str>) -> Result<Option<u32>, DoorError> {
+pub(super) fn version(text: Option<&str>) -> Result<Option<u32>, DoorError> {
     match text {
         None | Some("") => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| {
@@ -84,8 +84,8 @@ fn version(text: Option<&str>) -> Result<Option<u32>, DoorError> {
 /// The model and optional version of a route's path.
 #[derive(Debug, Deserialize)]
 pub struct ModelPath {
-    name: String,
-    version: Option<String>,
+    pub(super) name: String,
+    pub(super) version: Option<String>,
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]`.

@@ -16,7 +16,8 @@ use tonic::{Request, Response, Status};
 use crate::app::App;
 use crate::auth::caller_of;
 use crate::cpu::PoolError;
-use crate::front::{self, deadline, oip as tensors};
+use crate::front::{self, deadline, oip as tensors, triton};
+use crate::service::triton as answers;
 
 /// The OIP gRPC service.
 #[derive(Debug, Clone)]
@@ -102,8 +103,47 @@ impl GrpcInferenceService for InferenceApi {
         Ok(Response::new(oip::ServerMetadataResponse {
             name: "modelshare".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            extensions: Vec::new(),
+            extensions: front::EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
         }))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<oip::ModelConfigRequest>,
+    ) -> Result<Response<oip::ModelConfigResponse>, Status> {
+        let caller = caller_of(&request).or_status()?;
+        let req = request.into_inner();
+        version(&req.version)?;
+        let config = triton::model_config(&self.app, &caller, &req.name)
+            .await
+            .or_status()?;
+        Ok(Response::new(oip::ModelConfigResponse {
+            config: Some(answers::config(config)),
+        }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<oip::RepositoryIndexRequest>,
+    ) -> Result<Response<oip::RepositoryIndexResponse>, Status> {
+        let caller = caller_of(&request).or_status()?;
+        let req = request.into_inner();
+        let entries = triton::repository_index(&self.app, &caller, req.ready).await;
+        Ok(Response::new(answers::index(entries)))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<oip::ModelStatisticsRequest>,
+    ) -> Result<Response<oip::ModelStatisticsResponse>, Status> {
+        let caller = caller_of(&request).or_status()?;
+        let req = request.into_inner();
+        let wanted = version(&req.version)?;
+        let model = (!req.name.is_empty()).then_some(req.name.as_str());
+        let stats = triton::statistics(&self.app, &caller, model, wanted)
+            .await
+            .or_status()?;
+        Ok(Response::new(answers::statistics(stats)))
     }
 
     async fn model_metadata(

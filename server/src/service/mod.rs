@@ -9,4 +9,5 @@ pub mod serve;
 
 #[cfg(test)]
 mod tests;
+pub mod triton;
 pub mod worker;

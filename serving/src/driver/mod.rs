@@ -26,6 +26,7 @@ use super::scheduler::{
     Batch, BatchId, Completed, ItemError, ItemId, NewRequest, RequestId, Scheduler, Tenant,
     WorkerId,
 };
+use super::stats::{Stats, VersionStats};
 use super::types::{
     EngineConfig, InferRequest, InferResponse, ModelServing, ServingSnapshot, StreamEnd,
     StreamError, WorkerInfo, WorkerOffer,
@@ -36,6 +37,9 @@ mod inputs;
 mod report;
 mod requests;
 mod workers;
+
+/// Statistics by model, then version (`Engine::stats`).
+pub(super) type ModelStats = Vec<(String, Vec<VersionStats>)>;
 
 /// Bits of a wire item id that hold the item's place in its request; the rest is the request.
 const INDEX_BITS: u32 = 24;
@@ -81,6 +85,10 @@ pub(super) enum Command {
     Snapshot {
         reply: oneshot::Sender<ServingSnapshot>,
     },
+    Stats {
+        model: Option<String>,
+        reply: oneshot::Sender<ModelStats>,
+    },
     Weights {
         weights: HashMap<String, u32>,
     },
@@ -97,6 +105,7 @@ impl std::fmt::Debug for Command {
             Self::ProtocolError { .. } => "ProtocolError",
             Self::Drain { .. } => "Drain",
             Self::Snapshot { .. } => "Snapshot",
+            Self::Stats { .. } => "Stats",
             Self::Weights { .. } => "Weights",
         };
         f.write_str(name)
@@ -120,6 +129,7 @@ struct Waiter {
 struct SentBatch {
     items: Vec<ItemId>,
     local: HashMap<ItemId, ItemError>,
+    sent_at: Instant,
 }
 
 /// A registered Serve stream.
@@ -146,6 +156,7 @@ struct Driver {
     /// Tenants whose outstanding count changed since the last refresh.
     dirty_tenants: BTreeSet<Tenant>,
     shutting_down: bool,
+    stats: Stats,
 }
 
 /// Runs the driver until every engine handle is gone.
@@ -209,6 +220,13 @@ fn unix_ms(deadline: Instant) -> i64 {
         .unwrap_or(0)
 }
 
+/// Now, in milliseconds since the Unix epoch.
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The payload bytes of an item (text bytes, or tensor data bytes).
 pub(super) fn item_bytes(item: &pb::Item) -> u64 {
     match &item.input {
@@ -245,6 +263,7 @@ impl Driver {
             dirty: BTreeSet::new(),
             dirty_tenants: BTreeSet::new(),
             shutting_down: false,
+            stats: Stats::default(),
         }
     }
 
@@ -292,6 +311,9 @@ impl Driver {
             Command::Drain { id, reason } => self.drain(id, &reason),
             Command::Snapshot { reply } => {
                 let _ = reply.send(self.snapshot());
+            }
+            Command::Stats { model, reply } => {
+                let _ = reply.send(self.stats.of(model.as_deref()));
             }
             Command::Weights { weights } => self.sched.set_tenant_weights(
                 weights

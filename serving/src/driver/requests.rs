@@ -154,6 +154,8 @@ impl Driver {
         self.dirty.insert(waiter.model.clone());
         self.dirty_tenants.insert(waiter.tenant.clone());
         let model = completed.model;
+        // The version that computed the first item (none: no worker took one).
+        let version = completed.outcomes.first().and_then(|o| o.version);
         let mut outputs = Vec::with_capacity(completed.outcomes.len());
         let mut versions = Vec::with_capacity(completed.outcomes.len());
         let mut failure = None;
@@ -179,6 +181,13 @@ impl Driver {
         };
         let code = result.as_ref().map_or_else(InferError::kind, |_| Kind::Ok);
         self.count(&waiter, code);
+        if let Some(version) = version {
+            let items = result.as_ref().ok().map(|r| r.outputs.len());
+            let model = &waiter.model;
+            let took = waiter.arrival.elapsed();
+            self.stats
+                .answered(model, version, items, took, super::now_unix_ms());
+        }
         let _ = waiter.reply.send(result);
     }
 

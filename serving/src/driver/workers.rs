@@ -123,6 +123,12 @@ impl Driver {
             return self.protocol_error(id, message);
         };
         conn.batches_done += 1;
+        let computed = sent.items.len() - sent.local.len();
+        if computed > 0 {
+            let (model, version) = (&conn.offer.spec.model, conn.offer.spec.version);
+            self.stats
+                .computed(model, version, computed, sent.sent_at.elapsed());
+        }
         let mut given: HashMap<u64, pb::item_result::Outcome> = HashMap::new();
         for r in result.results {
             if let Some(outcome) = r.outcome {
@@ -214,10 +220,13 @@ impl Driver {
             };
             let waiter = self.waiters.get(&item.id.request);
             if let Some(waiter) = waiter {
+                let waited = now.saturating_duration_since(waiter.arrival);
                 metrics
                     .inference_queue_seconds
                     .with_label_values(&[batch.model.as_str()])
-                    .observe(now.saturating_duration_since(waiter.arrival).as_secs_f64());
+                    .observe(waited.as_secs_f64());
+                self.stats
+                    .queued(&batch.model, conn.offer.spec.version, waited);
             }
             let text_input = waiter.and_then(|w| w.text_input.as_deref());
             let text = matches!(payload.input, Some(pb::item::Input::Text(_)));
@@ -255,6 +264,7 @@ impl Driver {
         let sent = SentBatch {
             items: batch.items.iter().map(|i| i.id).collect(),
             local,
+            sent_at: now,
         };
         if items.is_empty() {
             // Nothing to send: answer the batch here, which returns its credit.

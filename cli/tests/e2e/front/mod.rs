@@ -24,6 +24,7 @@ mod auth;
 mod oip_grpc;
 mod oip_rest;
 mod openai;
+mod triton;
 
 /// The server's limit on request bodies in these tests.
 const BODY_LIMIT: usize = 64 << 10;
