@@ -190,6 +190,8 @@ impl HeldRecord {
 
     /// The file name of the record of `model`@`version`.
     pub fn file_name(model: &str, version: u32) -> String {
+        // An owner/name model's '/' as "%2F": one file in the folder, and no name has a '%'.
+        let model = model.replace('/', "%2F");
         format!("{model}@{version}.json")
     }
 }

@@ -73,6 +73,15 @@ impl Registry {
         self.events.subscribe()
     }
 
+    /// The spelling a model is recorded and shown under, for a name given in any case
+    /// (names are unique without regard to case); `name` itself when no model has it. Every
+    /// name that comes from outside (a door, an admin call, an attach, a Serve offer, a load)
+    /// goes through here before it reaches the registry or the request path.
+    pub fn canonical(&self, name: &str) -> String {
+        let st = self.lock();
+        st.canonical(name).unwrap_or(name).to_owned()
+    }
+
     fn lock(&self) -> Guard<'_, State> {
         // A panic while holding the lock cannot leave the maps half-updated in a way later calls
         // would trip over (every section updates and then returns), so recover from poisoning.

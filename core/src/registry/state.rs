@@ -184,6 +184,18 @@ impl Buries for State {
 }
 
 impl State {
+    /// The spelling under which the model `name` names is recorded: names are unique without
+    /// regard to case (`All-MiniLM-L6-v2` is `all-minilm-l6-v2`), and shown as first loaded.
+    pub(super) fn canonical(&self, name: &str) -> Option<&str> {
+        if let Some((key, _)) = self.models.get_key_value(name) {
+            return Some(key);
+        }
+        self.models
+            .keys()
+            .find(|k| k.eq_ignore_ascii_case(name))
+            .map(String::as_str)
+    }
+
     pub(super) fn version_mut(&mut self, model: &str, version: u32) -> Option<&mut VersionRecord> {
         self.models.get_mut(model)?.versions.get_mut(&version)
     }

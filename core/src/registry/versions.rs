@@ -68,6 +68,13 @@ impl State {
         if self.shutting_down {
             return Err(CoreError::ShuttingDown);
         }
+        // The load's name was made canonical before it was admitted; a load of another
+        // spelling that reserved in between holds the name now.
+        if let Some(recorded) = self.canonical(model)
+            && recorded != model
+        {
+            return Err(CoreError::NameTaken(recorded.to_owned()));
+        }
         let (owner, new_model) = self.resolve_owner(req.caller, req.load_for, model)?;
         // Placement chose under the cap from a snapshot; loads placed at the same time saw the
         // same one, so the cap is held here, under the lock.

@@ -32,7 +32,7 @@ use serde::Deserialize;
 use super::caller::Caller;
 use super::quota::Quota;
 use super::token::TokenHash;
-use crate::names::validate_name;
+use crate::names::validate_tenant_name;
 use crate::weights::path::normalize_relative;
 
 pub use crate::error::TenantsFileError;
@@ -230,7 +230,7 @@ fn tenant_spec(
     at: &str,
     seen: &mut HashSet<TokenHash>,
 ) -> Result<TenantSpec, String> {
-    validate_name(&t.name).map_err(|e| format!("{at}: tenant name: {e}"))?;
+    validate_tenant_name(&t.name).map_err(|e| format!("{at}: tenant name: {e}"))?;
     let token_hashes = token_hashes(&t.token_hashes, at, seen)?;
     let model_dir = t
         .model_dir

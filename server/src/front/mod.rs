@@ -30,7 +30,11 @@ pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_configuration", "
 /// did not exist. The doors ask this before they parse a request's tensors, so that no work
 /// proportional to the request is done for a model that is not the caller's.
 pub fn check_visible(app: &App, caller: &Caller, model: &str) -> Result<(), InferError> {
-    if app.host.registry.visible(caller, model) {
+    if app
+        .host
+        .registry
+        .visible(caller, &app.host.registry.canonical(model))
+    {
         Ok(())
     } else {
         Err(InferError::ModelNotFound(model.to_owned()))
@@ -55,6 +59,8 @@ pub async fn infer(
     text_input: Option<String>,
     deadline: Instant,
 ) -> Result<InferResponse, InferError> {
+    // The request path knows a model by the spelling it was loaded under.
+    let model = &app.host.registry.canonical(model);
     check_visible(app, caller, model)?;
     // The tenant's own quota; without one the scheduler applies the server's
     // `max_tenant_requests`, and the admin has none.
@@ -81,6 +87,7 @@ pub async fn model_serving(
     caller: &Caller,
     model: &str,
 ) -> Result<ModelServing, InferError> {
+    let model = &app.host.registry.canonical(model);
     if !app.host.registry.visible(caller, model) {
         return Err(InferError::ModelNotFound(model.to_owned()));
     }
@@ -110,6 +117,7 @@ pub fn request_shapes(specs: &mut [pb::TensorSpec]) {
 /// Whether `caller`'s requests for `model` (of `version`, if named) would be taken now: a
 /// worker that is not draining may receive them. An unknown or invisible model is not ready.
 pub async fn model_ready(app: &App, caller: &Caller, model: &str, version: Option<u32>) -> bool {
+    let model = &app.host.registry.canonical(model);
     if !app.host.registry.visible(caller, model) {
         return false;
     }

@@ -48,11 +48,11 @@ pub async fn model_config(
     let serving_config = &app.config.serving;
     let delay = serving_config
         .queue_delays
-        .get(model)
+        .get(&serving.model)
         .copied()
         .unwrap_or(serving_config.max_queue_delay);
     Ok(ModelConfig {
-        name: model.to_owned(),
+        name: serving.model.clone(),
         max_batch_size: i32::try_from(max_items(app)).unwrap_or(i32::MAX),
         inputs: item(serving.inputs),
         outputs: item(serving.outputs),
@@ -138,10 +138,11 @@ pub async fn statistics(
     model: Option<&str>,
     version: Option<u32>,
 ) -> Result<Vec<(String, VersionStats)>, InferError> {
-    if let Some(model) = model {
+    let model = model.map(|m| app.host.registry.canonical(m));
+    if let Some(model) = &model {
         super::check_visible(app, caller, model)?;
     }
-    let stats = app.engine.stats(model).await;
+    let stats = app.engine.stats(model.as_deref()).await;
     Ok(stats
         .into_iter()
         .filter(|(name, _)| model.is_some() || app.host.registry.visible(caller, name))

@@ -51,39 +51,36 @@ pub fn router(state: HttpState) -> Router {
         .route("/v2/health/live", get(oip::live))
         .route("/v2/health/ready", get(oip::ready))
         .route("/v2/models/stats", get(triton::all_statistics))
-        .route("/v2/models/{name}", get(oip::model_metadata))
-        .route(
-            "/v2/models/{name}/versions/{version}",
-            get(oip::model_metadata),
-        )
-        .route("/v2/models/{name}/ready", get(oip::model_ready))
-        .route(
-            "/v2/models/{name}/versions/{version}/ready",
-            get(oip::model_ready),
-        )
-        .route("/v2/models/{name}/config", get(triton::model_config))
-        .route(
-            "/v2/models/{name}/versions/{version}/config",
-            get(triton::model_config),
-        )
-        .route("/v2/models/{name}/stats", get(triton::model_statistics))
-        .route(
-            "/v2/models/{name}/versions/{version}/stats",
-            get(triton::model_statistics),
-        )
+        // Each model route twice: `{name}`, and `{name}/{rest}` for an owner/name model.
+        .merge(model_routes("/v2/models/{name}"))
+        .merge(model_routes("/v2/models/{name}/{rest}"))
         .route("/v2/repository/index", post(triton::repository_index))
-        .route("/v2/models/{name}/infer", post(oip::infer))
-        .route(
-            "/v2/models/{name}/versions/{version}/infer",
-            post(oip::infer),
-        )
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
+        .route("/v1/models/{id}/{rest}", get(openai::model))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// The OIP routes of one model under `base` (its metadata, readiness, inference,
+/// configuration and statistics), each also under `/versions/{version}`.
+fn model_routes(base: &str) -> Router<HttpState> {
+    let mut r = Router::new();
+    for (suffix, handler) in [
+        ("", get(oip::model_metadata)),
+        ("/ready", get(oip::model_ready)),
+        ("/infer", post(oip::infer)),
+        ("/config", get(triton::model_config)),
+        ("/stats", get(triton::model_statistics)),
+    ] {
+        r = r
+            .route(&format!("{base}{suffix}"), handler.clone())
+            .route(&format!("{base}/versions/{{version}}{suffix}"), handler);
+    }
+    r
 }
 
 /// An error in the shape of the door `uri` is under: OpenAI's for `/v1`, else `{"error"}`.

@@ -81,11 +81,35 @@ pub(super) fn version(text: Option<&str>) -> Result<Option<u32>, DoorError> {
     }
 }
 
-/// The model and optional version of a route's path.
+/// The model and optional version of a route's path. A model named `owner/name` (a Hugging
+/// Face id) takes two path segments: the routes have a second form with `{rest}`, which this
+/// joins back.
 #[derive(Debug, Deserialize)]
+#[serde(from = "RawModelPath")]
 pub struct ModelPath {
     pub(super) name: String,
     pub(super) version: Option<String>,
+}
+
+/// The path's parameters as the router gives them.
+#[derive(Debug, Deserialize)]
+struct RawModelPath {
+    name: String,
+    rest: Option<String>,
+    version: Option<String>,
+}
+
+impl From<RawModelPath> for ModelPath {
+    fn from(raw: RawModelPath) -> Self {
+        let name = match raw.rest {
+            Some(rest) => format!("{}/{rest}", raw.name),
+            None => raw.name,
+        };
+        Self {
+            name,
+            version: raw.version,
+        }
+    }
 }
 
 /// `GET /v2/models/{name}[/versions/{version}]`.

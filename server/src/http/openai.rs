@@ -11,6 +11,7 @@
 //!   or [1, d]; `usage.prompt_tokens` sums the items' `prompt_tokens` output parameters.
 //! - Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use axum::Json;
@@ -428,9 +429,15 @@ pub async fn models(State(state): State<HttpState>, headers: HeaderMap) -> Respo
 /// `GET /v1/models/{id}`.
 pub async fn model(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
+    Path(params): Path<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
+    // `/v1/models/{id}`, or `/v1/models/{id}/{rest}` for an owner/name id.
+    let id = match (params.get("id"), params.get("rest")) {
+        (Some(id), Some(rest)) => format!("{id}/{rest}"),
+        (Some(id), None) => id.clone(),
+        _ => String::new(),
+    };
     match door::admit(&state, "/v1/models", &headers) {
         Err(e) => error(e),
         Ok((caller, _guard)) => {
@@ -440,7 +447,7 @@ pub async fn model(
                 .registry
                 .list(&caller)
                 .into_iter()
-                .find(|m| m.name == id);
+                .find(|m| m.name.eq_ignore_ascii_case(&id));
             match found {
                 Some(m) => Json(model_json(&m)).into_response(),
                 None => error(InferError::ModelNotFound(id)),

@@ -144,7 +144,8 @@ impl AdminService for AdminApi {
         request: Request<pb::UnloadModelRequest>,
     ) -> Result<Response<pb::UnloadModelResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.name = self.app.host.registry.canonical(&req.name);
         let version = (req.version != 0).then_some(req.version);
         let result = self
             .app
@@ -195,7 +196,8 @@ impl AdminService for AdminApi {
         request: Request<pb::DescribeModelRequest>,
     ) -> Result<Response<pb::DescribeModelResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.name = self.app.host.registry.canonical(&req.name);
         let (model, manifest) = self
             .app
             .host
@@ -317,7 +319,8 @@ impl AdminService for AdminApi {
         request: Request<pb::SetModelAccessRequest>,
     ) -> Result<Response<pb::SetModelAccessResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.name = self.app.host.registry.canonical(&req.name);
         let table = self.app.host.tenants.current();
         let result = convert::access_from(req.access.unwrap_or_default(), &table)
             .and_then(|access| {

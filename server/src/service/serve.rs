@@ -45,7 +45,7 @@ pub async fn open(
     let first = tokio::time::timeout(silence, inbound.message())
         .await
         .map_err(|_| Status::deadline_exceeded("no offer within the heartbeat deadline"))??;
-    let offer = match first.and_then(|m| m.kind) {
+    let mut offer = match first.and_then(|m| m.kind) {
         Some(pb::serve_request::Kind::Offer(offer)) => offer,
         _ => {
             return Err(Status::invalid_argument(
@@ -54,6 +54,8 @@ pub async fn open(
         }
     };
     let (accepts_text, accepts_tensors) = check_offer(&offer)?;
+    // The request path knows a model by the spelling it was loaded under.
+    offer.model = app.host.registry.canonical(&offer.model);
     let live = app
         .hub
         .get(&offer.session_id)

@@ -281,7 +281,8 @@ impl WorkerApi {
         let caller = caller_of(&request).or_status()?;
         // A ticket is redeemable only by the uid that attached (when the kernel told us).
         let peer_uid = peer_uid(request.extensions());
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.model = self.app.host.registry.canonical(&req.model);
         let result = self.attach_as(&caller, &req, peer_uid).await;
         audit::record(
             &caller,

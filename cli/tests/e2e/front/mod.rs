@@ -21,6 +21,7 @@ use crate::tenants as tn;
 use crate::worker_util::{Offer, TestWorker, serve};
 
 mod auth;
+mod names;
 mod oip_grpc;
 mod oip_rest;
 mod openai;

@@ -6,25 +6,34 @@ use tonic::Code;
 use super::{assert_refused, write_good};
 use crate::common::{Server, count, load, stats};
 
-/// A model name outside [a-z0-9][a-z0-9._-]* would be accepted (and reach metrics labels).
+/// A model name outside `segment[/segment]` (each `[A-Za-z0-9][A-Za-z0-9._-]*`, no route
+/// word) would be accepted (and reach metrics labels and routes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_model_name_is_refused() {
     let server = Server::start().await;
     write_good(&server.root.join("good"));
     assert_refused(
         &server,
-        "Bad/Name",
+        "Bad/Name/Three",
         "good",
         Code::InvalidArgument,
-        &["model name 'Bad/Name' must start with a-z or 0-9"],
+        &["model name 'Bad/Name/Three' has more than one '/'"],
     )
     .await;
     assert_refused(
         &server,
-        "bad/name",
+        "bad name",
         "good",
         Code::InvalidArgument,
-        &["model name 'bad/name' contains '/'"],
+        &["model name 'bad name' contains ' '"],
+    )
+    .await;
+    assert_refused(
+        &server,
+        "org/ready",
+        "good",
+        Code::InvalidArgument,
+        &["a word of the inference routes"],
     )
     .await;
     assert_refused(&server, "", "good", Code::InvalidArgument, &["is empty"]).await;
