@@ -30,8 +30,8 @@ pub(super) struct Listeners {
 }
 
 impl Listeners {
-    /// Merges the listeners of the flags and the file, refusing gRPC over TCP without a tenants
-    /// file unless `unauthenticated_tcp` accepts it.
+    /// Merges the listeners of the flags and the file, refusing gRPC over TCP, and HTTP beyond
+    /// loopback, without a tenants file unless `unauthenticated_tcp` accepts it.
     pub(super) fn merge(args: &ServeArgs, file: &FileConfig) -> Result<Self, ConfigError> {
         let tenants_file = args.tenants_file.clone().or(file.tenants_file.clone());
         let unauthenticated_tcp = args
@@ -75,6 +75,22 @@ impl Listeners {
             .or(args.metrics_listen)
             .or(file.http_listen)
             .or(file.metrics_listen);
+        // Without tokens every HTTP caller is the admin too: beyond this machine only with the
+        // same opt-in as gRPC over TCP.
+        if let Some(addr) = http_listen
+            && tenants_file.is_none()
+            && !unauthenticated_tcp
+            && !addr.ip().is_loopback()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "HTTP on {addr} without a tenants file would make anyone who reaches the port \
+                 the admin (the OpenAI and KServe doors then take no token): give \
+                 --tenants-file, listen on loopback (--http-listen 127.0.0.1:{}), or pass \
+                 --unauthenticated-tcp (unauthenticated_tcp = true), which accepts that for gRPC \
+                 over TCP and HTTP alike",
+                addr.port()
+            )));
+        }
         Ok(Self {
             listen,
             unix_socket,

@@ -192,7 +192,7 @@ fn the_kubernetes_config_parses() {
 }
 
 /// The container image's configuration file must be one the server accepts as it stands: no
-/// TCP listener (it has no tenants file), the sockets in the shared volume.
+/// TCP listener and HTTP on loopback (it has no tenants file), the sockets in the shared volume.
 #[test]
 fn the_image_config_parses() {
     let file: FileConfig =
@@ -208,6 +208,8 @@ fn the_image_config_parses() {
         PathBuf::from("/run/modelshare/handles.sock")
     );
     assert_eq!(c.model_root, PathBuf::from("/models"));
+    // No tenants file: HTTP on loopback only (compose widens it with --unauthenticated-tcp).
+    assert!(c.http_listen.is_some_and(|a| a.ip().is_loopback()));
 }
 
 /// Every TOML snippet of the docs must parse as what it shows (a sample that does not parse
@@ -403,4 +405,43 @@ fn boolean_flags_say_true_and_false_and_win_over_the_file() {
     let off = flags(&[tcp[0], tcp[1], "--unauthenticated-tcp=false"]).expect("flags");
     let err = Config::merge(off, parse(file)).expect_err("turned off");
     assert!(err.to_string().contains("--unauthenticated-tcp"), "{err}");
+}
+
+/// HTTP beyond loopback without a tenants file would no longer be refused (every caller the
+/// admin), or loopback, a tenants file or the one opt-in would no longer be accepted.
+#[test]
+fn http_beyond_loopback_needs_tenants_or_the_opt_in() {
+    let refused = Config::merge(
+        flags(&["--http-listen", "0.0.0.0:9400"]).expect("flags"),
+        parse(""),
+    )
+    .expect_err("open HTTP without tenants");
+    let text = refused.to_string();
+    assert!(
+        text.contains("HTTP on 0.0.0.0:9400 without a tenants file")
+            && text.contains("--http-listen 127.0.0.1:9400")
+            && text.contains("--unauthenticated-tcp"),
+        "{text}"
+    );
+    // The image's file said so: refused the same way.
+    assert!(
+        Config::merge(
+            flags(&[]).expect("flags"),
+            parse("http_listen = \"[::]:9400\"")
+        )
+        .is_err()
+    );
+    for words in [
+        &["--http-listen", "127.0.0.1:9400"][..],
+        &["--http-listen", "[::1]:9400"],
+        &["--http-listen", "0.0.0.0:9400", "--unauthenticated-tcp"],
+    ] {
+        let args = flags(words).expect("flags");
+        assert!(Config::merge(args, parse("")).is_ok(), "{words:?}");
+    }
+    let tenants = tempfile::NamedTempFile::new().expect("tmp");
+    let path = tenants.path().to_str().expect("utf-8");
+    let args = flags(&["--http-listen", "0.0.0.0:9400", "--tenants-file", path]).expect("flags");
+    let c = Config::merge(args, parse("")).expect("with tenants");
+    assert_eq!(c.http_listen.map(|a| a.port()), Some(9400));
 }

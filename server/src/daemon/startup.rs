@@ -96,8 +96,9 @@ pub(super) fn open_app(config: Arc<Config>) -> Result<App, ServeError> {
     Ok(App::new(devices, config, metrics, tenants))
 }
 
-/// Says who may call the server: token holders (warning when tokens would travel in clear
-/// text), anyone who reaches the TCP port, or whoever may connect to the Unix socket.
+/// Says who may call the server, listener by listener: token holders (warning where tokens
+/// would travel in clear text), or, without a tenants file, whoever may connect to the Unix
+/// socket, reach the TCP port, or reach the HTTP port (this machine's processes on loopback).
 fn log_who_may_call(config: &Config, tenants: &TenantStore) {
     if tenants.enabled() {
         let table = tenants.current();
@@ -111,16 +112,42 @@ fn log_who_may_call(config: &Config, tenants: &TenantStore) {
                 "tenants are configured but the TCP listener has no TLS: tokens travel in clear text"
             );
         }
-    } else if let Some(addr) = config.listen {
-        warn!(
-            tcp = %addr,
-            "no tenants file and --unauthenticated-tcp: every caller who reaches the TCP port is the admin"
-        );
     } else {
-        info!(
-            unix = ?config.unix_socket,
-            mode = ?config.unix_socket_mode.map(|m| format!("{m:o}")),
-            "no tenants file: serving on the Unix socket only; whoever may connect to it is the admin"
+        // What is open to whom, listener by listener: without tokens, whoever reaches one is
+        // the admin.
+        if let Some(path) = &config.unix_socket {
+            info!(
+                unix = %path.display(),
+                mode = ?config.unix_socket_mode.map(|m| format!("{m:o}")),
+                "no tenants file: whoever may connect to the Unix socket is the admin"
+            );
+        }
+        if let Some(addr) = config.listen {
+            warn!(
+                tcp = %addr,
+                "no tenants file and --unauthenticated-tcp: every caller who reaches the gRPC TCP port is the admin"
+            );
+        }
+        if let Some(addr) = config.http_listen {
+            if addr.ip().is_loopback() {
+                info!(
+                    http = %addr,
+                    "no tenants file: every process on this machine that reaches the HTTP port is the admin"
+                );
+            } else {
+                warn!(
+                    http = %addr,
+                    "no tenants file and --unauthenticated-tcp: every caller who reaches the HTTP port is the admin"
+                );
+            }
+        }
+    }
+    if config.tenants_file.is_some()
+        && let Some(addr) = config.http_listen
+    {
+        warn!(
+            http = %addr,
+            "the HTTP port has no TLS: the bearer tokens of /v1 and /v2 calls travel in clear text (put it behind a TLS-terminating proxy or keep it on a private network)"
         );
     }
 }
