@@ -25,6 +25,9 @@ fn batch(items: u32, input: impl Fn(u64) -> pb::item::Input) -> pb::ServeEvent {
             )]
             .into(),
             deadline_unix_ms: i64::MAX,
+            // The request id and trace context count as item bytes (the server's batch byte
+            // limit), not in the envelope.
+            ..Default::default()
         })
         .collect();
     pb::ServeEvent {

@@ -153,6 +153,18 @@ class Item:
         return self._native.deadline
 
     @property
+    def request_id(self) -> str:
+        """The request's id: the caller's ``x-request-id``, or one the server made; the same on
+        every item of a request, and in the server's logs and the caller's answer."""
+        return self._native.request_id
+
+    @property
+    def traceparent(self) -> str | None:
+        """The caller's W3C trace context (``traceparent``), if it sent a well-formed one: a
+        worker that traces (OpenTelemetry) continues the caller's trace from it."""
+        return self._native.traceparent
+
+    @property
     def cancelled(self) -> bool:
         """Whether the server has cancelled the item (the caller left, or its deadline passed):
         whatever is answered for it now is discarded. Long work may check it and stop early."""

@@ -87,6 +87,18 @@ impl Item {
             .map(|d| d.as_secs_f64())
     }
 
+    /// The request's id (the caller's `x-request-id`, or the server's; "" from older servers).
+    #[getter]
+    fn request_id(&self) -> &str {
+        &self.item.request_id
+    }
+
+    /// The caller's W3C `traceparent`, if it sent a well-formed one.
+    #[getter]
+    fn traceparent(&self) -> Option<&str> {
+        self.item.traceparent.as_deref()
+    }
+
     /// Whether the server has cancelled the item (the caller went away, or its deadline
     /// passed): whatever is answered for it now is discarded.
     #[getter]

@@ -97,6 +97,29 @@ def test_openai_embeddings_from_a_python_handler(stack: Stack) -> None:
     assert r.usage.prompt_tokens == 3
 
 
+def test_items_carry_the_request_id_and_the_trace_context(stack: Stack) -> None:
+    """The caller's x-request-id and traceparent reach the handler's items, and the id comes
+    back on the answer (the openai client reads it as ``_request_id``)."""
+    import openai
+
+    seen: list[tuple[str, str | None]] = []
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def handle(batch: modelshare.Batch):
+        seen.extend((item.request_id, item.traceparent) for item in batch.items)
+        return [{"embedding": np.zeros(4, dtype=np.float32)} for _ in batch.items]
+
+    client = openai.OpenAI(base_url=f"{stack.http}/v1", api_key=TOKEN_B, max_retries=0, timeout=30)
+    with serving(stack, handle):
+        r = client.embeddings.with_raw_response.create(
+            model="enc", input=["a", "b"], extra_headers={"x-request-id": "py-req-1", "traceparent": traceparent})
+        plain = client.embeddings.create(model="enc", input="c")
+    assert r.headers["x-request-id"] == "py-req-1"
+    assert seen[:2] == [("py-req-1", traceparent)] * 2
+    # None sent: the server made one, the same on the answer and on the item.
+    assert plain._request_id and seen[2] == (plain._request_id, None), (plain._request_id, seen)
+
+
 def test_kserve_tensors_from_a_python_handler(stack: Stack) -> None:
     torch = pytest.importorskip("torch")
     import tritonclient.http as th

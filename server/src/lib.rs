@@ -51,6 +51,7 @@ pub mod health;
 pub mod http;
 pub mod hub;
 pub mod message_limits;
+pub mod request_id;
 pub mod service;
 pub mod sessions;
 pub mod status;

@@ -36,6 +36,8 @@ pub struct Seen {
     pub cancelled: Vec<u64>,
     /// Drains received.
     pub drains: usize,
+    /// Each item's request id and traceparent, in the order received.
+    pub traces: Vec<(String, String)>,
 }
 
 /// How a test worker offers itself.
@@ -265,6 +267,12 @@ async fn run(
                     s.batches += 1;
                     s.items += batch.items.len();
                     s.sizes.push(batch.items.len());
+                    s.traces.extend(
+                        batch
+                            .items
+                            .iter()
+                            .map(|i| (i.request_id.clone(), i.traceparent.clone())),
+                    );
                     s.held += 1;
                     s.max_held = s.max_held.max(s.held);
                 }

@@ -17,6 +17,7 @@ use crate::config::{ClientAuth, TlsSettings};
 use crate::connections::StreamsLayer;
 use crate::grpc_metrics::GrpcMetricsLayer;
 use crate::message_limits::MessageLimitLayer;
+use crate::request_id::RequestIdLayer;
 use crate::service::admin::AdminApi;
 use crate::service::inference::InferenceApi;
 use crate::service::worker::WorkerApi;
@@ -30,7 +31,10 @@ pub(super) type GrpcStack = tower::layer::util::Stack<
         AuthLayer,
         tower::layer::util::Stack<
             GrpcMetricsLayer,
-            tower::layer::util::Stack<StreamsLayer, tower::layer::util::Identity>,
+            tower::layer::util::Stack<
+                StreamsLayer,
+                tower::layer::util::Stack<RequestIdLayer, tower::layer::util::Identity>,
+            >,
         >,
     >,
 >;
@@ -89,6 +93,9 @@ pub(super) fn router(
         builder = builder.tls_config(tls)?;
     }
     Ok(builder
+        // An id on every call (the caller's x-request-id, or a new one), in its log lines and
+        // echoed as response metadata; the doors pass it and the traceparent to the workers.
+        .layer(RequestIdLayer)
         // Keep the connection open while a stream is (see `connections`: idle ones are closed).
         .layer(StreamsLayer)
         // Count and time every request by service, method and status code.

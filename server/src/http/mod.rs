@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use state::HttpState;
 
+use crate::request_id::RequestIdLayer;
 use door::DoorError;
 
 /// Every route of the HTTP port, over `state`.
@@ -62,6 +63,8 @@ pub fn router(state: HttpState) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
+        // An id on every call (the caller's x-request-id, or a new one), echoed on the answer.
+        .layer(RequestIdLayer)
         .with_state(state)
 }
 

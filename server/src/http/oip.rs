@@ -29,6 +29,7 @@ use super::json;
 use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front::{self, oip};
+use crate::request_id::RequestTrace;
 use modelshare_serving::InferResponse;
 
 /// The header that carries the length of the JSON part of a binary request or response.
@@ -313,6 +314,7 @@ pub async fn infer(
     State(state): State<HttpState>,
     Path(path): Path<ModelPath>,
     connection: Option<Extension<Connection>>,
+    trace: Option<Extension<RequestTrace>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -332,7 +334,10 @@ pub async fn infer(
             .cpu
             .run_sized(body.len(), deadline, move || {
                 let (req, tensors, parameters) = parse(&headers, &body)?;
-                let items = oip::to_items(tensors, &parameters, max_items)?;
+                let mut items = oip::to_items(tensors, &parameters, max_items)?;
+                if let Some(Extension(trace)) = &trace {
+                    trace.stamp(&mut items.items);
+                }
                 Ok::<_, DoorError>((req, items))
             })
             .await??;

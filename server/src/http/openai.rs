@@ -28,6 +28,7 @@ use super::door::{self, DoorError};
 use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front;
+use crate::request_id::RequestTrace;
 use modelshare_serving::{InferError, InferResponse};
 
 /// Most inputs in one request (OpenAI's own limit).
@@ -363,6 +364,7 @@ fn answer(r: &InferResponse, floats: bool) -> Result<Value, InferError> {
 pub async fn embeddings(
     State(state): State<HttpState>,
     connection: Option<Extension<Connection>>,
+    trace: Option<Extension<RequestTrace>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -374,12 +376,15 @@ pub async fn embeddings(
         let deadline = door::deadline(&state, &headers, arrived)?;
         let connection = connection.as_ref().map(|c| &c.0);
         let (body, hold) = door::body(&state, connection, &headers, arrived, &mut body).await?;
-        let (model, items, floats) = state
+        let (model, mut items, floats) = state
             .app
             .cpu
             .run_sized(body.len(), deadline, move || items(&body))
             .await??;
         drop(hold);
+        if let Some(Extension(trace)) = &trace {
+            trace.stamp(&mut items);
+        }
         let r = front::infer(&state.app, &caller, &model, items, None, deadline).await?;
         let render_by = Instant::now() + state.app.config.serving.max_request_time;
         let size = r.outputs.iter().map(super::oip::output_bytes).sum();

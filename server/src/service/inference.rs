@@ -17,6 +17,7 @@ use crate::app::App;
 use crate::auth::caller_of;
 use crate::cpu::PoolError;
 use crate::front::{self, deadline, oip as tensors, triton};
+use crate::request_id::RequestTrace;
 use crate::service::triton as answers;
 
 /// The OIP gRPC service.
@@ -173,6 +174,7 @@ impl GrpcInferenceService for InferenceApi {
         let caller = caller_of(&request).or_status()?;
         let longest = self.app.config.serving.max_request_time;
         let deadline = deadline::grpc(request.metadata(), arrived, longest).or_status()?;
+        let trace = request.extensions().get::<RequestTrace>().cloned();
         let mut req = request.into_inner();
         version(&req.model_version)?;
         front::check_visible(&self.app, &caller, &req.model_name).or_status()?;
@@ -186,7 +188,10 @@ impl GrpcInferenceService for InferenceApi {
             .run_sized(size, deadline, move || {
                 let inputs = tensors::grpc_inputs(&mut req)?;
                 let parameters = tensors::parameters(&req.parameters);
-                let items = tensors::to_items(inputs, &parameters, max_items)?;
+                let mut items = tensors::to_items(inputs, &parameters, max_items)?;
+                if let Some(trace) = &trace {
+                    trace.stamp(&mut items.items);
+                }
                 Ok::<_, modelshare_serving::InferError>((req, items))
             })
             .await

@@ -229,11 +229,14 @@ fn now_unix_ms() -> u64 {
 
 /// The payload bytes of an item (text bytes, or tensor data bytes).
 pub(super) fn item_bytes(item: &pb::Item) -> u64 {
-    match &item.input {
+    let input = match &item.input {
         Some(pb::item::Input::Text(t)) => t.text.len() as u64,
         Some(pb::item::Input::Tensors(t)) => t.tensors.iter().map(|t| t.data.len() as u64).sum(),
         None => 0,
-    }
+    };
+    // The request's id and trace context vary in length: they count with the payload, not in
+    // the fixed per-item envelope (`modelshare_proto::limits::BATCH_ENVELOPE_BYTES`).
+    input + (item.request_id.len() + item.traceparent.len()) as u64
 }
 
 fn tenant_label(tenant: &Tenant) -> &str {

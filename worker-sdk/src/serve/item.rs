@@ -38,6 +38,12 @@ pub struct Item {
     pub parameters: HashMap<String, Parameter>,
     /// When the caller stops waiting, if it said.
     pub deadline: Option<SystemTime>,
+    /// The request's id (the caller's `x-request-id`, or the server's): the same on every item
+    /// of a request and in the server's logs and answer. Empty from older servers.
+    pub request_id: String,
+    /// The caller's W3C trace context (`traceparent`), if it sent a well-formed one: a worker
+    /// that traces continues the caller's trace from it.
+    pub traceparent: Option<String>,
     cancel: CancellationToken,
 }
 
@@ -49,6 +55,8 @@ impl Item {
             input,
             parameters: HashMap::new(),
             deadline: None,
+            request_id: String::new(),
+            traceparent: None,
             cancel: CancellationToken::new(),
         }
     }
@@ -115,6 +123,8 @@ impl Item {
             input,
             parameters,
             deadline: deadline(item.deadline_unix_ms),
+            request_id: item.request_id,
+            traceparent: Some(item.traceparent).filter(|t| !t.is_empty()),
             cancel,
         })
     }

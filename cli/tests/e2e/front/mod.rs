@@ -25,6 +25,7 @@ mod names;
 mod oip_grpc;
 mod oip_rest;
 mod openai;
+mod request_ids;
 mod triton;
 
 /// The server's limit on request bodies in these tests.
