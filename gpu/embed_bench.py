@@ -307,19 +307,21 @@ class Stack:
         config = os.path.join(self.tmp, "modelshare.toml")
         with open(config, "w") as f:
             f.write("[serving]\nmax_queue_items = 1048576\nmax_tenant_requests = 4096\n")
-        self.port = free_port()
+        self.port, self.metrics_port = free_port(), free_port()
         self.server = bench.spawn(f"{name}-server", [
             bench.binary("modelshare"), "serve", "--backend", bench.args.backend, "--config", config,
             "--model-root", os.path.dirname(os.path.abspath(model_dir)),
             "--unix-socket", os.path.join(self.tmp, "grpc.sock"),
             "--handle-socket", os.path.join(self.tmp, "handles.sock"),
-            "--http-listen", f"127.0.0.1:{self.port}", "--model", f"{name}={os.path.basename(os.path.abspath(model_dir))}"])
+            "--http-listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+            "--model", f"{name}={os.path.basename(os.path.abspath(model_dir))}"])
         self.wait(lambda: self.get("/readyz"), "the server is ready", self.server, 180)
 
     def get(self, path):
-        """The body of GET `path`, or None."""
+        """The body of GET `path` (`/metrics` from the operators' port), or None."""
+        port = self.metrics_port if path == "/metrics" else self.port
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
                 return r.read().decode()
         except Exception:  # noqa: BLE001
             return None

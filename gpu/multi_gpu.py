@@ -90,7 +90,7 @@ class Run:
     def start_server(self, name, extra, config=""):
         sock = os.path.join(self.work, f"{name}.sock")
         self.addr = f"unix:{sock}"
-        self.port = eb.free_port()
+        self.port, self.metrics_port = eb.free_port(), eb.free_port()
         cfg = os.path.join(self.work, f"{name}.toml")
         with open(cfg, "w") as f:
             f.write("[serving]\nmax_queue_items = 1048576\nmax_tenant_requests = 4096\n" + config)
@@ -99,7 +99,7 @@ class Run:
             self.b("modelshare"), "serve", "--backend", "cuda", "--config", cfg, "--log-format", "json",
             "--model-root", os.path.join(self.work, "models"), "--unix-socket", sock,
             "--handle-socket", os.path.join(self.work, f"{name}-h.sock"), "--http-listen", f"127.0.0.1:{self.port}",
-            *extra])
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *extra])
         deadline = time.time() + 300
         while time.time() < deadline:
             if self.server.poll() is not None:

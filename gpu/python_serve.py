@@ -95,11 +95,13 @@ class Server:
         self.sock = os.path.join(self.tmp, "grpc.sock")
         self.address = f"unix:{self.sock}"
         self.http = f"http://127.0.0.1:{free_port()}"
+        self.metrics = f"http://127.0.0.1:{free_port()}"
         self.log = open(os.path.join(out, f"server-{tag}.log"), "w")
         env = dict(os.environ, LD_LIBRARY_PATH=lib_path())
         self.proc = subprocess.Popen(
             [f"{bin_dir}/modelshare", "serve", "--backend", BACKEND[0], "--model-root", root, "--unix-socket", self.sock,
              "--handle-socket", os.path.join(self.tmp, "h.sock"), "--http-listen", self.http.removeprefix("http://"),
+             "--metrics-listen", self.metrics.removeprefix("http://"),
              "--no-worker-wait-ms", "10000", *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 60
         while not self.ready():
@@ -423,7 +425,7 @@ def client_proc(url: str, model: str, texts: list[str], per_request: int, conn_o
 
 def batch_items(server: Server, model: str) -> tuple[float, float]:
     """(sum, count) of the server's items-per-batch histogram for ``model``."""
-    text = urllib.request.urlopen(f"{server.http}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(f"{server.metrics}/metrics", timeout=10).read().decode()
     got = {"sum": 0.0, "count": 0.0}
     for line in text.splitlines():
         for part in got:

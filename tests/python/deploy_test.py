@@ -89,9 +89,11 @@ def test_server_daemonset():
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["sockets"]["hostPath"]["path"] == "/run/modelshare"
     ann = ds["spec"]["template"]["metadata"]["annotations"]
-    assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "9400"
+    assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "9401"
     cfg = by_kind(docs, "ConfigMap")["data"]["modelshare.toml"]
-    assert 'metrics_listen = "0.0.0.0:9400"' in cfg and 'unix_socket = "/run/modelshare/grpc.sock"' in cfg
+    # The doors and the operators' endpoints on ports of their own; Prometheus scrapes the latter.
+    assert 'http_listen = "0.0.0.0:9400"' in cfg and 'metrics_listen = "0.0.0.0:9401"' in cfg
+    assert 'unix_socket = "/run/modelshare/grpc.sock"' in cfg
     # The tenants file and the TLS files are where their Secrets are mounted.
     import tomllib
     conf = tomllib.loads(cfg)
@@ -215,7 +217,11 @@ def test_front_door():
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
     # HTTP (OIP REST, OpenAI) and gRPC (OIP) land on the ports the server listens on.
     conf = server_config()
-    http_port = int(conf["metrics_listen"].rsplit(":", 1)[1])
+    http_port = int(conf["http_listen"].rsplit(":", 1)[1])
+    # The operators' port (/metrics, readiness with every tenant's model names) is in no Service.
+    metrics_port = int(conf["metrics_listen"].rsplit(":", 1)[1])
+    assert metrics_port not in {p.get("targetPort") for p in svc["spec"]["ports"]} | {
+        container_ports.get(p.get("targetPort")) for p in svc["spec"]["ports"]}
     grpc_port = int(conf["listen"].rsplit(":", 1)[1])
     assert container_ports[ports["http"]["targetPort"]] == http_port
     assert container_ports[ports["grpc"]["targetPort"]] == grpc_port
@@ -804,12 +810,13 @@ def test_readme_says_how_to_make_the_model_folder():
 
 def test_compose_files_run_prometheus():
     """Both compose files run Prometheus on prometheus/ (its scrape target is their server's
-    HTTP port), published on loopback only; promtool accepts the configuration."""
+    operators' port, which the server's command opens), published on loopback only; promtool
+    accepts the configuration."""
     prom = load_yaml("prometheus/prometheus.yml")[0]
     targets = [t for c in prom["scrape_configs"] for sc in c["static_configs"] for t in sc["targets"]]
     import tomllib
     with open(os.path.join(DEPLOY, "modelshare.toml"), "rb") as f:
-        http_port = tomllib.load(f)["http_listen"].rsplit(":", 1)[1]
+        metrics_port = tomllib.load(f)["metrics_listen"].rsplit(":", 1)[1]
     for rel in ("compose.yaml", "compose.cpu.yaml"):
         (doc,) = load_yaml(rel)
         services = doc["services"]
@@ -821,7 +828,9 @@ def test_compose_files_run_prometheus():
         assert all(x.startswith("127.0.0.1:") for x in p["ports"]), p["ports"]
         for t in targets:
             host, port = t.rsplit(":", 1)
-            assert host in services and port == http_port, f"{rel}: scrape target {t} is no service's HTTP port"
+            assert host in services and port == metrics_port, f"{rel}: scrape target {t} is not the metrics port"
+            command = services[host]["command"]
+            assert f"0.0.0.0:{port}" in command[command.index("--metrics-listen") + 1], command
     promtool = shutil.which("promtool")
     assert promtool, "promtool is needed (Debian's prometheus package; scripts/test installs it)"
     out = subprocess.run([promtool, "check", "config", os.path.join(DEPLOY, "prometheus", "prometheus.yml")],

@@ -73,7 +73,7 @@ class Stack:
             f.write("[serving]\nmax_request_bytes = 1048576\n\n")
             f.write('[[models]]\nname = "enc"\npath = "enc"\npublic = true\n\n')
             f.write('[[models]]\nname = "priv"\npath = "priv"\ntenant = "a"\n')
-        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         self.socket = os.path.join(tmp, "grpc.sock")
         self.log = open(os.path.join(tmp, "server.log"), "w")
         self.server = subprocess.Popen(
@@ -81,6 +81,7 @@ class Stack:
              "--model-root", root, "--unix-socket", self.socket,
              "--handle-socket", os.path.join(tmp, "handles.sock"),
              "--listen", f"127.0.0.1:{self.grpc_port}", "--http-listen", f"127.0.0.1:{self.http_port}",
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
              "--tenants-file", os.path.join(tmp, "tenants.toml"), "--no-worker-wait-ms", "1500"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.workers = []
@@ -390,7 +391,7 @@ def check_failures(stack):
 
 def sessions_ended(stack):
     """modelshare_sessions_ended_total by reason, from the metrics endpoint."""
-    text = urllib.request.urlopen(f"{stack.http()}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=10).read().decode()
     counts = {}
     for line in text.splitlines():
         if line.startswith("modelshare_sessions_ended_total{"):

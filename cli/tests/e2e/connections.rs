@@ -67,7 +67,7 @@ async fn silent_half_open_and_idle_connections_are_closed() {
             "--listen",
             &format!("127.0.0.1:{grpc}"),
             "--unauthenticated-tcp",
-            "--http-listen",
+            "--metrics-listen",
             &format!("127.0.0.1:{http}"),
             "--config",
             cfg.to_str().expect("utf8"),
@@ -135,7 +135,7 @@ async fn silent_half_open_and_idle_connections_are_closed() {
     heartbeat.abort();
     drop(session);
     let handshake =
-        "modelshare_connections_closed_total{listener=\"http\",reason=\"handshake_timeout\"}";
+        "modelshare_connections_closed_total{listener=\"metrics\",reason=\"handshake_timeout\"}";
     assert!(metric(&http_addr, handshake) >= 2.0);
 }
 

@@ -224,7 +224,7 @@ async fn replicas_are_copied_to_further_devices() {
         t("b", Dtype::F16, &[1 << 16], 6),
     ];
     let server = Server::start_with(
-        &["--host-devices", "3", "--http-listen", "127.0.0.1:0"],
+        &["--host-devices", "3", "--metrics-listen", "127.0.0.1:0"],
         |root| write_safetensors(&root.join("m").join("model.safetensors"), &tensors),
     )
     .await;

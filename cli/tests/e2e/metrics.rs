@@ -330,3 +330,43 @@ async fn a_real_prometheus_scrapes_the_server() {
     // One session is open: the value is the string "1" in the vector result.
     assert!(found.contains(r#","1"]"#), "{found}");
 }
+
+/// The inference port would serve `/metrics` or name models in `/readyz` (every tenant's
+/// names, to anyone who reaches it), or the operators' port would lose them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_endpoints_have_their_own_port() {
+    let server = Server::start_with(
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--model",
+            "secret-model=m",
+        ],
+        |root| {
+            common::write_safetensors(
+                &root.join("m/model.safetensors"),
+                &[t("w", Dtype::F32, &[16, 16], 1)],
+            );
+        },
+    )
+    .await;
+    let (operators, inference) = (server.metrics_address(), server.http_address());
+    assert_ne!(operators, inference);
+    let (status, body) = http_get(&operators, "/metrics");
+    assert!(
+        status == 200 && body.contains("modelshare_models"),
+        "{status}"
+    );
+    let (status, body) = http_get(&operators, "/readyz");
+    assert!(status == 200 && body.contains("secret-model"), "{body}");
+
+    assert_eq!(http_get(&inference, "/metrics").0, 404);
+    assert_eq!(http_get(&inference, "/healthz").0, 200);
+    let (status, body) = http_get(&inference, "/readyz");
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    // The doors are there and the operators' port has none of them.
+    assert_eq!(http_get(&inference, "/v2/health/live").0, 200);
+    assert_eq!(http_get(&operators, "/v2/health/live").0, 404);
+}

@@ -48,12 +48,16 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum, env = "MODELSHARE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-    /// Address of the HTTP port: `/metrics`, `/healthz`, `/readyz`, the OIP REST routes
-    /// (`/v2/...`) and the OpenAI routes (`/v1/embeddings`, `/v1/models`); off when unset.
+    /// Address of the inference port (HTTP): the OIP REST routes (`/v2/...`), the OpenAI routes
+    /// (`/v1/embeddings`, `/v1/models`) and the name-free probes `/healthz`, `/readyz`; off
+    /// when unset. Beyond loopback only with a tenants file or --unauthenticated-tcp.
     #[arg(long, env = "MODELSHARE_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
-    /// The old name of --http-listen, kept as an alias.
-    #[arg(long, env = "MODELSHARE_METRICS_LISTEN", hide = true)]
+    /// Address of the operators' port (HTTP): `/metrics` for Prometheus, `/healthz`, and
+    /// `/readyz` with each model's serving workers; off when unset (e.g. 127.0.0.1:9401, or the
+    /// pod's address for Prometheus to scrape). No token is asked there: keep it where only
+    /// operators and Prometheus reach.
+    #[arg(long, env = "MODELSHARE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// How long a batch may wait to fill while its worker computes another, in microseconds
     /// (per model in the file's `[serving.queue_delay_us]`); default 1000. An idle worker takes

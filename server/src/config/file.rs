@@ -47,7 +47,7 @@ pub(super) struct FileLimits {
 pub(super) struct FileConfig {
     pub(super) listen: Option<SocketAddr>,
     pub(super) http_listen: Option<SocketAddr>,
-    /// The old name of `http_listen`.
+    /// The operators' port (`/metrics`, detailed `/readyz`).
     pub(super) metrics_listen: Option<SocketAddr>,
     pub(super) unix_socket: Option<PathBuf>,
     pub(super) handle_socket: Option<PathBuf>,

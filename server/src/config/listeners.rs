@@ -19,8 +19,10 @@ pub(super) struct Listeners {
     pub(super) listen: Option<SocketAddr>,
     /// Unix socket for gRPC.
     pub(super) unix_socket: Option<PathBuf>,
-    /// HTTP address.
+    /// HTTP address of the inference doors.
     pub(super) http_listen: Option<SocketAddr>,
+    /// HTTP address of the operators' endpoints.
+    pub(super) metrics_listen: Option<SocketAddr>,
     /// Handle socket for fd passing.
     pub(super) handle_socket: PathBuf,
     /// Tenants file (none: authentication off).
@@ -70,11 +72,8 @@ impl Listeners {
                     default_handle_socket(unix_socket.as_deref())
                 }
             });
-        let http_listen = args
-            .http_listen
-            .or(args.metrics_listen)
-            .or(file.http_listen)
-            .or(file.metrics_listen);
+        let http_listen = args.http_listen.or(file.http_listen);
+        let metrics_listen = args.metrics_listen.or(file.metrics_listen);
         // Without tokens every HTTP caller is the admin too: beyond this machine only with the
         // same opt-in as gRPC over TCP.
         if let Some(addr) = http_listen
@@ -95,6 +94,7 @@ impl Listeners {
             listen,
             unix_socket,
             http_listen,
+            metrics_listen,
             handle_socket,
             tenants_file,
             default_unix,

@@ -63,8 +63,10 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// Unix socket for gRPC.
     pub unix_socket: Option<PathBuf>,
-    /// HTTP address: metrics, probes, and the OIP and OpenAI REST routes.
+    /// HTTP address of the inference doors: the OIP and OpenAI REST routes, name-free probes.
     pub http_listen: Option<SocketAddr>,
+    /// HTTP address of the operators' endpoints: `/metrics`, probes with model detail.
+    pub metrics_listen: Option<SocketAddr>,
     /// Handle socket for fd passing.
     pub handle_socket: PathBuf,
     /// Model repository root.
@@ -183,6 +185,7 @@ impl Config {
         Ok(Self {
             listen: listeners.listen,
             http_listen: listeners.http_listen,
+            metrics_listen: listeners.metrics_listen,
             unix_socket: listeners.unix_socket,
             handle_socket: listeners.handle_socket,
             model_root: args

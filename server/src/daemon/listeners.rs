@@ -58,7 +58,10 @@ pub(super) async fn start(
     let config = &app.config;
     serve_handles(app, tasks, socket_files).await?;
     if let Some(addr) = config.http_listen {
-        serve_http(app, addr, tasks).await?;
+        serve_http(app, addr, HttpPort::Inference, tasks).await?;
+    }
+    if let Some(addr) = config.metrics_listen {
+        serve_http(app, addr, HttpPort::Operators, tasks).await?;
     }
     let mut bound = Bound {
         tcp: None,
@@ -104,22 +107,49 @@ async fn serve_handles(
     Ok(())
 }
 
-/// The HTTP port: metrics, probes, the OIP and OpenAI routes.
-async fn serve_http(app: &App, addr: SocketAddr, tasks: &mut Tasks) -> Result<(), ServeError> {
+/// The two HTTP ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HttpPort {
+    /// The OIP and OpenAI doors, name-free probes (`--http-listen`).
+    Inference,
+    /// `/metrics` and the probes with model detail (`--metrics-listen`).
+    Operators,
+}
+
+/// One HTTP port, with its own connection gate.
+async fn serve_http(
+    app: &App,
+    addr: SocketAddr,
+    port: HttpPort,
+    tasks: &mut Tasks,
+) -> Result<(), ServeError> {
+    let what = match port {
+        HttpPort::Inference => "http",
+        HttpPort::Operators => "metrics",
+    };
     let listener = http::bind(addr).await.map_err(|source| ServeError::Bind {
-        what: format!("http {addr}"),
+        what: format!("{what} {addr}"),
         source,
     })?;
     let local = listener.local_addr().ok();
-    info!(http = ?local, "http listening (metrics, probes, OIP and OpenAI routes)");
     let state = HttpState::new(app.clone());
+    let routes = match port {
+        HttpPort::Inference => {
+            info!(http = ?local, "http listening (OIP and OpenAI routes, /healthz, /readyz)");
+            http::router(state)
+        }
+        HttpPort::Operators => {
+            info!(metrics = ?local, "metrics listening (/metrics, /healthz, /readyz with models)");
+            http::operator_router(state)
+        }
+    };
     let stop = app.host.shutdown.clone();
-    let gate = Gate::new("http", app.config.connections, app.host.metrics.clone());
+    let gate = Gate::new(what, app.config.connections, app.host.metrics.clone());
     tasks.spawn(async move {
-        http::serve(listener, gate, state, stop)
+        http::serve(listener, gate, routes, stop)
             .await
             .map_err(|source| ServeError::Bind {
-                what: "http".into(),
+                what: what.into(),
                 source,
             })
     });

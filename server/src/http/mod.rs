@@ -1,10 +1,11 @@
-//! The HTTP listener (axum), on its own port (`--http-listen`): `/metrics`, `/healthz`,
-//! `/readyz`, and the REST front doors.
+//! The two HTTP ports (axum): the inference port (`--http-listen`: the REST front doors and
+//! probes that name no model) and the operators' port (`--metrics-listen`: `/metrics`, probes
+//! that list the models, which every tenant's caller must not read).
 //!
-//! - [`router`]: every route, built from one [`HttpState`] ([`state`]); a new face adds its
-//!   routes there and what it reads to the state.
-//! - [`probes`]: `/healthz` (the process is up) and `/readyz` (start-up models loaded; the body
-//!   says which loaded models have a serving worker).
+//! - [`router`] and [`operator_router`]: every route of each port, built from one
+//!   [`HttpState`] ([`state`]); a new face adds its routes there and what it reads to the state.
+//! - [`probes`]: `/healthz` (the process is up) and `/readyz` (start-up models loaded; on the
+//!   operators' port the body says which loaded models have a serving worker).
 //! - [`metrics`]: `/metrics`, which gathers the gauges' values from the registry
 //!   ([`metrics::gauge_values`]) and hands them to [`modelshare_core::metrics::Metrics::refresh`].
 //! - [`oip`]: the KServe v2 / OIP REST routes (`/v2/...`); [`triton`]: Triton's extensions
@@ -41,13 +42,27 @@ pub use state::HttpState;
 use crate::request_id::RequestIdLayer;
 use door::DoorError;
 
-/// Every route of the HTTP port, over `state`.
-pub fn router(state: HttpState) -> Router {
-    let limit = state.app.config.serving.max_request_bytes;
+/// The operators' port (`--metrics-listen`): `/metrics`, `/healthz`, and `/readyz` with each
+/// model's serving workers. Model names of every tenant appear here: it is not the inference
+/// port, which anyone with a token (or without, on loopback) may reach.
+pub fn operator_router(state: HttpState) -> Router {
     Router::new()
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(RequestIdLayer)
+        .with_state(state)
+}
+
+/// Every route of the inference port (`--http-listen`), over `state`: the doors, and probes
+/// that name no model.
+pub fn router(state: HttpState) -> Router {
+    let limit = state.app.config.serving.max_request_bytes;
+    Router::new()
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::ready_plain))
         .route("/v2", get(oip::server_metadata))
         .route("/v2/health/live", get(oip::live))
         .route("/v2/health/ready", get(oip::ready))
@@ -120,13 +135,13 @@ fn route_error(uri: &Uri, status: StatusCode, message: String) -> Response {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     gate: crate::connections::Gate,
-    state: HttpState,
+    routes: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     use crate::connections::{ConnInfo, GatedListener, StreamsLayer};
     // Connections within the gate's caps, closed when they take too long to send a request
     // or stay idle (see `connections`); each request counted open until its answer ends.
-    let app = router(state)
+    let app = routes
         .layer(StreamsLayer)
         .into_make_service_with_connect_info::<ConnInfo<SocketAddr>>();
     axum::serve(GatedListener::new(listener, gate), app)

@@ -1,6 +1,7 @@
 //! Probes: `/healthz` answers while the process runs; `/readyz` once the start-up models are
-//! loaded (503 before), its body listing each model with a ready version and whether a worker
-//! serves it.
+//! loaded (503 before). On the operators' port its body lists each model with a ready version
+//! and whether a worker serves it; on the inference port it names no model ([`ready_plain`]):
+//! a caller there may not see every tenant's models.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,7 +14,15 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// `GET /readyz`.
+/// `GET /readyz` on the inference port: ready or not, naming nothing.
+pub async fn ready_plain(State(s): State<HttpState>) -> (StatusCode, &'static str) {
+    if s.app.host.require_ready().is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "loading start-up models\n");
+    }
+    (StatusCode::OK, "ready\n")
+}
+
+/// `GET /readyz` on the operators' port.
 pub async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
     if s.app.host.require_ready().is_err() {
         return (

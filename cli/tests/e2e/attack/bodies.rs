@@ -28,7 +28,7 @@ async fn bodies_are_read_only_after_the_token() {
     tn::load_as(&mut admin_a, "enc", "enc", "", None)
         .await
         .expect("a loads enc");
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let quick = Duration::from_secs(5);
     for path in ["/v1/embeddings", "/v2/models/enc/infer"] {
         // No token, 64 MiB announced, nothing sent: 401 at once.
@@ -68,7 +68,7 @@ async fn bodies_in_flight_are_within_a_budget_and_a_timeout() {
     tn::load_as(&mut admin_a, "enc", "enc", "", None)
         .await
         .expect("a loads enc");
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let quick = Duration::from_secs(5);
 
     // Two stalled 1 MiB uploads of a's fill the 2 MiB budget: the third is 503, at once.
@@ -159,7 +159,7 @@ async fn big_token_bodies_of_one_tenant_do_not_end_another_tenants_session() {
     let (_cfg, cfg) = config("heartbeat_interval_ms = 200\nheartbeat_misses = 3\n");
     let (_tenants, server, worker, mut admin_b) =
         b_serves_encb(&["--http-listen", "127.0.0.1:0", "--config", &cfg]).await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let big = big_token_body();
     let attack: Vec<_> = (0..8)
         .map(|_| {
@@ -269,7 +269,7 @@ async fn a_client_that_writes_its_whole_body_first_reads_the_early_answer() {
         &[],
     )
     .await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let body = vec![b'x'; 16 << 20];
     for (token, want) in [(Some(TA), 413), (None, 401)] {
         let head = post_head("/v1/embeddings", token, body.len());
@@ -292,7 +292,7 @@ async fn a_small_request_is_answered_while_big_bodies_are_parsed() {
     use std::time::Instant;
     let (_tenants, server, _worker, _admin_b) =
         b_serves_encb(&["--http-listen", "127.0.0.1:0"]).await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let big = big_token_body();
     let uploaded = Arc::new(tokio::sync::Semaphore::new(0));
     let answers: Arc<Mutex<Vec<Instant>>> = Arc::default();

@@ -44,7 +44,7 @@ async fn a_batch_dimension_of_billions_of_empty_rows_is_refused_and_the_server_s
     let _worker = try_serve(&server.address, Some(TA), "enc", Offer::default())
         .await
         .expect("a serves enc");
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let json_type = ("content-type", "application/json");
     let (ta, tc) = (format!("Bearer {TA}"), format!("Bearer {TC}"));
 

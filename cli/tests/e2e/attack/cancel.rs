@@ -55,7 +55,12 @@ async fn a_cancel_reaches_the_worker_and_the_share_is_held_until_it_answers() {
     let tenants = TenantsFile::new(&abc_tenants("[tenants.quota]\nrequests = 1"));
     let server = tn::start(
         &tenants,
-        &["--http-listen", "127.0.0.1:0", "--no-worker-wait-ms", "300"],
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--no-worker-wait-ms",
+            "300",
+        ],
         &["enc"],
     )
     .await;
@@ -114,7 +119,7 @@ async fn a_worker_holding_cancelled_items_past_the_grace_is_ended() {
     let server = tn::start(
         &tenants,
         &[
-            "--http-listen",
+            "--metrics-listen",
             "127.0.0.1:0",
             "--config",
             &cfg,

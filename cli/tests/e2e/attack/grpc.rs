@@ -51,7 +51,7 @@ async fn over_http2_too_bodies_wait_for_the_token() {
         &[],
     )
     .await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let tcp = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");

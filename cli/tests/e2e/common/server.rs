@@ -162,11 +162,21 @@ impl Server {
 
     /// The metrics address the server logged (it listens on port 0).
     pub fn metrics_address(&self) -> String {
+        self.logged_address("metrics")
+    }
+
+    /// The inference port's address (`--http-listen`), as the server logged it.
+    pub fn http_address(&self) -> String {
+        self.logged_address("http")
+    }
+
+    fn logged_address(&self, which: &str) -> String {
         let log = self.log();
+        let key = format!("{which}=Some(");
         let at = log
-            .find("http=Some(")
-            .unwrap_or_else(|| panic!("no http address in log:\n{log}"));
-        let rest = &log[at + "http=Some(".len()..];
+            .find(&key)
+            .unwrap_or_else(|| panic!("no {which} address in log:\n{log}"));
+        let rest = &log[at + key.len()..];
         rest[..rest.find(')').expect("paren")].to_owned()
     }
 

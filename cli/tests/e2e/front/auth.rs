@@ -19,7 +19,7 @@ async fn with_tenants_the_http_doors_need_a_token_and_hide_what_a_caller_may_not
     let _worker = try_serve(&server.address, Some(TA), "enc", Offer::default())
         .await
         .expect("a serves enc");
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let bearer = |t: &str| format!("Bearer {t}");
 
     assert_probes_open_and_the_rest_needs_a_token(&addr, &bearer("nope")).await;
@@ -116,7 +116,7 @@ async fn assert_a_sees_and_computes_b_sees_nothing(addr: &str, ta: &str, tb: &st
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_in_the_doors_error_shape() {
     let (server, _worker, _config) = stack().await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let r = http(&addr, "POST", "/v1/chat/completions", &[], b"{}").await;
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");

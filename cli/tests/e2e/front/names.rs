@@ -61,7 +61,7 @@ async fn names_people_use_reach_every_door_in_any_case() {
         Offer::default(),
     )
     .await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
 
     // /v1/models shows each once, spelled as first loaded.
     let models = http(&addr, "GET", "/v1/models", &[], b"").await.json();

@@ -9,7 +9,7 @@ use super::{BODY_LIMIT, f32s, floats, http, post_json, stack};
 #[tokio::test]
 async fn rest_infer_takes_json_and_binary_tensors_and_answers_in_the_form_asked() {
     let (server, worker, _config) = stack().await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
 
     assert_health_and_metadata(&addr).await;
     assert_json_in_json_out(&addr).await;

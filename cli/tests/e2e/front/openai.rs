@@ -10,7 +10,7 @@ use super::{Answer, BODY_LIMIT, floats, http, post_json, stack};
 #[tokio::test]
 async fn openai_embeddings_and_models_answer_in_openais_shapes() {
     let (server, worker, _config) = stack().await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
 
     assert_embeddings_as_floats_and_base64(&addr).await;
     assert_models_listed(&addr).await;

@@ -13,7 +13,7 @@ const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-
 #[tokio::test]
 async fn request_ids_come_back_and_reach_the_worker() {
     let (server, worker, _config) = stack().await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     let body = json!({"model": "enc", "input": ["a", "b"]}).to_string();
     let headers = [
         ("content-type", "application/json"),

@@ -14,7 +14,7 @@ use super::{grpc, http, stack, texts_request};
 async fn config_index_and_statistics_on_both_doors() {
     let (server, worker, _config) = stack().await;
     let mut c = grpc(&server).await;
-    let addr = server.metrics_address();
+    let addr = server.http_address();
     for texts in [&["a", "bb", "ccc"][..], &["d"]] {
         c.model_infer(texts_request("enc", texts))
             .await
