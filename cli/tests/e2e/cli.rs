@@ -316,8 +316,8 @@ async fn errors_exit_non_zero_with_the_reason() {
     assert!(err.contains("'..'"), "{err}");
     assert!(err.contains("InvalidArgument"), "{err}");
 
-    let err = fails(&server.address, &["load", "Bad", "tiny"]).await;
-    assert!(err.contains("model name 'Bad'"), "{err}");
+    let err = fails(&server.address, &["load", "Bad/infer", "tiny"]).await;
+    assert!(err.contains("model name 'Bad/infer'"), "{err}");
 
     let err = fails(&server.address, &["load", "gone", "no/such"]).await;
     assert!(err.contains("does not exist"), "{err}");

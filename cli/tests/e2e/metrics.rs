@@ -275,9 +275,9 @@ async fn a_real_prometheus_scrapes_the_server() {
     // The shipped config, pointed at this server and scraping every second.
     let shipped =
         std::fs::read_to_string(deploy_dir().join("prometheus/prometheus.yml")).expect("config");
-    assert!(shipped.contains("modelshare:9400") && shipped.contains("scrape_interval: 15s"));
+    assert!(shipped.contains("modelshare:9401") && shipped.contains("scrape_interval: 15s"));
     let config = shipped
-        .replace("modelshare:9400", &target)
+        .replace("modelshare:9401", &target)
         .replace("scrape_interval: 15s", "scrape_interval: 1s");
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
