@@ -357,14 +357,21 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
     }
 }
 
+impl<IO> Tracked<IO> {
+    /// The connection information of this connection from `peer` (an HTTP port's).
+    pub fn info(&self, peer: std::net::SocketAddr) -> ConnInfo<std::net::SocketAddr> {
+        ConnInfo {
+            inner: peer,
+            state: self.state.clone(),
+        }
+    }
+}
+
 impl<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, GatedListener>>
     for ConnInfo<std::net::SocketAddr>
 {
     fn connect_info(stream: axum::serve::IncomingStream<'a, GatedListener>) -> Self {
-        ConnInfo {
-            inner: *stream.remote_addr(),
-            state: stream.io().state.clone(),
-        }
+        stream.io().info(*stream.remote_addr())
     }
 }
 

@@ -248,3 +248,99 @@ async fn tls_with_optional_client_certificates() {
     let rogue = Some((pki.read("rogue-client.pem"), pki.read("rogue-client.key")));
     assert!(list(&addr, pki.read("ca.pem"), rogue, TA).await.is_err());
 }
+
+/// One HTTPS request to the inference port, trusting `ca` (PEM): the status and the body; or
+/// why the connection or the handshake failed.
+async fn https(addr: &str, ca: &[u8], path: &str, token: &str) -> Result<(u16, String), String> {
+    use rustls_pki_types::pem::PemObject;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+
+    let mut roots = RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    let _ = tls.read_to_end(&mut raw).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    Ok((status, body))
+}
+
+/// The inference port would carry bearer tokens in clear text with TLS configured, or answer
+/// plaintext, or a client trusting another CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inference_port_serves_https_with_the_same_tls_settings() {
+    let pki = Pki::new();
+    let tenants = TenantsFile::new(&abc_tenants(""));
+    let args = [
+        "--http-listen",
+        "127.0.0.1:0",
+        "--tenants-file",
+        s(&tenants.path),
+        "--server-tls-cert",
+        pki.path("server.pem"),
+        "--server-tls-key",
+        pki.path("server.key"),
+    ];
+    let server = Server::start_with(&args, |root| crate::tenants::models(root, &["m1"])).await;
+    let addr = server.http_address();
+    let (status, body) = https(&addr, &pki.read("ca.pem"), "/v1/models", TA)
+        .await
+        .expect("HTTPS with the server's CA");
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = https(&addr, &pki.read("ca.pem"), "/v2/health/live", TA)
+        .await
+        .expect("HTTPS");
+    assert_eq!(status, 200);
+    // A client that trusts another CA does not get through the handshake.
+    let e = https(&addr, &pki.read("rogue-ca.pem"), "/v1/models", TA)
+        .await
+        .expect_err("another CA");
+    assert!(e.contains("handshake"), "{e}");
+    // Plaintext HTTP on the port is no HTTP answer (the handshake fails; the connection closes).
+    let plain = plain_status(&addr, "/v2/health/live").await;
+    assert!(plain.is_none(), "plaintext was answered: {plain:?}");
+}
+
+/// A plaintext HTTP request's status line, if one comes back within 5 s.
+async fn plain_status(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    let read =
+        tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut raw)).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    (read.is_ok() && text.starts_with("HTTP/"))
+        .then(|| text.lines().next().unwrap_or("").to_owned())
+}

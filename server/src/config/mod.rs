@@ -169,7 +169,7 @@ impl Config {
         let timing = Timing::merge(&args, &file)?;
         let max_concurrent_loads = limits::max_concurrent_loads(&args, &file.limits)?;
         let unix_socket_mode = listeners.socket_mode(&args, &file)?;
-        let tls = tls::merge(&args, &file.tls, listeners.listen)?;
+        let tls = tls::merge(&args, &file.tls, listeners.listen, listeners.http_listen)?;
         limits::check_connections(&file.limits)?;
         let serving = ServingSettings::merge(
             serving::ServingFlags {

@@ -9,11 +9,13 @@ use super::file::FileTls;
 use super::settings::TlsSettings;
 
 /// Merges the TLS flags over the file's `[tls]` table; TLS needs both a certificate and a key,
-/// `client_auth` a client CA, and a TCP listener (`listen`) to serve on.
+/// `client_auth` a client CA, and a TCP listener to serve on: gRPC's (`listen`) or the
+/// inference port (`http_listen`, then HTTPS), both with the same settings.
 pub(super) fn merge(
     args: &ServeArgs,
     file: &FileTls,
     listen: Option<SocketAddr>,
+    http_listen: Option<SocketAddr>,
 ) -> Result<Option<TlsSettings>, ConfigError> {
     let tls = match (
         args.server_tls_cert.clone().or(file.cert.clone()),
@@ -41,9 +43,9 @@ pub(super) fn merge(
             ));
         }
     };
-    if tls.is_some() && listen.is_none() {
+    if tls.is_some() && listen.is_none() && http_listen.is_none() {
         return Err(ConfigError::Invalid(
-            "TLS is for the TCP listener, and none is configured (--listen)".into(),
+            "TLS is for the TCP listeners, and none is configured (--listen, --http-listen)".into(),
         ));
     }
     Ok(tls)

@@ -60,6 +60,9 @@ pub enum ServeError {
     /// The tenants file could not be read or is malformed.
     #[error(transparent)]
     Tenants(#[from] modelshare_core::tenants::file::TenantsFileError),
+    /// The HTTPS settings of the inference port could not be used.
+    #[error(transparent)]
+    Https(#[from] crate::http::tls::TlsError),
     /// A TLS file could not be read.
     #[error("TLS {what} {path}: {source}")]
     Tls {

@@ -133,9 +133,14 @@ async fn serve_http(
     })?;
     let local = listener.local_addr().ok();
     let state = HttpState::new(app.clone());
+    // HTTPS on the inference port with the gRPC listener's TLS settings: tokens cross it.
+    let tls = match (port, &app.config.tls) {
+        (HttpPort::Inference, Some(tls)) => Some(http::tls::acceptor(tls)?),
+        _ => None,
+    };
     let routes = match port {
         HttpPort::Inference => {
-            info!(http = ?local, "http listening (OIP and OpenAI routes, /healthz, /readyz)");
+            info!(http = ?local, https = app.config.tls.is_some(), "http listening (OIP and OpenAI routes, /healthz, /readyz)");
             http::router(state)
         }
         HttpPort::Operators => {
@@ -146,7 +151,7 @@ async fn serve_http(
     let stop = app.host.shutdown.clone();
     let gate = Gate::new(what, app.config.connections, app.host.metrics.clone());
     tasks.spawn(async move {
-        http::serve(listener, gate, routes, stop)
+        http::serve(listener, gate, routes, tls, stop)
             .await
             .map_err(|source| ServeError::Bind {
                 what: what.into(),

@@ -143,11 +143,12 @@ fn log_who_may_call(config: &Config, tenants: &TenantStore) {
         }
     }
     if config.tenants_file.is_some()
+        && config.tls.is_none()
         && let Some(addr) = config.http_listen
     {
         warn!(
             http = %addr,
-            "the HTTP port has no TLS: the bearer tokens of /v1 and /v2 calls travel in clear text (put it behind a TLS-terminating proxy or keep it on a private network)"
+            "the HTTP port has no TLS: the bearer tokens of /v1 and /v2 calls travel in clear text (give --server-tls-cert and --server-tls-key for HTTPS, or keep it on a private network)"
         );
     }
 }

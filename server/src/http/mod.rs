@@ -26,6 +26,7 @@ pub mod oip;
 pub mod openai;
 pub mod probes;
 pub mod state;
+pub mod tls;
 pub mod triton;
 
 use std::net::SocketAddr;
@@ -136,6 +137,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     gate: crate::connections::Gate,
     routes: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     use crate::connections::{ConnInfo, GatedListener, StreamsLayer};
@@ -144,9 +146,19 @@ pub async fn serve(
     let app = routes
         .layer(StreamsLayer)
         .into_make_service_with_connect_info::<ConnInfo<SocketAddr>>();
-    axum::serve(GatedListener::new(listener, gate), app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    let gated = GatedListener::new(listener, gate);
+    match tls {
+        Some(acceptor) => {
+            axum::serve(tls::TlsListener::new(gated, acceptor), app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+        None => {
+            axum::serve(gated, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+    }
 }
 
 /// Binds the HTTP port.
