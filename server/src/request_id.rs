@@ -62,9 +62,13 @@ impl RequestTrace {
     }
 }
 
-/// An id worth keeping: 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
+/// An id worth keeping: 1 to [`MAX_REQUEST_ID`] letters, digits and `-_.:/+=@` (UUIDs,
+/// ULIDs, base64, `svc:123`); no quote, brace or space that could forge a field of a log line.
 fn sane_id(id: &str) -> bool {
-    (1..=MAX_REQUEST_ID).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
+    (1..=MAX_REQUEST_ID).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(&b))
 }
 
 /// `version-traceid-parentid-flags` of lower-case hex (2, 32, 16, 2 digits), not version `ff`,
@@ -163,7 +167,7 @@ mod tests {
     fn ids_are_kept_when_sane_and_made_otherwise() {
         let t = RequestTrace::of(&headers(&[(REQUEST_ID, "abc-123")]));
         assert_eq!(t.id, "abc-123");
-        for bad in ["", "a b", &"x".repeat(129)] {
+        for bad in ["", "a b", "a\"b", "x} y{", &"x".repeat(129)] {
             let t = RequestTrace::of(&headers(&[(REQUEST_ID, bad)]));
             assert!(t.id != bad && t.id.len() == 32, "{bad:?} -> {}", t.id);
         }

@@ -180,9 +180,10 @@ impl<O> Scheduler<O> {
         }
     }
 
-    /// Sets a model's queue delay (the default is [`Limits::max_queue_delay`]).
+    /// Sets a model's queue delay (the default is [`Limits::max_queue_delay`]). Model names
+    /// are unique without regard to case: so are these keys.
     pub fn set_queue_delay(&mut self, model: &str, delay: Duration) {
-        self.delays.insert(model.to_owned(), delay);
+        self.delays.insert(model.to_ascii_lowercase(), delay);
     }
 
     /// Sets a tenant's weight in the round robin (the default is 1; 0 is taken as 1).
@@ -196,10 +197,12 @@ impl<O> Scheduler<O> {
     }
 
     fn queue_delay(&self, model: &str) -> Duration {
-        self.delays
-            .get(model)
-            .copied()
-            .unwrap_or(self.limits.max_queue_delay)
+        let delay = if model.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.delays.get(&model.to_ascii_lowercase())
+        } else {
+            self.delays.get(model)
+        };
+        delay.copied().unwrap_or(self.limits.max_queue_delay)
     }
 
     /// Admits a request and queues its items, or refuses it with nothing changed.

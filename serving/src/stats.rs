@@ -33,6 +33,10 @@ impl Tally {
 pub struct VersionStats {
     /// The version.
     pub version: u32,
+    /// When these statistics began (the version's first item sent), in milliseconds since the
+    /// Unix epoch: a version of an earlier model of the same name began before the current
+    /// one was loaded.
+    pub first_unix_ms: u64,
     /// When its last request was answered, in milliseconds since the Unix epoch (0: never).
     pub last_answer_unix_ms: u64,
     /// Items computed successfully (a request of 8 rows counts 8).
@@ -49,23 +53,55 @@ pub struct VersionStats {
     pub by_batch_size: BTreeMap<u64, Tally>,
 }
 
-/// Every model version's statistics.
+/// Versions kept per model (the newest; an older one's figures go).
+pub(crate) const MAX_VERSIONS: usize = 16;
+
+/// Models kept (the least recently active goes first): names come and go with loads.
+pub(crate) const MAX_MODELS: usize = 4096;
+
+/// Every model version's statistics, bounded ([`MAX_VERSIONS`], [`MAX_MODELS`]).
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
-    by_model: HashMap<String, BTreeMap<u32, VersionStats>>,
+    by_model: HashMap<String, Versions>,
+    /// Counts updates, to tell the least recently active model.
+    tick: u64,
+}
+
+/// One model's versions, and when it was last active.
+#[derive(Debug, Default)]
+struct Versions {
+    versions: BTreeMap<u32, VersionStats>,
+    active: u64,
 }
 
 impl Stats {
     fn entry(&mut self, model: &str, version: u32) -> &mut VersionStats {
+        self.tick += 1;
         if !self.by_model.contains_key(model) {
-            self.by_model.insert(model.to_owned(), BTreeMap::new());
+            if self.by_model.len() >= MAX_MODELS
+                && let Some(idle) = self
+                    .by_model
+                    .iter()
+                    .min_by_key(|(_, v)| v.active)
+                    .map(|(name, _)| name.clone())
+            {
+                self.by_model.remove(&idle);
+            }
+            self.by_model.insert(model.to_owned(), Versions::default());
         }
-        let versions = self
+        let tick = self.tick;
+        let entry = self
             .by_model
             .get_mut(model)
             .expect("the model's entry was just made");
+        entry.active = tick;
+        let versions = &mut entry.versions;
+        if !versions.contains_key(&version) && versions.len() >= MAX_VERSIONS {
+            versions.pop_first();
+        }
         versions.entry(version).or_insert_with(|| VersionStats {
             version,
+            first_unix_ms: unix_ms_now(),
             ..VersionStats::default()
         })
     }
@@ -113,11 +149,18 @@ impl Stats {
             .by_model
             .iter()
             .filter(|(name, _)| model.is_none_or(|m| m == name.as_str()))
-            .map(|(name, versions)| (name.clone(), versions.values().cloned().collect()))
+            .map(|(name, v)| (name.clone(), v.versions.values().cloned().collect()))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -178,5 +221,23 @@ mod tests {
         assert_eq!(versions[1].version, 3);
         assert_eq!(s.of(None).len(), 2);
         assert!(s.of(Some("nope")).is_empty());
+        assert!(v2.first_unix_ms > 0);
+    }
+
+    /// The figures would grow with every version and every name ever served.
+    #[test]
+    fn versions_and_models_are_bounded() {
+        let mut s = Stats::default();
+        for v in 1..=40 {
+            s.queued("m", v, Duration::from_millis(1));
+        }
+        let kept: Vec<u32> = s.of(Some("m"))[0].1.iter().map(|v| v.version).collect();
+        assert_eq!(kept, (25..=40).collect::<Vec<_>>());
+        for i in 0..MAX_MODELS + 10 {
+            s.queued(&format!("n{i}"), 1, Duration::from_millis(1));
+        }
+        assert_eq!(s.of(None).len(), MAX_MODELS);
+        // The least recently active went first: the last ones are there.
+        assert!(!s.of(Some(&format!("n{}", MAX_MODELS + 9))).is_empty());
     }
 }

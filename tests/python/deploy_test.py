@@ -84,6 +84,10 @@ def test_server_daemonset():
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"]), pod["tolerations"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # With [tls] the inference port speaks HTTPS: the kubelet's plain-HTTP probes ask the
+    # operators' port.
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics", probe
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["sockets"] == "/run/modelshare"
     vols = {v["name"]: v for v in pod["volumes"]}
@@ -233,6 +237,9 @@ def test_front_door():
     for backend in paths.values():
         assert backend == {"name": svc["metadata"]["name"], "port": {"name": "http"}}, backend
     assert rule["host"] in ing["spec"]["tls"][0]["hosts"]
+    # The servers answer HTTPS on that port (their [tls]): the controller must speak it too.
+    assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "HTTPS"
+    assert "tls" in server_config(), "the inference port's HTTPS needs the server's [tls]"
 
 
 def autoscaling_docs():

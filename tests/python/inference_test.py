@@ -296,6 +296,13 @@ def check_triton_extensions(stack, g, h, hdr, who):
             raise AssertionError(f"{who}: another tenant's private model was described")
         except InferenceServerException as e:
             assert e.status() in ("StatusCode.NOT_FOUND", "404"), (who, e.status(), e)
+    # Names are found in any case, but only among the caller's models: another spelling of
+    # another tenant's private model is unknown, in the caller's own spelling (not the owner's).
+    try:
+        g.get_model_metadata("PRIV", headers=hdr)
+        raise AssertionError(f"{who}: another tenant's private model answered under another case")
+    except InferenceServerException as e:
+        assert e.status() == "StatusCode.NOT_FOUND" and "'PRIV'" in str(e) and "'priv'" not in str(e), (who, e)
 
 
 def check_failures(stack):

@@ -80,7 +80,9 @@ impl Model {
         let link = session.link()?;
         let attached = attach_once(&link, model, version).await?;
         let inner = Arc::new(ModelInner {
-            name: model.to_owned(),
+            // The spelling the server records (names are found in any case): what it offers
+            // back after a restart and re-attaches by, and what the worker shows.
+            name: attached.manifest.model.clone(),
             requested_version: version,
             current: RwLock::new(attached),
         });

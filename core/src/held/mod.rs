@@ -319,10 +319,17 @@ impl HeldStore {
 
     /// The owner and access of a pending record (to check who may offer for it).
     pub fn pending_record(&self, model: &str, version: u32) -> Option<HeldRecord> {
-        self.lock()
+        let inner = self.lock();
+        if let Some(p) = inner.pending.get(&(model.to_owned(), version)) {
+            return Some(p.record.clone());
+        }
+        // Model names are unique without regard to case: a worker may have attached (and so
+        // offer back) another spelling than the one recorded.
+        inner
             .pending
-            .get(&(model.to_owned(), version))
-            .map(|p| p.record.clone())
+            .iter()
+            .find(|((m, v), _)| *v == version && m.eq_ignore_ascii_case(model))
+            .map(|(_, p)| p.record.clone())
     }
 
     /// Marks the pending record that is the same bytes as `manifest` from `files` as claimed,

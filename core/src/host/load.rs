@@ -55,7 +55,7 @@ impl Host {
         let requested = Instant::now();
         validate_name(name)?;
         // A new version of a model loaded under another case is that model's.
-        let name = &self.registry.canonical(name);
+        let name = &self.registry.canonical(caller, name);
         let quota_of = |t: &str| self.tenants.quota_of(t).unwrap_or_default();
         // The tenant's `loads` and `models` quotas first, counting its loads admitted and not yet
         // reserved: a tenant at its quota never holds one of the server's load slots.

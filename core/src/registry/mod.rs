@@ -73,13 +73,20 @@ impl Registry {
         self.events.subscribe()
     }
 
-    /// The spelling a model is recorded and shown under, for a name given in any case
-    /// (names are unique without regard to case); `name` itself when no model has it. Every
-    /// name that comes from outside (a door, an admin call, an attach, a Serve offer, a load)
-    /// goes through here before it reaches the registry or the request path.
-    pub fn canonical(&self, name: &str) -> String {
+    /// The spelling a model `caller` may see is recorded and shown under, for a name given in
+    /// any case (names are unique without regard to case); `name` itself when no model has it
+    /// or `caller` may not see the one that has (so that an answer never spells, or betrays,
+    /// another tenant's private model). Every name that comes from outside (a door, an admin
+    /// call, an attach, a Serve offer, a load) goes through here before it reaches the
+    /// registry or the request path.
+    pub fn canonical(&self, caller: &Caller, name: &str) -> String {
         let st = self.lock();
-        st.canonical(name).unwrap_or(name).to_owned()
+        match st.canonical(name) {
+            Some(key) if st.models.get(key).is_some_and(|rec| rec.visible_to(caller)) => {
+                key.to_owned()
+            }
+            _ => name.to_owned(),
+        }
     }
 
     fn lock(&self) -> Guard<'_, State> {

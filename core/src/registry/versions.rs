@@ -70,10 +70,11 @@ impl State {
         }
         // The load's name was made canonical before it was admitted; a load of another
         // spelling that reserved in between holds the name now.
-        if let Some(recorded) = self.canonical(model)
-            && recorded != model
+        if self
+            .canonical(model)
+            .is_some_and(|recorded| recorded != model)
         {
-            return Err(CoreError::NameTaken(recorded.to_owned()));
+            return Err(CoreError::NameTaken(model.to_owned()));
         }
         let (owner, new_model) = self.resolve_owner(req.caller, req.load_for, model)?;
         // Placement chose under the cap from a snapshot; loads placed at the same time saw the

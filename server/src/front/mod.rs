@@ -33,7 +33,7 @@ pub fn check_visible(app: &App, caller: &Caller, model: &str) -> Result<(), Infe
     if app
         .host
         .registry
-        .visible(caller, &app.host.registry.canonical(model))
+        .visible(caller, &app.host.registry.canonical(caller, model))
     {
         Ok(())
     } else {
@@ -60,7 +60,7 @@ pub async fn infer(
     deadline: Instant,
 ) -> Result<InferResponse, InferError> {
     // The request path knows a model by the spelling it was loaded under.
-    let model = &app.host.registry.canonical(model);
+    let model = &app.host.registry.canonical(caller, model);
     check_visible(app, caller, model)?;
     // The tenant's own quota; without one the scheduler applies the server's
     // `max_tenant_requests`, and the admin has none.
@@ -87,7 +87,7 @@ pub async fn model_serving(
     caller: &Caller,
     model: &str,
 ) -> Result<ModelServing, InferError> {
-    let model = &app.host.registry.canonical(model);
+    let model = &app.host.registry.canonical(caller, model);
     if !app.host.registry.visible(caller, model) {
         return Err(InferError::ModelNotFound(model.to_owned()));
     }
@@ -117,7 +117,7 @@ pub fn request_shapes(specs: &mut [pb::TensorSpec]) {
 /// Whether `caller`'s requests for `model` (of `version`, if named) would be taken now: a
 /// worker that is not draining may receive them. An unknown or invisible model is not ready.
 pub async fn model_ready(app: &App, caller: &Caller, model: &str, version: Option<u32>) -> bool {
-    let model = &app.host.registry.canonical(model);
+    let model = &app.host.registry.canonical(caller, model);
     if !app.host.registry.visible(caller, model) {
         return false;
     }

@@ -4,7 +4,7 @@
 //! (NOT_FOUND / 404), and the index and statistics list only the models it may see.
 
 use modelshare_core::model::VersionState;
-use modelshare_core::tenants::Caller;
+use modelshare_core::tenants::{Caller, policy};
 use modelshare_proto::v1 as pb;
 use modelshare_serving::{InferError, VersionStats};
 
@@ -46,11 +46,12 @@ pub async fn model_config(
             .collect()
     };
     let serving_config = &app.config.serving;
+    // The configured delays' keys are model names, found in any case as the models are.
     let delay = serving_config
         .queue_delays
-        .get(&serving.model)
-        .copied()
-        .unwrap_or(serving_config.max_queue_delay);
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(&serving.model))
+        .map_or(serving_config.max_queue_delay, |(_, d)| *d);
     Ok(ModelConfig {
         name: serving.model.clone(),
         max_batch_size: i32::try_from(max_items(app)).unwrap_or(i32::MAX),
@@ -102,6 +103,8 @@ pub async fn repository_index(app: &App, caller: &Caller, ready_only: bool) -> V
     models.sort_by(|a, b| a.name.cmp(&b.name));
     let mut entries = Vec::new();
     for model in models {
+        // A failed load's message (paths under the model root among it) is the owner's to read.
+        let owner = policy::owns(model.owner.as_deref(), caller);
         for v in &model.versions {
             let served = snapshot.ready_for(&model.name, Some(v.version), &tenant);
             let (state, reason) = match v.state {
@@ -112,7 +115,10 @@ pub async fn repository_index(app: &App, caller: &Caller, ready_only: bool) -> V
                 VersionState::Freed => ("UNAVAILABLE", "unloaded".to_owned()),
                 VersionState::Failed => (
                     "UNAVAILABLE",
-                    v.error.clone().unwrap_or_else(|| "the load failed".into()),
+                    v.error
+                        .clone()
+                        .filter(|_| owner)
+                        .unwrap_or_else(|| "the load failed".into()),
                 ),
             };
             if ready_only && state != "READY" {
@@ -138,19 +144,32 @@ pub async fn statistics(
     model: Option<&str>,
     version: Option<u32>,
 ) -> Result<Vec<(String, VersionStats)>, InferError> {
-    let model = model.map(|m| app.host.registry.canonical(m));
+    let model = model.map(|m| app.host.registry.canonical(caller, m));
     if let Some(model) = &model {
         super::check_visible(app, caller, model)?;
     }
     let stats = app.engine.stats(model.as_deref()).await;
+    // Only versions the registry holds now, and only figures of this model of the name: a
+    // model unloaded and loaded again (by another tenant, perhaps) starts over from version 1,
+    // and the figures of the earlier one, which began before this one was loaded, are not its.
+    let models = app.host.registry.list(caller);
+    let current = |name: &str, v: &VersionStats| {
+        models.iter().filter(|m| m.name == name).any(|m| {
+            m.versions.iter().any(|r| {
+                r.version == v.version
+                    && i64::try_from(v.first_unix_ms).unwrap_or(i64::MAX) >= r.created_unix_ms
+            })
+        })
+    };
     Ok(stats
         .into_iter()
-        .filter(|(name, _)| model.is_some() || app.host.registry.visible(caller, name))
         .flat_map(|(name, versions)| {
             versions
                 .into_iter()
                 .filter(|v| version.is_none_or(|want| v.version == want))
-                .map(move |v| (name.clone(), v))
+                .filter(|v| current(&name, v))
+                .map(|v| (name.clone(), v))
+                .collect::<Vec<_>>()
         })
         .collect())
 }

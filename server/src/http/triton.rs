@@ -8,9 +8,11 @@
 //!
 //! Errors are the OIP's `{"error": "<message>"}`; a model the caller may not see is 404.
 
+use std::time::Instant;
+
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use modelshare_serving::{Tally, VersionStats};
@@ -19,6 +21,7 @@ use serde_json::{Value, json};
 use super::door::{self, DoorError};
 use super::oip::{ModelPath, error, version};
 use super::state::HttpState;
+use crate::connections::Connection;
 use crate::front::triton::{self, config_type};
 
 /// `GET /v2/models/{name}[/versions/{version}]/config`.
@@ -57,11 +60,18 @@ pub async fn model_config(
 /// `POST /v2/repository/index`: a JSON array of `{name, version, state, reason}`.
 pub async fn repository_index(
     State(state): State<HttpState>,
+    connection: Option<Extension<Connection>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
+    let arrived = Instant::now();
+    let declared = super::body::declared_length(&headers);
+    let mut body = Some(body);
     let result = async {
         let (caller, _guard) = door::admit(&state, "/v2/repository", &headers)?;
+        // The body is read only now, after the caller is admitted, within the request budgets.
+        let connection = connection.as_ref().map(|c| &c.0);
+        let (body, _hold) = door::body(&state, connection, &headers, arrived, &mut body).await?;
         let ready = if body.iter().all(u8::is_ascii_whitespace) {
             false
         } else {
@@ -88,6 +98,8 @@ pub async fn repository_index(
         Ok::<_, DoorError>(Json(Value::Array(models)))
     }
     .await;
+    // A body not read (refused before) is drained in the background, as the other doors do.
+    door::drain(&state, declared, body);
     result.map_or_else(error, IntoResponse::into_response)
 }
 

@@ -145,7 +145,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::UnloadModelResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
         let mut req = request.into_inner();
-        req.name = self.app.host.registry.canonical(&req.name);
+        req.name = self.app.host.registry.canonical(&caller, &req.name);
         let version = (req.version != 0).then_some(req.version);
         let result = self
             .app
@@ -197,7 +197,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::DescribeModelResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
         let mut req = request.into_inner();
-        req.name = self.app.host.registry.canonical(&req.name);
+        req.name = self.app.host.registry.canonical(&caller, &req.name);
         let (model, manifest) = self
             .app
             .host
@@ -320,7 +320,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::SetModelAccessResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
         let mut req = request.into_inner();
-        req.name = self.app.host.registry.canonical(&req.name);
+        req.name = self.app.host.registry.canonical(&caller, &req.name);
         let table = self.app.host.tenants.current();
         let result = convert::access_from(req.access.unwrap_or_default(), &table)
             .and_then(|access| {

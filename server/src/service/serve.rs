@@ -55,7 +55,7 @@ pub async fn open(
     };
     let (accepts_text, accepts_tensors) = check_offer(&offer)?;
     // The request path knows a model by the spelling it was loaded under.
-    offer.model = app.host.registry.canonical(&offer.model);
+    offer.model = app.host.registry.canonical(&caller, &offer.model);
     let live = app
         .hub
         .get(&offer.session_id)

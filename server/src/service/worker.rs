@@ -216,7 +216,7 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<pb::OfferHeldResponse>, Status> {
         let caller = caller_of(&request).or_status()?;
         let peer_uid = peer_uid(request.extensions());
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         if req.model.is_empty() {
             return Err(Status::invalid_argument("model: the offer names no model"));
         }
@@ -241,6 +241,8 @@ impl WorkerService for WorkerApi {
                 req.model,
             )));
         }
+        // The spelling recorded, whichever case the worker attached with.
+        req.model.clone_from(&record.model);
         let key = (req.model.clone(), req.version);
         if modelshare_core::adopt::loaded_from_files(&self.app.host, &key) {
             // Loaded from its files already (its files changed, or no worker offered in time):
@@ -282,7 +284,7 @@ impl WorkerApi {
         // A ticket is redeemable only by the uid that attached (when the kernel told us).
         let peer_uid = peer_uid(request.extensions());
         let mut req = request.into_inner();
-        req.model = self.app.host.registry.canonical(&req.model);
+        req.model = self.app.host.registry.canonical(&caller, &req.model);
         let result = self.attach_as(&caller, &req, peer_uid).await;
         audit::record(
             &caller,

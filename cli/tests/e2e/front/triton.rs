@@ -136,4 +136,26 @@ async fn config_index_and_statistics_on_both_doors() {
         assert!(r.json()["error"].is_string(), "{path}");
     }
     worker.kill();
+
+    // Unloaded and loaded again, the name starts over at version 1: the figures of the earlier
+    // model are not the new one's.
+    let mut admin = server.admin().await;
+    admin
+        .unload_model(modelshare_proto::v1::UnloadModelRequest {
+            name: "enc".into(),
+            force: true,
+            ..Default::default()
+        })
+        .await
+        .expect("unload");
+    crate::common::eventually(std::time::Duration::from_secs(10), "the record goes", || {
+        let server = &server;
+        async move {
+            let mut admin = server.admin().await;
+            crate::common::load(&mut admin, "enc", "enc").await.is_ok()
+        }
+    })
+    .await;
+    let rest = http(&addr, "GET", "/v2/models/enc/stats", &[], b"").await;
+    assert_eq!(rest.json()["model_stats"], json!([]), "an earlier model's figures");
 }
