@@ -148,14 +148,22 @@ async fn config_index_and_statistics_on_both_doors() {
         })
         .await
         .expect("unload");
-    crate::common::eventually(std::time::Duration::from_secs(10), "the record goes", || {
-        let server = &server;
-        async move {
-            let mut admin = server.admin().await;
-            crate::common::load(&mut admin, "enc", "enc").await.is_ok()
-        }
-    })
+    crate::common::eventually(
+        std::time::Duration::from_secs(10),
+        "the record goes",
+        || {
+            let server = &server;
+            async move {
+                let mut admin = server.admin().await;
+                crate::common::load(&mut admin, "enc", "enc").await.is_ok()
+            }
+        },
+    )
     .await;
     let rest = http(&addr, "GET", "/v2/models/enc/stats", &[], b"").await;
-    assert_eq!(rest.json()["model_stats"], json!([]), "an earlier model's figures");
+    assert_eq!(
+        rest.json()["model_stats"],
+        json!([]),
+        "an earlier model's figures"
+    );
 }
