@@ -187,8 +187,14 @@ async fn a_claiming_load_gets_the_offered_memory() {
     assert_eq!(rec.version, 3);
     assert_eq!(store.held_by_workers_bytes(), 0);
     // Until the load has registered the version, the record stays (attaches hear "retry"),
-    // and no other offer is wanted.
+    // and no other offer is wanted. Model names are found in any case: a worker that attached
+    // with another spelling offers that one.
     assert!(store.pending_record("m", 3).is_some());
+    assert_eq!(
+        store.pending_record("M", 3).map(|r| r.model),
+        Some("m".to_owned())
+    );
+    assert!(store.pending_record("M", 4).is_none());
     assert!(
         store
             .offer("m", 3, "host", 512, None, Duration::from_secs(1))

@@ -23,9 +23,35 @@ async fn with_tenants_the_http_doors_need_a_token_and_hide_what_a_caller_may_not
     let bearer = |t: &str| format!("Bearer {t}");
 
     assert_probes_open_and_the_rest_needs_a_token(&addr, &bearer("nope")).await;
+    assert_no_body_is_read_before_the_token(&addr).await;
     // a sees and computes on its model; b sees nothing of it.
     let (ta, tb, admin) = (bearer(TA), bearer(TB), bearer(ADMIN));
     assert_a_sees_and_computes_b_sees_nothing(&addr, &ta, &tb, &admin).await;
+}
+
+/// A caller without a token is answered at once, without its body being waited for: a POST
+/// that announces 60 MB and sends none of it gets its 401 (the repository index read whole
+/// bodies before admission once).
+async fn assert_no_body_is_read_before_the_token(addr: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for path in [
+        "/v2/repository/index",
+        "/v1/embeddings",
+        "/v2/models/enc/infer",
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 60000000\r\nContent-Type: application/json\r\n\r\n{{"
+        );
+        tcp.write_all(head.as_bytes()).await.expect("write");
+        let mut buf = vec![0u8; 64];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(3), tcp.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer without the body"))
+            .expect("read");
+        let line = String::from_utf8_lossy(&buf[..n]).into_owned();
+        assert!(line.starts_with("HTTP/1.1 401"), "{path}: {line}");
+    }
 }
 
 /// Probes are open; everything else needs a token (`wrong` is a wrong one).
