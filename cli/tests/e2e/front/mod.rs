@@ -31,8 +31,10 @@ mod triton;
 /// The server's limit on request bodies in these tests.
 const BODY_LIMIT: usize = 64 << 10;
 
-/// A server with start-up model `enc` and its HTTP port, and a worker serving `enc`.
-async fn stack() -> (Server, TestWorker, tempfile::NamedTempFile) {
+/// A server with its HTTP port, the start-up model `start_up` (`NAME=FOLDER`), model folders
+/// `folders` under its root, and the tests' body limit (the configuration file is returned: it
+/// must outlive the server).
+async fn doors_server(start_up: &str, folders: &[&str]) -> (Server, tempfile::NamedTempFile) {
     let config = tempfile::NamedTempFile::new().expect("tmp");
     std::fs::write(
         config.path(),
@@ -40,6 +42,7 @@ async fn stack() -> (Server, TestWorker, tempfile::NamedTempFile) {
     )
     .expect("write config");
     let path = config.path().to_str().expect("utf-8").to_owned();
+    let folders: Vec<String> = folders.iter().map(|f| f.to_string()).collect();
     let server = Server::start_with(
         &[
             "--http-listen",
@@ -47,13 +50,22 @@ async fn stack() -> (Server, TestWorker, tempfile::NamedTempFile) {
             "--config",
             &path,
             "--model",
-            "enc=enc",
+            start_up,
             "--no-worker-wait-ms",
             "300",
         ],
-        |root| tn::models(root, &["enc"]),
+        move |root| {
+            let folders: Vec<&str> = folders.iter().map(String::as_str).collect();
+            tn::models(root, &folders);
+        },
     )
     .await;
+    (server, config)
+}
+
+/// A server with start-up model `enc` and its HTTP port, and a worker serving `enc`.
+async fn stack() -> (Server, TestWorker, tempfile::NamedTempFile) {
+    let (server, config) = doors_server("enc=enc", &["enc"]).await;
     let worker = serve(&server.address, "enc", Offer::default()).await;
     (server, worker, config)
 }

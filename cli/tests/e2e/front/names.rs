@@ -6,37 +6,16 @@
 use serde_json::json;
 use tonic::Code;
 
-use super::{BODY_LIMIT, grpc, http, post_json, texts_request};
-use crate::common::{Server, load};
-use crate::tenants as tn;
+use super::{doors_server, grpc, http, post_json, texts_request};
+use crate::common::load;
 use crate::worker_util::{Offer, serve};
 
 /// Upper-case and owner/name models would be refused at load, unreachable under another case
 /// or through the two-segment routes, or loaded twice under two spellings.
 #[tokio::test]
 async fn names_people_use_reach_every_door_in_any_case() {
-    let config = tempfile::NamedTempFile::new().expect("tmp");
-    std::fs::write(
-        config.path(),
-        format!("[serving]\nmax_request_bytes = {BODY_LIMIT}\n"),
-    )
-    .expect("write config");
-    let path = config.path().to_str().expect("utf-8").to_owned();
-    let server = Server::start_with(
-        &[
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            &path,
-            // A start-up model in upper case.
-            "--model",
-            "All-MiniLM-Demo=enc",
-            "--no-worker-wait-ms",
-            "300",
-        ],
-        |root| tn::models(root, &["enc", "hf"]),
-    )
-    .await;
+    // A start-up model in upper case.
+    let (server, _config) = doors_server("All-MiniLM-Demo=enc", &["enc", "hf"]).await;
     let mut admin = server.admin().await;
     let hf = "Sentence-Transformers/All-MiniLM-L6-v2";
     let v = load(&mut admin, hf, "hf")
