@@ -1,11 +1,11 @@
-//! Model and tenant names: the patterns they must match, the folding that makes model names
-//! unique whatever their case, and [`NameError`].
+//! Model and tenant names: the patterns they must match, and [`NameError`].
 //!
 //! A model name is what people call a model: `all-MiniLM-L6-v2`, or a Hugging Face id
 //! `sentence-transformers/all-MiniLM-L6-v2`. Each of its one or two `/`-separated segments
 //! matches `[A-Za-z0-9][A-Za-z0-9._-]*` and is not a route word of the doors (`ready`,
 //! `infer`, `versions`, `config`, `stats`, ...: `/v2/models/{org}/{name}/infer` must read one
-//! way only). Names are unique and looked up case-insensitively ([`fold`]); the spelling given
+//! way only). Names are unique and looked up without regard to ASCII case
+//! (`Registry::canonical`, `Registry::resolve`); the spelling given
 //! at the first load is the one shown. Tenant names keep the strict lower-case pattern
 //! ([`validate_tenant_name`]): they are labels and directory names.
 //!
@@ -113,12 +113,6 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
-/// The form under which a model name is unique: ASCII lower case (`All-MiniLM-L6-v2` and
-/// `all-minilm-l6-v2` are one model).
-pub fn fold(name: &str) -> String {
-    name.to_ascii_lowercase()
-}
-
 /// Checks a tenant name against `[a-z0-9][a-z0-9._-]{0,63}`.
 pub fn validate_tenant_name(name: &str) -> Result<(), NameError> {
     let invalid = |reason| NameError {
@@ -180,7 +174,6 @@ mod tests {
         ] {
             assert!(validate_name(bad).is_err(), "{bad:?} should be refused");
         }
-        assert_eq!(fold("All-MiniLM-L6-v2"), fold("all-minilm-L6-V2"));
     }
 
     /// Tenant names keep the strict lower-case pattern.

@@ -80,13 +80,22 @@ impl Registry {
     /// call, an attach, a Serve offer, a load) goes through here before it reaches the
     /// registry or the request path.
     pub fn canonical(&self, caller: &Caller, name: &str) -> String {
+        self.resolve(caller, name)
+            .unwrap_or_else(|| name.to_owned())
+    }
+
+    /// The recorded spelling of the model `name` names (in any case), if `caller` may see it;
+    /// `None` for a model that does not exist or is not the caller's to see. One look at the
+    /// registry for the doors' "which model, and may this caller use it".
+    pub fn resolve(&self, caller: &Caller, name: &str) -> Option<String> {
         let st = self.lock();
-        match st.canonical(name) {
-            Some(key) if st.models.get(key).is_some_and(|rec| rec.visible_to(caller)) => {
-                key.to_owned()
-            }
-            _ => name.to_owned(),
-        }
+        st.canonical(name)
+            .filter(|key| {
+                st.models
+                    .get(*key)
+                    .is_some_and(|rec| rec.visible_to(caller))
+            })
+            .map(str::to_owned)
     }
 
     fn lock(&self) -> Guard<'_, State> {

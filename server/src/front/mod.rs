@@ -30,15 +30,16 @@ pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_configuration", "
 /// did not exist. The doors ask this before they parse a request's tensors, so that no work
 /// proportional to the request is done for a model that is not the caller's.
 pub fn check_visible(app: &App, caller: &Caller, model: &str) -> Result<(), InferError> {
-    if app
-        .host
+    visible_model(app, caller, model).map(|_| ())
+}
+
+/// The recorded spelling of `model` (names are found in any case) when `caller` may see it;
+/// else unknown, in the caller's own spelling. The request path knows a model by that spelling.
+pub fn visible_model(app: &App, caller: &Caller, model: &str) -> Result<String, InferError> {
+    app.host
         .registry
-        .visible(caller, &app.host.registry.canonical(caller, model))
-    {
-        Ok(())
-    } else {
-        Err(InferError::ModelNotFound(model.to_owned()))
-    }
+        .resolve(caller, model)
+        .ok_or_else(|| InferError::ModelNotFound(model.to_owned()))
 }
 
 /// The most items one request may have: what a model's whole queue holds (a larger request
@@ -59,9 +60,7 @@ pub async fn infer(
     text_input: Option<String>,
     deadline: Instant,
 ) -> Result<InferResponse, InferError> {
-    // The request path knows a model by the spelling it was loaded under.
-    let model = &app.host.registry.canonical(caller, model);
-    check_visible(app, caller, model)?;
+    let model = &visible_model(app, caller, model)?;
     // The tenant's own quota; without one the scheduler applies the server's
     // `max_tenant_requests`, and the admin has none.
     let max_outstanding = match caller {
@@ -87,21 +86,28 @@ pub async fn model_serving(
     caller: &Caller,
     model: &str,
 ) -> Result<ModelServing, InferError> {
-    let model = &app.host.registry.canonical(caller, model);
-    if !app.host.registry.visible(caller, model) {
-        return Err(InferError::ModelNotFound(model.to_owned()));
-    }
-    let snapshot = app.engine.snapshot().await;
-    let mut serving = snapshot
-        .model(model)
-        .cloned()
-        .unwrap_or_else(|| ModelServing {
-            model: model.to_owned(),
-            ..ModelServing::default()
-        });
+    let mut serving = declared_serving(app, caller, model).await?;
     request_shapes(&mut serving.inputs);
     request_shapes(&mut serving.outputs);
     Ok(serving)
+}
+
+/// [`model_serving`] with one item's shapes, as the workers declared them (Triton's model
+/// configuration: the batch dimension is its `max_batch_size`'s).
+pub async fn declared_serving(
+    app: &App,
+    caller: &Caller,
+    model: &str,
+) -> Result<ModelServing, InferError> {
+    let model = visible_model(app, caller, model)?;
+    let snapshot = app.engine.snapshot().await;
+    Ok(snapshot
+        .model(&model)
+        .cloned()
+        .unwrap_or_else(|| ModelServing {
+            model,
+            ..ModelServing::default()
+        }))
 }
 
 /// A worker declares one item's tensors; the OIP doors stack a request's items along a first
@@ -117,10 +123,9 @@ pub fn request_shapes(specs: &mut [pb::TensorSpec]) {
 /// Whether `caller`'s requests for `model` (of `version`, if named) would be taken now: a
 /// worker that is not draining may receive them. An unknown or invisible model is not ready.
 pub async fn model_ready(app: &App, caller: &Caller, model: &str, version: Option<u32>) -> bool {
-    let model = &app.host.registry.canonical(caller, model);
-    if !app.host.registry.visible(caller, model) {
+    let Ok(model) = &visible_model(app, caller, model) else {
         return false;
-    }
+    };
     let tenant = caller.tenant().map(str::to_owned);
     app.engine
         .snapshot()

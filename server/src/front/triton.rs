@@ -8,7 +8,7 @@ use modelshare_core::tenants::{Caller, policy};
 use modelshare_proto::v1 as pb;
 use modelshare_serving::{InferError, VersionStats};
 
-use super::{max_items, model_serving};
+use super::{declared_serving, max_items, visible_model};
 use crate::app::App;
 
 /// What Triton calls a model's configuration, as the workers of its newest version declared
@@ -31,20 +31,8 @@ pub async fn model_config(
     caller: &Caller,
     model: &str,
 ) -> Result<ModelConfig, InferError> {
-    let serving = model_serving(app, caller, model).await?;
-    // model_serving gives the shapes a request has (a leading -1, the batch); the config's
-    // dims are one item's.
-    let item = |specs: Vec<pb::TensorSpec>| -> Vec<pb::TensorSpec> {
-        specs
-            .into_iter()
-            .map(|mut s| {
-                if !s.shape.is_empty() {
-                    s.shape.remove(0);
-                }
-                s
-            })
-            .collect()
-    };
+    // One item's shapes: the config's dims leave the batch dimension to max_batch_size.
+    let serving = declared_serving(app, caller, model).await?;
     let serving_config = &app.config.serving;
     // The configured delays' keys are model names, found in any case as the models are.
     let delay = serving_config
@@ -55,8 +43,8 @@ pub async fn model_config(
     Ok(ModelConfig {
         name: serving.model.clone(),
         max_batch_size: i32::try_from(max_items(app)).unwrap_or(i32::MAX),
-        inputs: item(serving.inputs),
-        outputs: item(serving.outputs),
+        inputs: serving.inputs,
+        outputs: serving.outputs,
         max_queue_delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
     })
 }
@@ -144,10 +132,7 @@ pub async fn statistics(
     model: Option<&str>,
     version: Option<u32>,
 ) -> Result<Vec<(String, VersionStats)>, InferError> {
-    let model = model.map(|m| app.host.registry.canonical(caller, m));
-    if let Some(model) = &model {
-        super::check_visible(app, caller, model)?;
-    }
+    let model = model.map(|m| visible_model(app, caller, m)).transpose()?;
     let stats = app.engine.stats(model.as_deref()).await;
     // Only versions the registry holds now, and only figures of this model of the name: a
     // model unloaded and loaded again (by another tenant, perhaps) starts over from version 1,

@@ -100,3 +100,45 @@ fn a_load_counts_against_the_loads_quota_from_its_admission() {
         .authorize_load(&tenant, &load_for, &|_| quota, "c")
         .expect("b's claim went with its reservation");
 }
+
+/// A model's name would be found in one case only, or another tenant's private model would be
+/// found (and spelled) under another case.
+#[test]
+fn names_resolve_in_any_case_among_the_callers_models() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits::default());
+    let (quota, tenant, load_for) = one_load_tenant();
+    let job = begin(
+        &registry,
+        &device,
+        &tenant,
+        &load_for,
+        quota,
+        "All-MiniLM-L6-v2",
+    )
+    .expect("load");
+    registry.finish_load(&job.model, job.version, Ok(job.manifest.clone()));
+    for asked in ["All-MiniLM-L6-v2", "all-minilm-l6-v2", "ALL-MINILM-L6-V2"] {
+        assert_eq!(
+            registry.resolve(&tenant, asked).as_deref(),
+            Some("All-MiniLM-L6-v2"),
+            "{asked}"
+        );
+    }
+    assert_eq!(
+        registry
+            .resolve(&Caller::Admin, "all-minilm-l6-v2")
+            .as_deref(),
+        Some("All-MiniLM-L6-v2")
+    );
+    let other = Caller::Tenant {
+        name: Arc::from("u"),
+        quota: Quota::default(),
+    };
+    assert_eq!(registry.resolve(&other, "all-minilm-l6-v2"), None);
+    assert_eq!(
+        registry.canonical(&other, "all-minilm-l6-v2"),
+        "all-minilm-l6-v2"
+    );
+    assert_eq!(registry.resolve(&tenant, "nope"), None);
+}
