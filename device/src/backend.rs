@@ -26,6 +26,12 @@ impl BackendKind {
     pub fn outlives_server(self) -> bool {
         matches!(self, BackendKind::Host | BackendKind::CudaVmm)
     }
+
+    /// Whether a worker's mapping of this kind cannot write the memory (a sealed memfd mapped
+    /// read-only; a VMM mapping granted read access only). Legacy IPC mappings are writable.
+    pub fn read_only_mappings(self) -> bool {
+        matches!(self, BackendKind::Host | BackendKind::CudaVmm)
+    }
 }
 
 /// What a backend says about its device.

@@ -96,6 +96,11 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
             .filter(|r| held && !r.1)
             .map(|r| r.0.clone())
             .collect(),
+        shares_memory: v.shares_memory,
+        content_sha256: v.content_sha256.map_or_else(String::new, |d| {
+            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+            format!("sha256:{hex}")
+        }),
     }
 }
 
@@ -109,9 +114,14 @@ pub fn model_for(caller: &Caller, m: &ModelSnapshot) -> pb::ModelInfo {
         &mut access.shared_with,
         info.versions
             .iter_mut()
-            .flat_map(|v| [&mut v.source, &mut v.error]),
+            .flat_map(|v| [&mut v.source, &mut v.error, &mut v.content_sha256]),
         caller,
     );
+    if !policy::owns(m.owner.as_deref(), caller) {
+        for v in &mut info.versions {
+            v.shares_memory = false;
+        }
+    }
     info
 }
 

@@ -13,7 +13,7 @@ use crate::held::{HeldRecord, HeldStore, record};
 use crate::loader;
 use crate::metrics::Metrics;
 use crate::model::Manifest;
-use crate::registry::{Registry, Reservation, VersionSnapshot};
+use crate::registry::{Registry, Reservation, SharedArena, VersionSnapshot};
 use crate::weights::{layout, source};
 
 /// A load whose arena is allocated: what the copy needs, on its blocking thread.
@@ -109,6 +109,42 @@ impl LoadCopy {
         }
     }
 
+    /// Finishes a load whose files hold the bytes of `shared`'s memory (their SHA-256
+    /// `sha256`): the version takes that memory, with its checksums, and is ready.
+    pub(super) fn shared(
+        self,
+        shared: &SharedArena,
+        sha256: [u8; 32],
+    ) -> Result<VersionSnapshot, CoreError> {
+        let job = &self.reservation;
+        let mut manifest = job.manifest.clone();
+        for (t, held) in manifest.tensors.iter_mut().zip(&shared.manifest.tensors) {
+            t.xxh3 = held.xxh3;
+            t.ms64 = held.ms64;
+        }
+        self.registry
+            .share_arena(&job.model, job.version, shared, sha256);
+        self.registry
+            .finish_load(&job.model, job.version, Ok(manifest));
+        self.metrics.loads.with_label_values(&["shared"]).inc();
+        info!(
+            model = %job.model,
+            version = job.version,
+            bytes = job.manifest.arena_bytes,
+            holder = %format!("{}@{}", shared.holder.model, shared.holder.version),
+            device = %shared.device,
+            sha256 = %hex(&sha256),
+            seconds = self.requested.elapsed().as_secs_f64(),
+            "model loaded into the memory of a version holding the same bytes (compared, not copied)"
+        );
+        self.registry
+            .version_snapshot(&job.model, job.version)
+            .ok_or_else(|| CoreError::LoadCancelled {
+                model: job.model.clone(),
+                version: job.version,
+            })
+    }
+
     /// Finishes a load with memory adopted from a worker (`record`'s bytes, checked when the
     /// worker offered them): the version is ready with the record's checksums.
     pub(super) fn adopted(self, record: &HeldRecord) -> Result<VersionSnapshot, CoreError> {
@@ -164,4 +200,9 @@ impl LoadCopy {
             &self.reservation.device,
         ))
     }
+}
+
+/// `bytes` in lower-case hexadecimal.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

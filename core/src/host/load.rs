@@ -18,7 +18,9 @@ use crate::held::record;
 use crate::loader;
 use crate::model::validate_name;
 use crate::placement::{Candidate, Wanted};
-use crate::registry::{LoadClaim, LoadFor, LoadProgress, Registry, Reservation, VersionSnapshot};
+use crate::registry::{
+    LoadClaim, LoadFor, LoadProgress, Registry, Reservation, SharedArena, VersionSnapshot,
+};
 use crate::tenants::Caller;
 use crate::weights::{layout, source};
 
@@ -77,6 +79,7 @@ impl Host {
             files,
             placed,
             memory,
+            share,
         } = admitted;
         let mut placed = placed.into_iter();
         let device = placed
@@ -119,6 +122,7 @@ impl Host {
             replicas: placed.collect(),
             memory,
             only_adopted,
+            share,
             devices: self.devices.clone(),
             allocated: allocated_tx,
             done: tx,
@@ -202,6 +206,8 @@ struct Admitted {
     files: Vec<record::FileId>,
     placed: Vec<DeviceThread>,
     memory: Vec<MemoryReservation>,
+    /// Memory of a version with the same layout, to take if the files hold its bytes.
+    share: Option<SharedArena>,
 }
 
 impl Admission {
@@ -250,21 +256,32 @@ impl Admission {
         if load_for.resume_version.is_none() {
             load_for.resume_version = hint;
         }
+        // Memory a version of the same layout holds, which the load takes if its files hold
+        // the same bytes: on its device, so the load needs no free memory (unless the bytes
+        // differ, when it reserves and copies as any other).
+        let share = if hint.is_none() && !load_for.only_adopted {
+            arena_to_share(&host, &caller, &load_for, &manifest)
+        } else {
+            None
+        };
         // A load that may adopt memory workers kept needs no free memory: those bytes are on
         // the device already, and count as used there (as they do for `admit` below).
-        let placed = place(
-            devices,
-            registry,
-            &load_for.placement,
-            config.max_device_bytes,
-            manifest.arena_bytes,
-            hint.is_none(),
-        )?;
+        let placed = match share.as_ref().and_then(|s| devices.get(&s.device)) {
+            Some(device) => vec![device.clone()],
+            None => place(
+                devices,
+                registry,
+                &load_for.placement,
+                config.max_device_bytes,
+                manifest.arena_bytes,
+                hint.is_none(),
+            )?,
+        };
         let uuids: Vec<String> = placed.iter().map(|d| d.uuid().to_owned()).collect();
         // Refused before anything is allocated when the memory is not there, counting the
-        // loads in progress (a load that may adopt memory workers kept needs none). Each
-        // device placed is reserved: the host's stand-ins are one memory.
-        let memory = if hint.is_none() {
+        // loads in progress (a load that may adopt memory workers kept, or share memory,
+        // needs none). Each device placed is reserved: the host's stand-ins are one memory.
+        let memory = if hint.is_none() && share.is_none() {
             placed
                 .iter()
                 .map(|device| devices.reserve(device, &model, manifest.arena_bytes))
@@ -291,8 +308,47 @@ impl Admission {
             files,
             placed,
             memory,
+            share,
         })
     }
+}
+
+/// The memory a load of `manifest` may share ([`Registry::arena_to_share`]), where the load
+/// wants one copy: on the device it names, else wherever that memory is.
+fn arena_to_share(
+    host: &Host,
+    caller: &Caller,
+    load_for: &LoadFor,
+    manifest: &crate::model::Manifest,
+) -> Option<SharedArena> {
+    let wanted = &load_for.placement;
+    if wanted.replicas > 1 || wanted.devices.len() > 1 {
+        return None;
+    }
+    let on = if wanted.devices.is_empty() {
+        None
+    } else {
+        // The device named, by UUID or index, whatever room it has.
+        let named = place(
+            &host.devices,
+            &host.registry,
+            wanted,
+            None,
+            manifest.arena_bytes,
+            false,
+        )
+        .ok()?;
+        Some(named.first()?.uuid().to_owned())
+    };
+    host.registry
+        .arena_to_share(
+            caller,
+            load_for,
+            manifest,
+            host.config.share_identical,
+            on.as_deref(),
+        )
+        .filter(|s| host.devices.get(&s.device).is_some())
 }
 
 /// An admitted load's task: adopts the memory a worker kept, or allocates the arena and
@@ -306,6 +362,8 @@ struct LoadTask {
     /// every path, as they drop).
     memory: Vec<MemoryReservation>,
     only_adopted: bool,
+    /// Memory to take instead of a copy, if the files hold its bytes.
+    share: Option<SharedArena>,
     devices: Arc<Devices>,
     allocated: oneshot::Sender<Result<(), CoreError>>,
     done: oneshot::Sender<Result<VersionSnapshot, CoreError>>,
@@ -326,12 +384,16 @@ impl LoadTask {
             mut copy,
             device,
             replicas,
-            memory,
+            mut memory,
             only_adopted,
+            share,
+            devices,
             allocated,
             done,
-            ..
         } = self;
+        // Told once the arena is in, or why it is not; taken by a load that shared memory's
+        // comparison (which its caller follows instead), after which a failure goes to `done`.
+        let mut allocated = Some(allocated);
         if only_adopted {
             let r = &copy.reservation;
             let err = CoreError::FilesChanged {
@@ -340,8 +402,27 @@ impl LoadTask {
             };
             copy.registry
                 .finish_load(&r.model, r.version, Err(err.to_string()));
-            let _ = allocated.send(Err(err));
+            if let Some(tx) = allocated {
+                let _ = tx.send(Err(err));
+            }
             return;
+        }
+        if let Some(shared) = share {
+            // Started: the caller follows the comparison's progress, and hears the outcome
+            // when the load ends.
+            if let Some(tx) = allocated.take() {
+                let _ = tx.send(Ok(()));
+            }
+            copy = match super::share::take(copy, shared, &devices, &device).await {
+                super::share::Outcome::Done(reply) => {
+                    let _ = done.send(reply);
+                    return;
+                }
+                super::share::Outcome::Copy(taken, reservation) => {
+                    memory = vec![reservation];
+                    *taken
+                }
+            };
         }
         let label = format!("{}@{}", copy.reservation.model, copy.reservation.version);
         let allocating = Instant::now();
@@ -355,7 +436,10 @@ impl LoadTask {
                 let r = &copy.reservation;
                 copy.registry
                     .finish_load(&r.model, r.version, Err(err.to_string()));
-                let _ = allocated.send(Err(err));
+                match allocated {
+                    Some(tx) => drop(tx.send(Err(err))),
+                    None => drop(done.send(Err(err))),
+                }
                 return;
             }
         };
@@ -372,7 +456,9 @@ impl LoadTask {
         copy.allocate_seconds = allocating.elapsed().as_secs_f64();
         let r = &copy.reservation;
         copy.registry.set_arena(&r.model, r.version, arena.clone());
-        let _ = allocated.send(Ok(()));
+        if let Some(tx) = allocated {
+            let _ = tx.send(Ok(()));
+        }
         let registry = copy.registry.clone();
         let metrics = copy.metrics.clone();
         let key = r.key();

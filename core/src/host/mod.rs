@@ -4,6 +4,7 @@
 
 mod copy;
 pub mod load;
+mod share;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,6 +41,8 @@ pub struct HostConfig {
     pub load_threads: usize,
     /// Hash on the CPU too where the device checksums.
     pub load_cpu_hash: bool,
+    /// Which loads of bytes a version already holds share its memory.
+    pub share_identical: crate::tenants::policy::ShareIdentical,
     /// Loads running at once.
     pub max_concurrent_loads: usize,
     /// Where held-memory records are kept (`None`: memory is not kept across restarts).

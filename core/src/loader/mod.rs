@@ -26,8 +26,10 @@
 //! Progress goes to the shared [`LoadProgress`]; an unload sets its `cancel` flag, checked
 //! between chunks; the first error stops the other threads. The arena is sealed at the end.
 
+mod compare;
 mod gate;
 
+pub use compare::{Compared, compare};
 pub use gate::ChunkGate;
 
 use std::fs::File;

@@ -253,7 +253,11 @@ impl LoadFamilies {
                 "Attaches by result.",
                 &["result"],
             )?,
-            loads: f.counter_vec("modelshare_loads_total", "Loads by result.", &["result"])?,
+            loads: f.counter_vec(
+                "modelshare_loads_total",
+                "Loads by result: ok, error, adopted (memory a worker kept across a restart), shared (memory of a version holding the same bytes).",
+                &["result"],
+            )?,
             replica_copies: f.counter_vec(
                 "modelshare_replica_copies_total",
                 "Replica copies to further devices, by target device and result.",

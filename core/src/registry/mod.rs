@@ -23,6 +23,7 @@ mod holds;
 mod leases;
 mod pending;
 mod replicas;
+mod sharing;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -41,6 +42,7 @@ use self::graveyard::Guard;
 pub use self::leases::{TicketError, TicketLimits};
 pub use self::pending::PendingLease;
 pub use self::replicas::ReplicaOnAttach;
+pub use self::sharing::SharedArena;
 use self::state::{State, VersionRecord, snapshot_model, snapshot_version};
 pub use self::types::*;
 use self::versions::LoadRequest;
@@ -262,7 +264,7 @@ impl Registry {
     pub fn version_snapshot(&self, model: &str, version: u32) -> Option<VersionSnapshot> {
         let st = self.lock();
         let v = st.models.get(model)?.versions.get(&version)?;
-        Some(snapshot_version(version, v))
+        Some(snapshot_version(version, v, &st.shared_arenas()))
     }
 
     /// Unloads one version (or all, with `None`). Versions without leases are freed at once,
@@ -406,10 +408,11 @@ impl Registry {
     /// Every model on record that `caller` may see.
     pub fn list(&self, caller: &Caller) -> Vec<ModelSnapshot> {
         let st = self.lock();
+        let shared = st.shared_arenas();
         st.models
             .iter()
             .filter(|(_, rec)| rec.visible_to(caller))
-            .map(|(name, rec)| snapshot_model(name, rec))
+            .map(|(name, rec)| snapshot_model(name, rec, &shared))
             .collect()
     }
 
@@ -433,7 +436,8 @@ impl Registry {
             .get_mut(model)
             .ok_or_else(|| CoreError::ModelNotFound(model.to_owned()))?;
         rec.access = access;
-        Ok(snapshot_model(model, rec))
+        let rec = st.visible_model(caller, model)?;
+        Ok(snapshot_model(model, rec, &st.shared_arenas()))
     }
 
     /// One model, with the manifest of `version` (0: latest ready, else the newest).
@@ -460,7 +464,7 @@ impl Registry {
             .and_then(|v| rec.versions.get(&v))
             .filter(|r| r.state != VersionState::Failed)
             .map(|r| r.manifest.clone());
-        Ok((snapshot_model(model, rec), manifest))
+        Ok((snapshot_model(model, rec, &st.shared_arenas()), manifest))
     }
 
     /// Registry-wide figures; a tenant's figures cover the models it may see and its own

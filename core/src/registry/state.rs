@@ -1,7 +1,7 @@
 //! The registry's state behind its one lock: model, version and session records, the lease
 //! store, and the queries every section shares (visibility, ownership, usage, snapshots).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -36,6 +36,9 @@ pub(super) struct VersionRecord {
     pub(super) ready_seq: u64,
     /// Copies on further devices (placement's `replicas`), reserved with the load.
     pub(super) replicas: Vec<ReplicaRecord>,
+    /// SHA-256 of its tensors' bytes, where they were hashed: by a load that compared its
+    /// files with this memory to share it (see `sharing`).
+    pub(super) content_sha256: Option<[u8; 32]>,
 }
 
 /// A copy of a version's arena on another device, made from the first once it is ready.
@@ -211,15 +214,20 @@ impl State {
 
     /// Arena bytes, arenas and leases on each device that holds any (every model, whoever
     /// owns it).
+    /// An arena several versions share counts once.
     pub(super) fn device_use(&self) -> BTreeMap<String, DeviceUse> {
         let mut out: BTreeMap<String, DeviceUse> = BTreeMap::new();
+        let mut counted = std::collections::HashSet::new();
         for v in self.models.values().flat_map(|m| m.versions.values()) {
             if v.state.holds_arena() {
-                let u = out.entry(v.device.clone()).or_default();
-                u.arena_bytes += v.arena_bytes;
-                u.arenas += 1;
-                for r in &v.replicas {
-                    let u = out.entry(r.device.clone()).or_default();
+                let arenas = std::iter::once((&v.device, v.arena.as_ref()))
+                    .chain(v.replicas.iter().map(|r| (&r.device, r.arena.as_ref())));
+                for (device, arena) in arenas {
+                    // Reserved and not yet allocated counts; memory counted already does not.
+                    if arena.is_some_and(|a| !counted.insert(a.id())) {
+                        continue;
+                    }
+                    let u = out.entry(device.clone()).or_default();
                     u.arena_bytes += v.arena_bytes;
                     u.arenas += 1;
                 }
@@ -327,7 +335,13 @@ impl State {
     }
 }
 
-pub(super) fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapshot {
+/// `version` as reported; `shared` holds the arenas several versions hold
+/// ([`State::shared_arenas`]).
+pub(super) fn snapshot_version(
+    version: u32,
+    v: &VersionRecord,
+    shared: &HashSet<usize>,
+) -> VersionSnapshot {
     VersionSnapshot {
         version,
         state: v.state,
@@ -346,10 +360,17 @@ pub(super) fn snapshot_version(version: u32, v: &VersionRecord) -> VersionSnapsh
             .iter()
             .map(|r| (r.device.clone(), r.ready))
             .collect(),
+        shares_memory: v.state.holds_arena()
+            && v.arena.as_ref().is_some_and(|a| shared.contains(&a.id())),
+        content_sha256: v.content_sha256,
     }
 }
 
-pub(super) fn snapshot_model(name: &str, rec: &ModelRecord) -> ModelSnapshot {
+pub(super) fn snapshot_model(
+    name: &str,
+    rec: &ModelRecord,
+    shared: &HashSet<usize>,
+) -> ModelSnapshot {
     ModelSnapshot {
         owner: rec.owner.clone(),
         access: rec.access.clone(),
@@ -358,7 +379,7 @@ pub(super) fn snapshot_model(name: &str, rec: &ModelRecord) -> ModelSnapshot {
         versions: rec
             .versions
             .iter()
-            .map(|(n, v)| snapshot_version(*n, v))
+            .map(|(n, v)| snapshot_version(*n, v, shared))
             .collect(),
     }
 }

@@ -142,6 +142,11 @@ pub struct VersionSnapshot {
     pub device: String,
     /// Its replicas' devices, each with whether its copy is done.
     pub replicas: Vec<(String, bool)>,
+    /// Its arena is also another version's (loads of the same bytes share one memory).
+    pub shares_memory: bool,
+    /// SHA-256 of its tensors' bytes in arena order, where computed (a load that compared
+    /// its files with memory it then shared).
+    pub content_sha256: Option<[u8; 32]>,
 }
 
 /// A model, as reported to clients.

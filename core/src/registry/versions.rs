@@ -150,6 +150,7 @@ impl State {
                         ready: false,
                     })
                     .collect(),
+                content_sha256: None,
             },
         );
         Ok((version, rec.generation))
@@ -291,8 +292,9 @@ impl State {
                     &format!("version {v} of '{model}' was force-unloaded"),
                 );
             }
+            let shared = self.shared_arenas();
             if let Some(rec) = self.models.get(model).and_then(|m| m.versions.get(&v)) {
-                out.push(snapshot_version(v, rec));
+                out.push(snapshot_version(v, rec, &shared));
             }
         }
         out

@@ -19,6 +19,11 @@
 //! - A tenant loads models for itself only; the admin for any configured tenant
 //!   ([`load_owner`]).
 //! - Only the admin reloads the tenants file ([`may_reload_tenants`]).
+//! - A new version shares the memory of another version holding the same bytes
+//!   ([`may_share_memory`]) when both have one owner; across owners only where that version
+//!   is visible to the new one's owner (public, or shared with it) and workers' mappings are
+//!   read-only, unless the operator opted in to every owner (`share_identical = "any"`).
+//!   Otherwise a load that ends early would tell a tenant that someone holds those bytes.
 //! - Whose inference requests a worker receives ([`worker_serves`]): a worker of the model's
 //!   owner (and the admin's, or any worker when no tenants are configured) serves every tenant
 //!   that may see the model; a worker of another tenant that may see it (shared or public)
@@ -120,6 +125,45 @@ pub fn load_owner(
             requested.escape_debug().to_string(),
         )),
         _ => Ok(Some(requested.to_owned())),
+    }
+}
+
+/// Which loads of bytes some version already holds take that version's memory instead of
+/// a copy of their own (the server's `share_identical`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum ShareIdentical {
+    /// Every load has its own copy.
+    Off,
+    /// Between versions of one owner, and from a version the new one's owner may see.
+    #[default]
+    Visible,
+    /// Between any owners (the operator accepts that a load's duration can tell a tenant that
+    /// some other tenant holds the same bytes).
+    Any,
+}
+
+/// Whether a new version owned by `owner` (`None`: the admin) may share the memory of a
+/// version owned by `holder` with `access`, where workers' mappings of that memory are
+/// `read_only` or not. Across owners never where a worker could write it.
+pub fn may_share_memory(
+    rule: ShareIdentical,
+    owner: Option<&str>,
+    holder: Option<&str>,
+    access: &Access,
+    read_only: bool,
+) -> bool {
+    match rule {
+        ShareIdentical::Off => false,
+        _ if owner == holder => true,
+        _ if !read_only => false,
+        ShareIdentical::Any => true,
+        ShareIdentical::Visible => match owner {
+            // The admin sees every model.
+            None => true,
+            Some(tenant) => access.public || access.shared_with.contains(tenant),
+        },
     }
 }
 
@@ -282,5 +326,80 @@ mod serving_tests {
             worker_serves(None, &tenant("b")),
             Serves::Only(Some("b".into()))
         );
+    }
+
+    /// Memory shared where it would leak that someone holds the bytes, or where another
+    /// owner's worker could write it; or not shared where it safely may be.
+    #[test]
+    fn memory_is_shared_within_an_owner_from_visible_models_or_with_the_opt_in() {
+        use ShareIdentical::{Any, Off, Visible};
+        let access = |shared_with: &[&str], public| Access {
+            shared_with: shared_with.iter().map(|t| (*t).to_owned()).collect(),
+            public,
+        };
+        let private = access(&[], false);
+        let shared_b = access(&["b"], false);
+        let public = access(&[], true);
+        // Off: never, even within one owner.
+        assert!(!may_share_memory(Off, Some("a"), Some("a"), &private, true));
+        // One owner: always, even where workers' mappings are writable.
+        assert!(may_share_memory(
+            Visible,
+            Some("a"),
+            Some("a"),
+            &private,
+            false
+        ));
+        assert!(may_share_memory(Visible, None, None, &private, false));
+        // Another owner's private model: only with the opt-in.
+        assert!(!may_share_memory(
+            Visible,
+            Some("b"),
+            Some("a"),
+            &private,
+            true
+        ));
+        assert!(may_share_memory(Any, Some("b"), Some("a"), &private, true));
+        // Visible to the new owner: shared with it, or public; not shared with another.
+        assert!(may_share_memory(
+            Visible,
+            Some("b"),
+            Some("a"),
+            &shared_b,
+            true
+        ));
+        assert!(!may_share_memory(
+            Visible,
+            Some("c"),
+            Some("a"),
+            &shared_b,
+            true
+        ));
+        assert!(may_share_memory(
+            Visible,
+            Some("c"),
+            Some("a"),
+            &public,
+            true
+        ));
+        // The admin's own model sees everything.
+        assert!(may_share_memory(Visible, None, Some("a"), &private, true));
+        // A tenant's model never shares the admin's private one.
+        assert!(!may_share_memory(Visible, Some("a"), None, &private, true));
+        // Across owners never where another owner's worker could write the memory.
+        assert!(!may_share_memory(
+            Visible,
+            Some("c"),
+            Some("a"),
+            &public,
+            false
+        ));
+        assert!(!may_share_memory(
+            Any,
+            Some("b"),
+            Some("a"),
+            &private,
+            false
+        ));
     }
 }

@@ -112,8 +112,8 @@ impl DeviceThread {
         let exec = self.shared.exec.clone();
         self.shared.exec.call(move |ctx| {
             let arena = ctx.backend().allocate(len, &label)?;
-            let outlives_server = ctx.backend().info().backend.outlives_server();
-            Ok(ArenaHandle::new(arena, exec, len, outlives_server))
+            let kind = ctx.backend().info().backend;
+            Ok(ArenaHandle::new(arena, exec, len, kind))
         })
     }
 
@@ -123,8 +123,8 @@ impl DeviceThread {
         let exec = self.shared.exec.clone();
         self.shared.exec.call(move |ctx| {
             let arena = ctx.backend().adopt(fd, alloc_len, len)?;
-            let outlives_server = ctx.backend().info().backend.outlives_server();
-            Ok(ArenaHandle::new(arena, exec, len, outlives_server))
+            let kind = ctx.backend().info().backend;
+            Ok(ArenaHandle::new(arena, exec, len, kind))
         })
     }
 

@@ -5,17 +5,12 @@
 use std::sync::Arc;
 
 use super::{Arena, ArenaHandle, Executor, OnDevice, Reply};
-use crate::backend::ArenaWriter;
+use crate::backend::{ArenaWriter, BackendKind};
 use crate::error::Result;
 use crate::export::Export;
 
 impl ArenaHandle {
-    pub(super) fn new(
-        arena: Box<dyn Arena>,
-        exec: Executor,
-        len: u64,
-        outlives_server: bool,
-    ) -> Self {
+    pub(super) fn new(arena: Box<dyn Arena>, exec: Executor, len: u64, kind: BackendKind) -> Self {
         let attach_while_loading = arena.attach_while_loading();
         let fixed = arena.fixed_export().map(Arc::new);
         ArenaHandle {
@@ -24,14 +19,31 @@ impl ArenaHandle {
             len,
             attach_while_loading,
             fixed,
-            outlives_server,
+            kind,
         }
+    }
+
+    /// Whether `other` is a handle to this same arena (one memory, however many versions
+    /// name it).
+    pub fn same_arena(&self, other: &ArenaHandle) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A number that tells this arena from every other alive at the same time (equal for
+    /// handles of [`same_arena`](Self::same_arena)).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const () as usize
+    }
+
+    /// The kind of memory, and so of the workers' mappings ([`BackendKind::read_only_mappings`]).
+    pub fn kind(&self) -> BackendKind {
+        self.kind
     }
 
     /// Whether workers' mappings keep the memory alive after the server lets it go (host
     /// memfds, CUDA VMM; not legacy IPC).
     pub fn outlives_server(&self) -> bool {
-        self.outlives_server
+        self.kind.outlives_server()
     }
 
     /// The arena's length in bytes.

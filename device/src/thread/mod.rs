@@ -201,7 +201,7 @@ pub struct ArenaHandle {
     attach_while_loading: bool,
     /// The arena's export when it never changes (see [`Arena::fixed_export`]).
     fixed: Option<Arc<Export>>,
-    /// Whether workers' mappings keep the memory alive after the server lets it go (kinds
-    /// passed as descriptors: host, CUDA VMM).
-    outlives_server: bool,
+    /// The kind of memory (whether workers' mappings are read-only, whether they keep the
+    /// memory alive after the server lets it go).
+    kind: crate::BackendKind,
 }

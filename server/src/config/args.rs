@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::settings::{BackendChoice, ClientAuth, CudaHandles, StartupModel, parse_mode};
+use super::settings::{
+    BackendChoice, ClientAuth, CudaHandles, ShareIdentical, StartupModel, parse_mode,
+};
 use crate::telemetry::LogFormat;
 
 /// Flags (and variables) of `modelshare serve`. Every field is optional so that the file and
@@ -122,6 +124,14 @@ pub struct ServeArgs {
     /// devices hold the version (FAILED_PRECONDITION).
     #[arg(long, env = "MODELSHARE_REPLICATE_ON_ATTACH", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub replicate_on_attach: Option<bool>,
+    /// Which loads of bytes the server already holds take that memory instead of a copy
+    /// (after comparing every byte with the files, hashed with SHA-256 on the way): `visible`
+    /// (between models of one owner, and from a public model or one shared with the loading
+    /// tenant), `any` (between any tenants: a load's duration may then tell a tenant that
+    /// another holds those bytes), or `off`. Across owners only where workers' mappings are
+    /// read-only (host memory, CUDA VMM). Each owner's quota counts the full size.
+    #[arg(long, value_enum, env = "MODELSHARE_SHARE_IDENTICAL")]
+    pub share_identical: Option<ShareIdentical>,
     /// Largest arena one model version may have, in bytes.
     #[arg(long, env = "MODELSHARE_MAX_MODEL_BYTES")]
     pub max_model_bytes: Option<u64>,

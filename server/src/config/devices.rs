@@ -33,6 +33,8 @@ pub(super) struct DeviceSettings {
     pub(super) load_cpu_hash: bool,
     /// A worker attaching from a device without a copy of the version starts one there.
     pub(super) replicate_on_attach: bool,
+    /// Which loads of bytes already held share that memory.
+    pub(super) share_identical: super::settings::ShareIdentical,
 }
 
 impl DeviceSettings {
@@ -67,6 +69,10 @@ impl DeviceSettings {
                 .or(file.proc_root.clone())
                 .unwrap_or_else(|| PathBuf::from("/")),
             load_cpu_hash: args.load_cpu_hash.or(file.load_cpu_hash).unwrap_or(false),
+            share_identical: args
+                .share_identical
+                .or(file.share_identical)
+                .unwrap_or_default(),
             replicate_on_attach: args
                 .replicate_on_attach
                 .or(file.replicate_on_attach)

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::settings::{BackendChoice, ClientAuth, CudaHandles, StartupModel};
+use super::settings::{BackendChoice, ClientAuth, CudaHandles, ShareIdentical, StartupModel};
 use crate::telemetry::LogFormat;
 
 /// The `[tls]` table of the file.
@@ -62,6 +62,7 @@ pub(super) struct FileConfig {
     pub(super) load_threads: Option<usize>,
     pub(super) load_cpu_hash: Option<bool>,
     pub(super) replicate_on_attach: Option<bool>,
+    pub(super) share_identical: Option<ShareIdentical>,
     pub(super) log_format: Option<LogFormat>,
     pub(super) shutdown_grace_secs: Option<u64>,
     pub(super) heartbeat_interval_ms: Option<u32>,

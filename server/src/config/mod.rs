@@ -90,6 +90,8 @@ pub struct Config {
     pub load_cpu_hash: bool,
     /// A worker attaching from a device without a copy of the version starts one there.
     pub replicate_on_attach: bool,
+    /// Which loads of bytes already held share that memory (`share_identical`).
+    pub share_identical: settings::ShareIdentical,
     /// Start-up models.
     pub models: Vec<StartupModel>,
     /// Log format.
@@ -133,6 +135,7 @@ impl Config {
             max_device_bytes: self.max_device_bytes,
             load_threads: self.load_threads,
             load_cpu_hash: self.load_cpu_hash,
+            share_identical: self.share_identical,
             max_concurrent_loads: self.max_concurrent_loads,
             held_dir: (!self.adopt_wait.is_zero())
                 .then(|| modelshare_core::host::records_dir(&self.handle_socket)),
@@ -201,6 +204,7 @@ impl Config {
             proc_root: devices.proc_root,
             load_cpu_hash: devices.load_cpu_hash,
             replicate_on_attach: devices.replicate_on_attach,
+            share_identical: devices.share_identical,
             load_threads: devices.load_threads,
             models: if args.models.is_empty() {
                 file.models

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 pub use modelshare_core::devices::settings::{BackendChoice, CudaHandles, DeviceSelection};
+pub use modelshare_core::tenants::policy::ShareIdentical;
 
 /// `devices` in the file: `"all"`, `"0,1"`, or a list (`["0", "GPU-…"]`, integers allowed).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

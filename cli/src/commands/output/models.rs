@@ -23,6 +23,8 @@ pub fn version_json(v: &pb::VersionInfo) -> Value {
         "bytes_total": v.bytes_total,
         "devices": v.devices,
         "devices_copying": v.devices_copying,
+        "shares_memory": v.shares_memory,
+        "content_sha256": v.content_sha256,
     })
 }
 
@@ -81,12 +83,17 @@ pub fn loaded(name: &str, v: &pb::VersionInfo, out: OutputFormat) {
     match out {
         OutputFormat::Json => print_json(&json!({"model": name, "version": version_json(v)})),
         OutputFormat::Table => say!(
-            "loaded {name} v{}: {} tensors, {} ({}) on {}",
+            "loaded {name} v{}: {} tensors, {} ({}) on {}{}",
             v.version,
             v.tensor_count,
             human_bytes(v.arena_bytes),
             state_name(v.state),
-            v.devices.join(", ")
+            v.devices.join(", "),
+            if v.shares_memory {
+                ", in the memory of a version holding the same bytes (no copy)"
+            } else {
+                ""
+            }
         ),
     }
 }
@@ -150,7 +157,12 @@ fn models_table(ms: &[pb::ModelInfo]) {
                 Cell::new(&access),
                 right(format!("{}{mark}", v.version)),
                 Cell::new(state_name(v.state)),
-                right(human_bytes(v.arena_bytes)),
+                // Memory another version holds too counts once on the device.
+                right(if v.shares_memory {
+                    format!("{} (shared)", human_bytes(v.arena_bytes))
+                } else {
+                    human_bytes(v.arena_bytes)
+                }),
                 right(v.tensor_count),
                 right(v.leases),
             ];

@@ -252,3 +252,48 @@ async fn a_load_larger_than_free_memory_is_refused_before_allocating() {
     let s = common::stats(&mut admin).await;
     assert_eq!((s.arenas, s.models), (0, 0));
 }
+
+/// A load of bytes the server holds already needs no room of its own: against a 100 MiB
+/// cgroup limit charged with the server's arenas, a second 64 MiB model of the same bytes
+/// loads (into the first one's memory), where a third of the same layout with one byte
+/// different is refused RESOURCE_EXHAUSTED like any copy that does not fit. Fails if a
+/// shared load reserves memory (the second is refused) or a load that turns out to differ
+/// skips admission (the third loads past the limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_of_bytes_already_held_needs_no_room() {
+    let fake = fake_proc_root(2, 100, 0);
+    let server = Server::start_with(
+        &["--proc-root", fake.path().to_str().expect("utf8")],
+        |root| {
+            write_zeros_model(root, "a", 64);
+            write_zeros_model(root, "b", 64);
+            write_zeros_model(root, "c", 64);
+            let path = root.join("c/model.safetensors");
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open");
+            let len = f.metadata().expect("len").len();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[1], len - 1).expect("one byte");
+        },
+    )
+    .await;
+    let _charging = Charging::start(
+        server.pid(),
+        fake.path()
+            .join("sys/fs/cgroup/system.slice/modelshare.service/memory.current"),
+    );
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "a", "a").await.expect("a fits");
+    // The charge follows the arena (the thread's next pass).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b = common::load(&mut admin, "b", "b")
+        .await
+        .expect("b shares a's memory: no room needed");
+    assert!(b.shares_memory, "{b:?}");
+    let err = common::load(&mut admin, "c", "c")
+        .await
+        .expect_err("c differs, and a copy does not fit");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert_eq!(common::memfd_fds(server.pid()), 1);
+}

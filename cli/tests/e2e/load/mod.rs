@@ -9,6 +9,7 @@ use crate::common::{Server, T, t};
 
 mod memory;
 mod round_trip;
+mod sharing;
 mod versions;
 
 /// Every tensor of `files` (parsed by the official crate) must equal the bytes a worker sees

@@ -22,6 +22,7 @@ use crate::common::{self, Server, t};
 
 mod audit;
 mod confinement;
+mod memory;
 mod quotas;
 mod refusals;
 mod reload;

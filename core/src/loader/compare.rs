@@ -1,0 +1,167 @@
+//! Whether a load's files hold the bytes an arena already holds, before the load takes that
+//! arena instead of a copy of its own (`registry::sharing`).
+//!
+//! Threads take tensors largest first, as a copy does; each reads its tensors' byte ranges
+//! from the (already open, already validated) shard files in chunks, hashes them with SHA-256
+//! as they stream, and compares every chunk byte for byte with the arena's bytes at the
+//! tensor's offset, read back from the device. The first difference stops every thread: the
+//! load then copies as usual. Nothing is written anywhere; the arena's own checksums
+//! (non-cryptographic, so a tenant could make files that collide with them) decide nothing.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use modelshare_device::ArenaHandle;
+use sha2::{Digest, Sha256};
+
+use super::{ChunkGate, check_cancel, largest_first};
+use crate::error::CoreError;
+use crate::registry::Reservation;
+use crate::weights::error::WeightsError;
+use crate::weights::layout::{Layout, PlannedTensor};
+use crate::weights::source::ModelSource;
+
+/// The bytes a thread reads and compares at once.
+const CHUNK: usize = 4 << 20;
+
+/// What [`compare`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compared {
+    /// Every byte is equal. The SHA-256 of the tensors' bytes in arena order (each tensor's
+    /// SHA-256, hashed in that order), computed from the files as they streamed.
+    Same {
+        /// The digest.
+        sha256: [u8; 32],
+    },
+    /// The tensor named holds other bytes.
+    Differs {
+        /// The first tensor found to differ.
+        tensor: String,
+    },
+}
+
+/// Compares `source`'s tensors, as `layout` places them, with `arena`'s bytes, on up to
+/// `threads` threads passing `gate` for each chunk. A cancelled load (`job`) or a file that
+/// cannot be read is an error; bytes that differ are not.
+pub fn compare(
+    job: &Reservation,
+    arena: &ArenaHandle,
+    source: &ModelSource,
+    layout: &Layout,
+    threads: usize,
+    gate: &ChunkGate,
+) -> Result<Compared, CoreError> {
+    let order = largest_first(layout);
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let differs: Mutex<Option<String>> = Mutex::new(None);
+    let digests: Mutex<Vec<[u8; 32]>> = Mutex::new(vec![[0; 32]; layout.tensors.len()]);
+    let threads = threads.clamp(1, order.len().max(1));
+    let _registered = gate.start();
+    let one_thread = || -> Result<(), CoreError> {
+        let mut buf = vec![0u8; CHUNK];
+        while !stop.load(Ordering::SeqCst) {
+            let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                break;
+            };
+            let planned = &layout.tensors[i];
+            match compare_tensor(job, arena, source, planned, &mut buf, gate, &stop)? {
+                Some(digest) => {
+                    digests.lock().unwrap_or_else(|e| e.into_inner())[i] = digest;
+                }
+                None => {
+                    stop.store(true, Ordering::SeqCst);
+                    let mut first = differs.lock().unwrap_or_else(|e| e.into_inner());
+                    first.get_or_insert_with(|| planned.name.clone());
+                }
+            }
+        }
+        Ok(())
+    };
+    let results: Vec<Result<(), CoreError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let r = one_thread();
+                    if r.is_err() {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CoreError::Internal("a compare thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    if let Some(tensor) = differs.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Ok(Compared::Differs { tensor });
+    }
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    check_cancel(job)?;
+    let mut whole = Sha256::new();
+    for d in digests.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        whole.update(d);
+    }
+    Ok(Compared::Same {
+        sha256: whole.finalize().into(),
+    })
+}
+
+/// One tensor: its SHA-256 when every byte equals the arena's, `None` at the first
+/// difference (or when another thread found one).
+fn compare_tensor(
+    job: &Reservation,
+    arena: &ArenaHandle,
+    source: &ModelSource,
+    planned: &PlannedTensor,
+    buf: &mut [u8],
+    gate: &ChunkGate,
+    stop: &AtomicBool,
+) -> Result<Option<[u8; 32]>, CoreError> {
+    let shard = source.shards.get(planned.shard).ok_or_else(|| {
+        CoreError::Internal(format!(
+            "tensor '{}' names shard {} of {}",
+            planned.name,
+            planned.shard,
+            source.shards.len()
+        ))
+    })?;
+    let mut hasher = Sha256::new();
+    let mut done = 0u64;
+    while done < planned.byte_length {
+        check_cancel(job)?;
+        if stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let _slot = gate.enter();
+        let step = usize::try_from(planned.byte_length - done)
+            .unwrap_or(CHUNK)
+            .min(CHUNK);
+        let at = planned.file_offset + done;
+        let file_bytes = &mut buf[..step];
+        shard.file.read_exact_at(file_bytes, at).map_err(|e| {
+            CoreError::Weights(WeightsError::Io {
+                file: shard.display.clone(),
+                source: std::io::Error::new(
+                    e.kind(),
+                    format!("reading tensor '{}' at byte {at}: {e}", planned.name),
+                ),
+            })
+        })?;
+        hasher.update(&*file_bytes);
+        let held = arena.read_at(planned.arena_offset + done, step).wait()?;
+        if held.as_slice() != &*file_bytes {
+            return Ok(None);
+        }
+        done += step as u64;
+        job.progress.done.fetch_add(step as u64, Ordering::Relaxed);
+    }
+    Ok(Some(hasher.finalize().into()))
+}

@@ -1,0 +1,150 @@
+//! One arena for versions that hold the same bytes: finding a version whose memory a load
+//! may take instead of a copy of its own ([`Registry::arena_to_share`]), and handing that
+//! memory to the new version once its files compared equal to it ([`Registry::share_arena`]).
+//!
+//! A shared arena is one memory under two names: each version keeps its own owner, access,
+//! leases and life, and each owner's quota counts the full size; the memory goes when the
+//! last version holding it (and the last worker's mapping) does.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use modelshare_device::ArenaHandle;
+
+use super::Registry;
+use super::state::State;
+use super::types::{LoadFor, VersionKey};
+use crate::model::{Manifest, VersionState};
+use crate::tenants::Caller;
+use crate::tenants::policy::{ShareIdentical, may_share_memory};
+
+/// The memory of a ready version that a load of the same layout may share, once its files
+/// compare equal to these bytes.
+#[derive(Debug, Clone)]
+pub struct SharedArena {
+    /// The version that holds it.
+    pub holder: VersionKey,
+    /// The device it is on (UUID).
+    pub device: String,
+    /// The arena.
+    pub arena: ArenaHandle,
+    /// The holder's manifest (its checksums are the new version's too when the bytes are
+    /// equal).
+    pub manifest: Arc<Manifest>,
+}
+
+impl Registry {
+    /// A ready version's arena that a load of `manifest` as `model` (by `caller`, for
+    /// `load_for`) may share under `rule`: the same tensors at the same offsets, on `device`
+    /// where one is given, and allowed by [`may_share_memory`] between the new version's
+    /// owner and the holder's. `None` where there is none, or the load would be refused
+    /// anyway (its reservation then says why).
+    pub fn arena_to_share(
+        &self,
+        caller: &Caller,
+        load_for: &LoadFor,
+        manifest: &Manifest,
+        rule: ShareIdentical,
+        device: Option<&str>,
+    ) -> Option<SharedArena> {
+        if rule == ShareIdentical::Off {
+            return None;
+        }
+        let st = self.lock();
+        let (owner, _) = st.resolve_owner(caller, load_for, &manifest.model).ok()?;
+        for (name, rec) in &st.models {
+            for (number, v) in &rec.versions {
+                if v.state != VersionState::Ready || !same_layout(&v.manifest, manifest) {
+                    continue;
+                }
+                let arenas = std::iter::once((v.device.as_str(), v.arena.as_ref())).chain(
+                    v.replicas
+                        .iter()
+                        .filter(|r| r.ready)
+                        .map(|r| (r.device.as_str(), r.arena.as_ref())),
+                );
+                for (on, arena) in arenas {
+                    let Some(arena) = arena else { continue };
+                    if device.is_some_and(|d| !d.eq_ignore_ascii_case(on)) {
+                        continue;
+                    }
+                    let read_only = arena.kind().read_only_mappings();
+                    if !may_share_memory(
+                        rule,
+                        owner.as_deref(),
+                        rec.owner.as_deref(),
+                        &rec.access,
+                        read_only,
+                    ) {
+                        continue;
+                    }
+                    return Some(SharedArena {
+                        holder: VersionKey {
+                            model: name.clone(),
+                            generation: rec.generation,
+                            version: *number,
+                        },
+                        device: on.to_owned(),
+                        arena: arena.clone(),
+                        manifest: v.manifest.clone(),
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// Hands `shared`'s arena to the loading version `model`@`version`, whose files compared
+    /// equal to it (their SHA-256 `sha256`, recorded on both versions). The load is then
+    /// finished as any other ([`Registry::finish_load`]).
+    pub fn share_arena(&self, model: &str, version: u32, shared: &SharedArena, sha256: [u8; 32]) {
+        let mut st = self.lock();
+        if let Some(v) = st.version_of(&shared.holder) {
+            v.content_sha256 = Some(sha256);
+        }
+        if let Some(v) = st.version_mut(model, version) {
+            v.arena = Some(shared.arena.clone());
+            v.content_sha256 = Some(sha256);
+        }
+    }
+}
+
+impl State {
+    /// The arenas (by [`ArenaHandle::id`]) that more than one version holding memory holds.
+    pub(super) fn shared_arenas(&self) -> std::collections::HashSet<usize> {
+        let mut holders: HashMap<usize, u32> = HashMap::new();
+        for v in self.models.values().flat_map(|m| m.versions.values()) {
+            if !v.state.holds_arena() {
+                continue;
+            }
+            let arenas = v
+                .arena
+                .iter()
+                .chain(v.replicas.iter().filter_map(|r| r.arena.as_ref()));
+            for a in arenas {
+                *holders.entry(a.id()).or_default() += 1;
+            }
+        }
+        holders
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(id, _)| id)
+            .collect()
+    }
+}
+
+/// Whether `a` and `b` place the same tensors (name, dtype, shape) at the same offsets in
+/// arenas of one size: what two loads of identical files have in common before a byte of
+/// their data is read.
+fn same_layout(a: &Manifest, b: &Manifest) -> bool {
+    a.arena_bytes == b.arena_bytes
+        && a.alignment == b.alignment
+        && a.tensors.len() == b.tensors.len()
+        && a.tensors.iter().zip(&b.tensors).all(|(x, y)| {
+            x.name == y.name
+                && x.dtype == y.dtype
+                && x.shape == y.shape
+                && x.offset == y.offset
+                && x.byte_length == y.byte_length
+        })
+}
