@@ -25,8 +25,14 @@ What it checks (each row of the table says PASS/FAIL and the figures):
   server kill -9  4 workers run GEMV in a loop while the server is killed and restarted: every
                pass stays bit-identical, the restarted server adopts the memory they kept (one
                copy on the device, not two) and their sessions re-attach
+  share        (a server with the default --share-identical) the same 8 GiB files under a second
+               name: device memory does not grow, the load compares instead of copying (GB/s
+               beside the copy's), workers compute right on the second name before and after the
+               first is unloaded; a 1 GiB model and a copy with its last byte changed: two copies
 
-The main server shares arenas through VMM (--cuda-handles auto on a device that supports it).
+The main server shares arenas through VMM (--cuda-handles auto on a device that supports it),
+with --share-identical off, so that the load rows, which load the same file under several
+names, measure copies; the share step runs a server of its own with the default.
 """
 
 import argparse
@@ -168,12 +174,12 @@ class Check:
                  f"safetensors load_file {load.get('gbps') or 0:.2f} GB/s; torch IPC p50 "
                  f"{(ipc.get('ipc_baseline_ms') or {}).get('p50') or 0:.1f} ms; pinned H2D {copy.get('h2d_pinned_gbps') or 0:.1f} GB/s")
 
-    def start_server(self, log_name="server.log"):
+    def start_server(self, log_name="server.log", extra=("--share-identical", "off")):
         self.server_log = open(os.path.join(self.out, log_name), "w")
         self.server = subprocess.Popen(
             [f"{self.bin}/modelshare", "serve", "--backend", "cuda", "--device", "0", "--unix-socket", self.socket,
              "--handle-socket", os.path.join(self.work, "handles.sock"), "--model-root", os.path.join(self.work, "models"),
-             "--log-format", "json"], stdout=self.server_log, stderr=self.server_log, env=self.env)
+             "--log-format", "json", *extra], stdout=self.server_log, stderr=self.server_log, env=self.env)
         for _ in range(600):
             if os.path.exists(self.socket) and self.stats().get("device"):
                 return
@@ -554,6 +560,78 @@ class Check:
                  "warm load GB/s by threads (device checksums only): " + ", ".join(
                      f"{t.replace('-cpuhash', ' with --load-cpu-hash')}: {g:.1f}" for t, g, _ in figures))
 
+    def share(self, model_file):
+        """Loads of the same bytes under two names hold one arena (issue 28, item 24)."""
+        self.start_server("share-server.log", extra=())
+        try:
+            self._share(model_file)
+        finally:
+            self.stop_server()
+
+    def _share(self, model_file):
+        used = lambda: self.stats().get("device_used_bytes") or 0  # noqa: E731
+        loaded = lambda: [json.loads(l)["fields"] for l in open(self.server_log.name)  # noqa: E731
+                          if '"model loaded' in l]
+        t = time.perf_counter()
+        first = (last_json(self.cli("load", "m", "m", timeout=600).stdout) or {}).get("version") or {}
+        copy_s = time.perf_counter() - t
+        u1 = used()
+        t = time.perf_counter()
+        second = (last_json(self.cli("load", "twin", "m", timeout=600).stdout) or {}).get("version") or {}
+        share_s = time.perf_counter() - t
+        u2 = used()
+        size = first.get("arena_bytes") or 0
+        logs = loaded()
+        copy_gbps = next((f.get("gb_per_s") for f in logs if f.get("model") == "m"), 0) or 0
+        shared_log = next((f for f in logs if f.get("model") == "twin"), {})
+        twin_check = last_json(self.worker("check", "--model", "twin").communicate(timeout=900)[0]) or {}
+        self.cli("unload", "m")
+        time.sleep(0.5)
+        u3 = used()
+        after_check = last_json(self.worker("check", "--model", "twin").communicate(timeout=900)[0]) or {}
+        self.cli("unload", "twin")
+        time.sleep(0.5)
+        u4 = used()
+        # A model of the same layout with one byte changed: a copy of its own.
+        small = os.path.join(self.work, "models", "small", "model.safetensors")
+        diff = os.path.join(self.work, "models", "small-diff", "model.safetensors")
+        if not os.path.exists(small):
+            self.run([sys.executable, os.path.join(ROOT, "bench", "anchors.py"), "make-model", "--out", small, "--gib", "1",
+                      "--tensors", "64", "--dtype", "bf16"], timeout=900, check=True)
+        os.makedirs(os.path.dirname(diff), exist_ok=True)
+        self.run(["cp", small, diff], check=True)
+        with open(diff, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 1]))
+        v5 = used()
+        a = (last_json(self.cli("load", "small", "small").stdout) or {}).get("version") or {}
+        v6 = used()
+        b = (last_json(self.cli("load", "small-diff", "small-diff").stdout) or {}).get("version") or {}
+        v7 = used()
+        self.cli("unload", "small")
+        self.cli("unload", "small-diff")
+        small_bytes = a.get("arena_bytes") or 0
+        self.results["share"] = {
+            "first": first, "second": second, "used": [u1, u2, u3, u4], "copy_wall_s": copy_s, "share_wall_s": share_s,
+            "copy_gbps": copy_gbps, "shared_log": shared_log, "twin_check": twin_check, "after_check": after_check,
+            "small": a, "small_diff": b, "small_used": [v5, v6, v7]}
+        grew = u2 - u1
+        share_gbps = size / share_s / 1e9 if share_s else 0
+        self.row("share", bool(second.get("shares_memory")) and abs(grew) < 64 << 20 and twin_check.get("ok")
+                 and after_check.get("ok") and u4 < u3 - size // 2,
+                 f"{size / GIB:.2f} GiB under a 2nd name: device use {grew / (1 << 20):+.0f} MiB (shares_memory "
+                 f"{second.get('shares_memory')}, {second.get('content_sha256', '')[:19]}...), compared at "
+                 f"{share_gbps:.1f} GB/s end to end ({share_s:.2f} s) vs copied at {size / copy_s / 1e9:.1f} GB/s end "
+                 f"to end ({copy_gbps:.1f} in the loader); workers correct on it: {twin_check.get('ok')}, after the 1st "
+                 f"name's unload: {after_check.get('ok')} (device use {(u3 - u2) / (1 << 20):+.0f} MiB), freed with the "
+                 f"2nd: {(u4 - u3) / GIB:+.2f} GiB")
+        self.row("share (differs)", b.get("state") == "ready" and not b.get("shares_memory")
+                 and (v7 - v6) > small_bytes // 2,
+                 f"{small_bytes / GIB:.2f} GiB model and a copy with its last byte changed: shares_memory "
+                 f"{b.get('shares_memory')}, device use +{(v6 - v5) / GIB:.2f} then +{(v7 - v6) / GIB:.2f} GiB")
+
     def stop_server(self):
         self.server.send_signal(signal.SIGTERM)
         rc = self.server.wait(timeout=60)
@@ -580,7 +658,7 @@ def main():
     ap.add_argument("--gib", type=float, default=8)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--only", default="", help="comma-separated steps to run (default: all): kernels, "
-                    "anchors, core, vmm, loader, tenants, load-threads")
+                    "anchors, core, vmm, loader, tenants, share, load-threads")
     args = ap.parse_args()
     c = Check(args)
     steps = args.only.split(",") if args.only else []
@@ -621,6 +699,8 @@ def main():
             c.stop_server()
         if want("tenants"):
             c.tenants()
+        if want("share"):
+            c.share(model_file)
         if want("load-threads"):
             c.sweep()
     except Exception as e:  # noqa: BLE001

@@ -125,6 +125,53 @@ impl<W: FnMut(u64, &[u8]) -> Result<()>> ArenaWriter for BufferedWriter<W> {
     }
 }
 
+/// Reads an arena's bytes back on a thread of the caller's (a load comparing its files with
+/// memory already loaded): each [`read`](ArenaReader::read) returns the bytes at an offset,
+/// valid until the next call. CUDA copies through a pinned buffer of its own, the copy
+/// submitted to the device thread; host memory is read with `pread` on the caller's thread.
+pub trait ArenaReader {
+    /// The most bytes one read returns.
+    fn capacity(&self) -> usize;
+
+    /// The `len` bytes (at most [`capacity`](ArenaReader::capacity)) at `offset`.
+    fn read(&mut self, offset: u64, len: usize) -> Result<&[u8]>;
+}
+
+/// The simplest reader: a plain buffer that `read` (offset, bytes) fills.
+pub(crate) struct BufferedReader<R> {
+    buf: Vec<u8>,
+    read: R,
+}
+
+impl<R: FnMut(u64, &mut [u8]) -> Result<()>> BufferedReader<R> {
+    pub(crate) fn new(read: R) -> Self {
+        Self {
+            buf: vec![0; BUFFERED_BYTES],
+            read,
+        }
+    }
+}
+
+impl<R: FnMut(u64, &mut [u8]) -> Result<()>> ArenaReader for BufferedReader<R> {
+    fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn read(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
+        let buf = self
+            .buf
+            .get_mut(..len)
+            .ok_or(crate::DeviceError::OutOfRange {
+                op: "read back",
+                offset,
+                len: len as u64,
+                arena_len: BUFFERED_BYTES as u64,
+            })?;
+        (self.read)(offset, buf)?;
+        Ok(buf)
+    }
+}
+
 /// What each kind of worker-side mapping provides (see [`crate::Mapping`], the neutral view
 /// the SDK uses).
 pub trait Mapped: Send + Sync + std::fmt::Debug {

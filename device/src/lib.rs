@@ -68,7 +68,7 @@ pub mod stream;
 mod sys;
 pub mod thread;
 
-pub use backend::{ArenaWriter, BackendKind, DeviceInfo, Mapped, PAGE};
+pub use backend::{ArenaReader, ArenaWriter, BackendKind, DeviceInfo, Mapped, PAGE};
 pub use error::{DeviceError, Result};
 pub use export::{Export, Handles, Import};
 pub use host::{HostArena, HostBackend, HostMapping};

@@ -91,12 +91,7 @@ impl LoadCopy {
                     allocate_seconds = self.allocate_seconds,
                     "model loaded"
                 );
-                registry
-                    .version_snapshot(&job.model, job.version)
-                    .ok_or_else(|| CoreError::LoadCancelled {
-                        model: job.model.clone(),
-                        version: job.version,
-                    })
+                self.snapshot()
             }
             Err(e) => {
                 let job = &self.reservation;
@@ -137,12 +132,7 @@ impl LoadCopy {
             seconds = self.requested.elapsed().as_secs_f64(),
             "model loaded into the memory of a version holding the same bytes (compared, not copied)"
         );
-        self.registry
-            .version_snapshot(&job.model, job.version)
-            .ok_or_else(|| CoreError::LoadCancelled {
-                model: job.model.clone(),
-                version: job.version,
-            })
+        self.snapshot()
     }
 
     /// Finishes a load with memory adopted from a worker (`record`'s bytes, checked when the
@@ -162,6 +152,12 @@ impl LoadCopy {
             bytes = job.manifest.arena_bytes,
             "model back from memory a worker kept across the restart (not read from the files)"
         );
+        self.snapshot()
+    }
+
+    /// The version as it stands now; a version unloaded meanwhile is a cancelled load.
+    fn snapshot(&self) -> Result<VersionSnapshot, CoreError> {
+        let job = &self.reservation;
         self.registry
             .version_snapshot(&job.model, job.version)
             .ok_or_else(|| CoreError::LoadCancelled {

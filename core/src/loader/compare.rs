@@ -12,13 +12,12 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use modelshare_device::ArenaHandle;
+use modelshare_device::{ArenaHandle, ArenaReader};
 use sha2::{Digest, Sha256};
 
-use super::{ChunkGate, check_cancel, largest_first};
+use super::{ChunkGate, check_cancel, largest_first, read_error, shard_of};
 use crate::error::CoreError;
 use crate::registry::Reservation;
-use crate::weights::error::WeightsError;
 use crate::weights::layout::{Layout, PlannedTensor};
 use crate::weights::source::ModelSource;
 
@@ -60,13 +59,18 @@ pub fn compare(
     let threads = threads.clamp(1, order.len().max(1));
     let _registered = gate.start();
     let one_thread = || -> Result<(), CoreError> {
-        let mut buf = vec![0u8; CHUNK];
+        let mut reader = arena.reader().wait()?;
+        let mut buf = vec![0u8; CHUNK.min(reader.capacity())];
         while !stop.load(Ordering::SeqCst) {
             let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
                 break;
             };
             let planned = &layout.tensors[i];
-            match compare_tensor(job, arena, source, planned, &mut buf, gate, &stop)? {
+            let read = Read {
+                reader: reader.as_mut(),
+                buf: &mut buf,
+            };
+            match compare_tensor(job, source, planned, read, gate, &stop)? {
                 Some(digest) => {
                     digests.lock().unwrap_or_else(|e| e.into_inner())[i] = digest;
                 }
@@ -114,25 +118,24 @@ pub fn compare(
     })
 }
 
+/// A thread's way to the bytes: its reader of the arena, and its buffer for the files'.
+struct Read<'a> {
+    reader: &'a mut dyn ArenaReader,
+    buf: &'a mut [u8],
+}
+
 /// One tensor: its SHA-256 when every byte equals the arena's, `None` at the first
 /// difference (or when another thread found one).
 fn compare_tensor(
     job: &Reservation,
-    arena: &ArenaHandle,
     source: &ModelSource,
     planned: &PlannedTensor,
-    buf: &mut [u8],
+    read: Read<'_>,
     gate: &ChunkGate,
     stop: &AtomicBool,
 ) -> Result<Option<[u8; 32]>, CoreError> {
-    let shard = source.shards.get(planned.shard).ok_or_else(|| {
-        CoreError::Internal(format!(
-            "tensor '{}' names shard {} of {}",
-            planned.name,
-            planned.shard,
-            source.shards.len()
-        ))
-    })?;
+    let Read { reader, buf } = read;
+    let shard = shard_of(source, planned)?;
     let mut hasher = Sha256::new();
     let mut done = 0u64;
     while done < planned.byte_length {
@@ -142,22 +145,17 @@ fn compare_tensor(
         }
         let _slot = gate.enter();
         let step = usize::try_from(planned.byte_length - done)
-            .unwrap_or(CHUNK)
-            .min(CHUNK);
+            .unwrap_or(buf.len())
+            .min(buf.len());
         let at = planned.file_offset + done;
         let file_bytes = &mut buf[..step];
-        shard.file.read_exact_at(file_bytes, at).map_err(|e| {
-            CoreError::Weights(WeightsError::Io {
-                file: shard.display.clone(),
-                source: std::io::Error::new(
-                    e.kind(),
-                    format!("reading tensor '{}' at byte {at}: {e}", planned.name),
-                ),
-            })
-        })?;
+        shard
+            .file
+            .read_exact_at(file_bytes, at)
+            .map_err(|e| read_error(shard, planned, at, e))?;
         hasher.update(&*file_bytes);
-        let held = arena.read_at(planned.arena_offset + done, step).wait()?;
-        if held.as_slice() != &*file_bytes {
+        let held = reader.read(planned.arena_offset + done, step)?;
+        if held != &*file_bytes {
             return Ok(None);
         }
         done += step as u64;

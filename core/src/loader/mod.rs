@@ -45,7 +45,7 @@ use crate::model::{Manifest, TensorMeta};
 use crate::registry::Reservation;
 use crate::weights::error::WeightsError;
 use crate::weights::layout::{ALIGNMENT, Layout, PlannedTensor};
-use crate::weights::source::ModelSource;
+use crate::weights::source::{ModelSource, Shard};
 
 /// Threads a load uses by default: seven eighths of the machine's cores (the rest for the
 /// device thread, the runtime and the kernel's side of the reads), at least 1, at most 32.
@@ -392,29 +392,14 @@ fn copy_tensor(
     shared: &Shared<'_>,
     mut hasher: Option<Xxh3>,
 ) -> Result<u64, CoreError> {
-    let shard = source.shards.get(planned.shard).ok_or_else(|| {
-        CoreError::Internal(format!(
-            "tensor '{}' names shard {} of {}",
-            planned.name,
-            planned.shard,
-            source.shards.len()
-        ))
-    })?;
+    let shard = shard_of(source, planned)?;
     let staged = writer.staged();
     let direct = if staged {
         shared.direct_file(planned.shard, source)
     } else {
         None
     };
-    let io_error = |at: u64, e: std::io::Error| {
-        CoreError::Weights(WeightsError::Io {
-            file: shard.display.clone(),
-            source: std::io::Error::new(
-                e.kind(),
-                format!("reading tensor '{}' at byte {at}: {e}", planned.name),
-            ),
-        })
-    };
+    let io_error = |at: u64, e: std::io::Error| read_error(shard, planned, at, e);
     let mut done = 0u64;
     while done < planned.byte_length {
         check_cancel(job)?;
@@ -470,6 +455,29 @@ fn copy_tensor(
         job.progress.done.fetch_add(step as u64, Ordering::Relaxed);
     }
     Ok(hasher.map_or(0, |h| h.digest()))
+}
+
+/// The shard file `planned` is in.
+fn shard_of<'a>(source: &'a ModelSource, planned: &PlannedTensor) -> Result<&'a Shard, CoreError> {
+    source.shards.get(planned.shard).ok_or_else(|| {
+        CoreError::Internal(format!(
+            "tensor '{}' names shard {} of {}",
+            planned.name,
+            planned.shard,
+            source.shards.len()
+        ))
+    })
+}
+
+/// A failed read of `planned` at file offset `at`, naming the file and the tensor.
+fn read_error(shard: &Shard, planned: &PlannedTensor, at: u64, e: std::io::Error) -> CoreError {
+    CoreError::Weights(WeightsError::Io {
+        file: shard.display.clone(),
+        source: std::io::Error::new(
+            e.kind(),
+            format!("reading tensor '{}' at byte {at}: {e}", planned.name),
+        ),
+    })
 }
 
 fn check_cancel(job: &Reservation) -> Result<(), CoreError> {

@@ -24,7 +24,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use super::checksum::Ms64Kernel;
 use super::event::ReadyEvent;
 use super::sys;
-use crate::backend::{ArenaWriter, BackendKind, check_range};
+use crate::backend::{ArenaReader, ArenaWriter, BackendKind, check_range};
 use crate::error::{DeviceError, Result};
 use crate::export::{Export, Handles};
 use crate::thread::{Arena, ArenaHandle, DeviceCtx, Executor, OnDevice};
@@ -106,6 +106,23 @@ impl CudaArena {
         use std::os::fd::AsFd;
         let mem = sys::DeviceMemory::import_vmm(parts.ctx, fd.as_fd(), alloc_len, len)?;
         Self::assemble(parts, mem, Some(fd), true)
+    }
+
+    /// What a writer or reader copies with: the arena's memory on a stream of its own, and
+    /// the backend's staging pool (both released on the device thread).
+    fn copier(&self, this: &ArenaHandle) -> Result<Copier> {
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
+        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        let exec = this.executor();
+        let target = CopyTarget {
+            mem: self.mem.clone(),
+            stream,
+            sealed: self.sealed.clone(),
+        };
+        Ok((
+            Arc::new(OnDevice::new(target, exec.clone())),
+            Arc::new(OnDevice::new(self.staging.clone(), exec.clone())),
+        ))
     }
 
     fn assemble(
@@ -205,8 +222,7 @@ impl Arena for CudaArena {
     }
 
     fn writer(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaWriter + Send>> {
-        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
-        let stream = self.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        let (target, pool) = self.copier(this)?;
         let mut idle = Vec::with_capacity(STAGING_SLOTS);
         for _ in 0..STAGING_SLOTS {
             let pooled = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -221,24 +237,28 @@ impl Arena for CudaArena {
                 }
             }
         }
-        let exec = this.executor().clone();
         let (back_tx, back_rx) = mpsc::channel();
         Ok(Box::new(CudaWriter {
-            target: Arc::new(OnDevice::new(
-                CopyTarget {
-                    mem: self.mem.clone(),
-                    stream,
-                    sealed: self.sealed.clone(),
-                },
-                exec.clone(),
-            )),
-            pool: Arc::new(OnDevice::new(self.staging.clone(), exec.clone())),
-            exec,
+            exec: this.executor().clone(),
+            target,
+            pool,
             idle,
             current: None,
             in_flight: 0,
             back_tx: Some(back_tx),
             back_rx,
+        }))
+    }
+
+    fn reader(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaReader + Send>> {
+        let (target, pool) = self.copier(this)?;
+        let pooled = self.staging.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let staging = pooled.map_or_else(|| Staging::new(&self.ctx), Ok)?;
+        Ok(Box::new(CudaReader {
+            exec: this.executor().clone(),
+            target,
+            pool,
+            staging: Some(staging),
         }))
     }
 
@@ -317,8 +337,31 @@ struct CopyTarget {
     sealed: Arc<AtomicBool>,
 }
 
+/// A writer's or reader's copy target and the staging pool it returns buffers to.
+type Copier = (Arc<OnDevice<CopyTarget>>, Arc<OnDevice<StagingPool>>);
+
 /// A staging buffer coming back from the device thread, with how its copy went.
 type Returned = (Staging, Result<()>);
+
+/// Watches `staging`'s event (recorded after its copy) on the device thread, and sends the
+/// buffer back on `back` once the copy is done, with the event's error if it failed.
+fn send_back_when_done(ctx: &mut DeviceCtx, staging: Staging, back: mpsc::Sender<Returned>) {
+    let mut pending = Some(staging);
+    ctx.watch(Box::new(move || {
+        let Some(s) = pending.as_ref() else {
+            return true;
+        };
+        let result = match s.done.is_done() {
+            Ok(false) => return false,
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Some(s) = pending.take() {
+            let _ = back.send((s, result));
+        }
+        true
+    }));
+}
 
 /// Loads through pinned staging buffers: a read fills one buffer while earlier buffers are
 /// being copied to the device (see the module docs).
@@ -416,21 +459,7 @@ impl ArenaWriter for CudaWriter {
             };
             match enqueue(&staging) {
                 Ok(()) => {
-                    let mut pending = Some(staging);
-                    ctx.watch(Box::new(move || {
-                        let Some(s) = pending.as_ref() else {
-                            return true;
-                        };
-                        let result = match s.done.is_done() {
-                            Ok(false) => return false,
-                            Ok(true) => Ok(()),
-                            Err(e) => Err(e),
-                        };
-                        if let Some(s) = pending.take() {
-                            let _ = back.send((s, result));
-                        }
-                        true
-                    }));
+                    send_back_when_done(ctx, staging, back);
                     Ok(())
                 }
                 Err(e) => {
@@ -444,6 +473,70 @@ impl ArenaWriter for CudaWriter {
 
     fn finish(mut self: Box<Self>) -> Result<()> {
         self.drain()
+    }
+}
+
+/// Reads an arena back through a pinned buffer of its own: each read's copy is submitted to
+/// the device thread, which enqueues it on the reader's stream and watches its event (never
+/// blocking on it); the buffer comes back when the copy is done.
+#[derive(Debug)]
+struct CudaReader {
+    exec: Executor,
+    target: Arc<OnDevice<CopyTarget>>,
+    pool: Arc<OnDevice<StagingPool>>,
+    /// The buffer, while it is here (not with a copy in flight).
+    staging: Option<Staging>,
+}
+
+impl ArenaReader for CudaReader {
+    fn capacity(&self) -> usize {
+        STAGING_BYTES
+    }
+
+    fn read(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
+        let staging = self.staging.take().ok_or(DeviceError::Protocol {
+            reason: "a reader lost its buffer".into(),
+        })?;
+        let target = self.target.clone();
+        let (back, returned) = mpsc::channel::<Returned>();
+        let queued = self.exec.call(move |ctx: &mut DeviceCtx| {
+            let mut staging = staging;
+            let enqueue = |staging: &mut Staging| -> Result<()> {
+                let t = target.get()?;
+                t.mem.read_async(offset, &mut staging.buf, len, &t.stream)?;
+                staging.done.record(&t.stream)
+            };
+            match enqueue(&mut staging) {
+                Ok(()) => {
+                    send_back_when_done(ctx, staging, back);
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = back.send((staging, Err(e)));
+                    Ok(())
+                }
+            }
+        });
+        queued.wait()?;
+        let (staging, result) = returned.recv().map_err(|_| DeviceError::ThreadGone)?;
+        let staging = self.staging.insert(staging);
+        result?;
+        Ok(&staging.buf.as_mut_slice()[..len])
+    }
+}
+
+impl Drop for CudaReader {
+    fn drop(&mut self) {
+        let Some(staging) = self.staging.take() else {
+            return;
+        };
+        // Back to the backend's pool, on the device thread.
+        let pool = self.pool.clone();
+        self.exec.hand_over(vec![staging], move |_, bufs| {
+            if let Ok(pool) = pool.get() {
+                pool.lock().unwrap_or_else(|e| e.into_inner()).extend(bufs);
+            }
+        });
     }
 }
 

@@ -8,7 +8,7 @@ use rustix::fs::SealFlags;
 use rustix::io::Errno;
 
 use super::memfd::{copy_by_pread, create_memfd, memfd_name, pwrite_all};
-use crate::backend::{ArenaWriter, BufferedWriter, check_range};
+use crate::backend::{ArenaReader, ArenaWriter, BufferedReader, BufferedWriter, check_range};
 use crate::error::{DeviceError, Result};
 use crate::export::Export;
 use crate::sys::SealedMapping;
@@ -146,6 +146,14 @@ impl Arena for HostArena {
         )))
     }
 
+    /// `pread` on the caller's thread, from a descriptor of its own: no device work.
+    fn reader(&self, _this: &ArenaHandle) -> Result<Box<dyn ArenaReader + Send>> {
+        let (fd, len) = (self.dup()?, self.len);
+        Ok(Box::new(BufferedReader::new(
+            move |offset, buf: &mut [u8]| pread_all(&fd, offset, buf, len),
+        )))
+    }
+
     fn peer_source(&self, _to: Option<usize>) -> Result<crate::PeerSource> {
         if !self.is_sealed() {
             return Err(DeviceError::NotSealed);
@@ -205,16 +213,21 @@ impl Arena for HostArena {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_range("read", offset, buf.len(), self.len)?;
-        let mut done = 0;
-        while done < buf.len() {
-            match rustix::io::pread(&self.fd, &mut buf[done..], offset + done as u64) {
-                Ok(0) => return Err(DeviceError::io("pread from the arena", Errno::IO)),
-                Ok(n) => done += n,
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(DeviceError::io("pread from the arena", e)),
-            }
-        }
-        Ok(())
+        pread_all(&self.fd, offset, buf, self.len)
     }
+}
+
+/// Fills `buf` from `fd` (an arena of `len` bytes) at `offset`.
+fn pread_all(fd: &OwnedFd, offset: u64, buf: &mut [u8], len: u64) -> Result<()> {
+    check_range("read", offset, buf.len(), len)?;
+    let mut done = 0;
+    while done < buf.len() {
+        match rustix::io::pread(fd, &mut buf[done..], offset + done as u64) {
+            Ok(0) => return Err(DeviceError::io("pread from the arena", Errno::IO)),
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(DeviceError::io("pread from the arena", e)),
+        }
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{Arena, ArenaHandle, Executor, OnDevice, Reply};
-use crate::backend::{ArenaWriter, BackendKind};
+use crate::backend::{ArenaReader, ArenaWriter, BackendKind};
 use crate::error::Result;
 use crate::export::Export;
 
@@ -122,6 +122,12 @@ impl ArenaHandle {
     pub fn writer(&self) -> Reply<Box<dyn ArenaWriter + Send>> {
         let me = self.clone();
         self.exec.call(move |_| me.inner.get()?.writer(&me))
+    }
+
+    /// A reader for one thread comparing bytes with the arena's (see [`ArenaReader`]).
+    pub fn reader(&self) -> Reply<Box<dyn ArenaReader + Send>> {
+        let me = self.clone();
+        self.exec.call(move |_| me.inner.get()?.reader(&me))
     }
 
     /// The device ordinal the arena is on (CUDA), from its device thread.

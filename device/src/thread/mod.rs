@@ -37,7 +37,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, mpsc};
 use std::thread::ThreadId;
 
-use crate::backend::{ArenaWriter, BufferedWriter, DeviceInfo};
+use crate::backend::{ArenaReader, ArenaWriter, BufferedReader, BufferedWriter, DeviceInfo};
 use crate::error::{DeviceError, Result};
 use crate::export::Export;
 
@@ -123,6 +123,20 @@ pub trait Arena: Send + Sync + std::fmt::Debug {
         let arena = this.clone();
         Ok(Box::new(BufferedWriter::new(
             move |offset, bytes: &[u8]| arena.write_at(offset, bytes.to_vec()).wait(),
+        )))
+    }
+
+    /// A reader for one thread comparing bytes with the arena's (`this` is the server's
+    /// handle to this arena). The default asks the device thread's [`Arena::read_at`] for
+    /// every chunk.
+    fn reader(&self, this: &ArenaHandle) -> Result<Box<dyn ArenaReader + Send>> {
+        let arena = this.clone();
+        Ok(Box::new(BufferedReader::new(
+            move |offset, buf: &mut [u8]| {
+                let bytes = arena.read_at(offset, buf.len()).wait()?;
+                buf.copy_from_slice(&bytes);
+                Ok(())
+            },
         )))
     }
 

@@ -164,6 +164,40 @@ impl DeviceMemory {
         .map_err(driver("cuMemcpyHtoDAsync"))
     }
 
+    /// Asynchronous copy of `len` bytes at `offset` into the start of `dst` on `stream`. The
+    /// caller must not read `dst` until work recorded after this on `stream` has completed.
+    pub fn read_async(
+        &self,
+        offset: u64,
+        dst: &mut Pinned,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        check("read", offset, len, self.len)?;
+        if len > dst.len {
+            return Err(DeviceError::OutOfRange {
+                op: "read back",
+                offset: 0,
+                len: len as u64,
+                arena_len: dst.len as u64,
+            });
+        }
+        bind(&self.ctx)?;
+        // SAFETY: the source range lies inside this allocation and `len` fits `dst` (both
+        // checked above); `dst` is pinned memory that outlives the copy (its owner waits for
+        // the copy's event before reading, reusing or freeing it).
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.ptr.cast::<c_void>(),
+                self.ptr + offset,
+                len,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(driver("cuMemcpyDtoHAsync"))
+    }
+
     /// Synchronous copy from `offset` into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         check("read", offset, dst.len(), self.len)?;
