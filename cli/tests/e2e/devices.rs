@@ -9,13 +9,29 @@ use safetensors::Dtype;
 
 use crate::common::*;
 
+/// Models `a`, `b` and `c` of one layout and different bytes (loads of the same bytes share
+/// one arena), and `a-copy`, `a`'s bytes again.
 fn two_models(root: &std::path::Path) {
-    for name in ["a", "b", "c"] {
+    for (seed, name) in ["a", "b", "c"].iter().enumerate() {
         write_safetensors(
             &root.join(name).join("model.safetensors"),
-            &[t("w", Dtype::F32, &[256, 256], 1)],
+            &[t("w", Dtype::F32, &[256, 256], seed as u64 + 1)],
         );
     }
+    write_safetensors(
+        &root.join("a-copy").join("model.safetensors"),
+        &[t("w", Dtype::F32, &[256, 256], 1)],
+    );
+}
+
+/// A server of two host devices of 300 000 bytes each (`--max-device-bytes`): room for one of
+/// `two_models`' 256 KiB models per device.
+async fn two_capped_devices() -> Server {
+    Server::start_with(
+        &["--host-devices", "2", "--max-device-bytes", "300000"],
+        two_models,
+    )
+    .await
 }
 
 /// A worker session that says it computes on the device `uuid`.
@@ -109,16 +125,43 @@ async fn loads_are_placed_over_the_devices() {
     assert_eq!(s.arenas, 4);
 }
 
+/// The same bytes under another name, on a server of several devices: with no device named
+/// the load goes where those bytes are and shares them, even on a device at its
+/// `--max-device-bytes` (it needs no room); named onto another device it is a copy there.
+/// Fails if a load that shares is refused by the cap, or placed away from the memory.
+#[tokio::test]
+async fn the_same_bytes_go_where_they_are() {
+    let server = two_capped_devices().await;
+    let mut admin = server.admin().await;
+    let a = load_on(&mut admin, "a", "a", &["1"], 0).await.unwrap();
+    assert_eq!(a.devices, ["host-1"]);
+    let twin = load_on(&mut admin, "twin", "a-copy", &[], 0).await.unwrap();
+    assert_eq!(twin.devices, ["host-1"], "{twin:?}");
+    assert!(twin.shares_memory, "{twin:?}");
+    let elsewhere = load_on(&mut admin, "elsewhere", "a-copy", &["0"], 0)
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.devices, ["host"]);
+    assert!(!elsewhere.shares_memory, "{elsewhere:?}");
+    let s = stats(&mut admin).await;
+    let arenas: Vec<u32> = s.devices.iter().map(|d| d.arenas).collect();
+    assert_eq!(arenas, [1, 1], "one arena on each device: {s:?}");
+    // A third of a's bytes named onto host-1 shares too; b there (other bytes) does not fit.
+    let third = load_on(&mut admin, "third", "a", &["host-1"], 0)
+        .await
+        .unwrap();
+    assert!(third.shares_memory, "{third:?}");
+    let e = load_on(&mut admin, "b", "b", &["host-1"], 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+}
+
 /// `--max-device-bytes` caps each device: placement skips a full one, and a load named onto
 /// it is RESOURCE_EXHAUSTED.
 #[tokio::test]
 async fn a_full_device_is_skipped_or_refused() {
-    // One model is 256 KiB: room for one per device.
-    let server = Server::start_with(
-        &["--host-devices", "2", "--max-device-bytes", "300000"],
-        two_models,
-    )
-    .await;
+    let server = two_capped_devices().await;
     let mut admin = server.admin().await;
     let a = load_on(&mut admin, "a", "a", &["1"], 0).await.unwrap();
     assert_eq!(a.devices, ["host-1"]);

@@ -260,7 +260,9 @@ impl Admission {
         // the same bytes: on its device, so the load needs no free memory (unless the bytes
         // differ, when it reserves and copies as any other).
         let share = if hint.is_none() && !load_for.only_adopted {
-            arena_to_share(&host, &caller, &load_for, &manifest)
+            arenas_to_share(&host, &caller, &load_for, &manifest)
+                .into_iter()
+                .find(|s| loader::sample_matches(&s.arena, &src, &plan))
         } else {
             None
         };
@@ -300,6 +302,7 @@ impl Admission {
             &uuids,
             keep_previous,
             claim,
+            share.is_some(),
         )?;
         Ok(Admitted {
             reservation,
@@ -313,17 +316,17 @@ impl Admission {
     }
 }
 
-/// The memory a load of `manifest` may share ([`Registry::arena_to_share`]), where the load
+/// The memory a load of `manifest` may share ([`Registry::arenas_to_share`]), where the load
 /// wants one copy: on the device it names, else wherever that memory is.
-fn arena_to_share(
+fn arenas_to_share(
     host: &Host,
     caller: &Caller,
     load_for: &LoadFor,
     manifest: &crate::model::Manifest,
-) -> Option<SharedArena> {
+) -> Vec<SharedArena> {
     let wanted = &load_for.placement;
     if wanted.replicas > 1 || wanted.devices.len() > 1 {
-        return None;
+        return Vec::new();
     }
     let on = if wanted.devices.is_empty() {
         None
@@ -336,19 +339,21 @@ fn arena_to_share(
             None,
             manifest.arena_bytes,
             false,
-        )
-        .ok()?;
-        Some(named.first()?.uuid().to_owned())
+        );
+        match named.ok().as_deref() {
+            Some([device, ..]) => Some(device.uuid().to_owned()),
+            _ => return Vec::new(),
+        }
     };
-    host.registry
-        .arena_to_share(
-            caller,
-            load_for,
-            manifest,
-            host.config.share_identical,
-            on.as_deref(),
-        )
-        .filter(|s| host.devices.get(&s.device).is_some())
+    let mut found = host.registry.arenas_to_share(
+        caller,
+        load_for,
+        manifest,
+        host.config.share_identical,
+        on.as_deref(),
+    );
+    found.retain(|s| host.devices.get(&s.device).is_some());
+    found
 }
 
 /// An admitted load's task: adopts the memory a worker kept, or allocates the arena and

@@ -66,6 +66,9 @@ pub(super) async fn take(
                 "the files differ from memory of the same layout: loading a copy"
             );
             copy.reservation.progress.done.store(0, Ordering::Relaxed);
+            if let Err(e) = registry.device_room_now(&model, version) {
+                return fail(e);
+            }
             let (devices, device) = (devices.clone(), device.clone());
             let bytes = copy.reservation.manifest.arena_bytes;
             let name = model.clone();

@@ -24,6 +24,10 @@ use crate::weights::source::ModelSource;
 /// The bytes a thread reads and compares at once.
 const CHUNK: usize = 4 << 20;
 
+/// Tensors [`sample_matches`] looks at, at most, and the bytes at each end of each.
+const SAMPLED_TENSORS: usize = 64;
+const SAMPLE_BYTES: u64 = 4096;
+
 /// What [`compare`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Compared {
@@ -122,6 +126,36 @@ pub fn compare(
 struct Read<'a> {
     reader: &'a mut dyn ArenaReader,
     buf: &'a mut [u8],
+}
+
+/// Whether a sample of `source`'s tensors, as `layout` places them, equals `arena`'s bytes:
+/// the first and last 4 KiB of up to 64 tensors spread over the layout. Cheap (a few hundred
+/// KiB), so that a load of the same layout and other bytes (another fine-tune of one
+/// architecture) is not taken for a load of these bytes: it is placed and copied as any
+/// other, without a comparison of every byte first. A read that fails says no.
+pub fn sample_matches(arena: &ArenaHandle, source: &ModelSource, layout: &Layout) -> bool {
+    let Ok(mut reader) = arena.reader().wait() else {
+        return false;
+    };
+    let count = layout.tensors.len();
+    let step = count.div_ceil(SAMPLED_TENSORS).max(1);
+    let mut buf = vec![0u8; SAMPLE_BYTES as usize];
+    layout.tensors.iter().step_by(step).all(|planned| {
+        let Ok(shard) = shard_of(source, planned) else {
+            return false;
+        };
+        let len = planned.byte_length.min(SAMPLE_BYTES);
+        [0, planned.byte_length - len].iter().all(|&at| {
+            let file_bytes = &mut buf[..len as usize];
+            shard
+                .file
+                .read_exact_at(file_bytes, planned.file_offset + at)
+                .is_ok()
+                && reader
+                    .read(planned.arena_offset + at, len as usize)
+                    .is_ok_and(|held| held == &*file_bytes)
+        })
+    })
 }
 
 /// One tensor: its SHA-256 when every byte equals the arena's, `None` at the first

@@ -29,7 +29,7 @@
 mod compare;
 mod gate;
 
-pub use compare::{Compared, compare};
+pub use compare::{Compared, compare, sample_matches};
 pub use gate::ChunkGate;
 
 use std::fs::File;

@@ -133,6 +133,7 @@ impl Registry {
         devices: &[String],
         keep_previous: bool,
         claim: LoadClaim,
+        shares: bool,
     ) -> Result<Reservation, CoreError> {
         let Some((device, replicas)) = devices.split_first() else {
             return Err(CoreError::Internal("a load placed on no device".into()));
@@ -163,6 +164,7 @@ impl Registry {
             replicas,
             keep_previous,
             claim: &claim,
+            shares,
         };
         let (version, generation) = {
             let mut st = self.lock();

@@ -1,5 +1,5 @@
 //! One arena for versions that hold the same bytes: finding a version whose memory a load
-//! may take instead of a copy of its own ([`Registry::arena_to_share`]), and handing that
+//! may take instead of a copy of its own ([`Registry::arenas_to_share`]), and handing that
 //! memory to the new version once its files compared equal to it ([`Registry::share_arena`]).
 //!
 //! A shared arena is one memory under two names: each version keeps its own owner, access,
@@ -14,6 +14,7 @@ use modelshare_device::ArenaHandle;
 use super::Registry;
 use super::state::State;
 use super::types::{LoadFor, VersionKey};
+use crate::error::CoreError;
 use crate::model::{Manifest, VersionState};
 use crate::tenants::Caller;
 use crate::tenants::policy::{ShareIdentical, may_share_memory};
@@ -34,24 +35,27 @@ pub struct SharedArena {
 }
 
 impl Registry {
-    /// A ready version's arena that a load of `manifest` as `model` (by `caller`, for
-    /// `load_for`) may share under `rule`: the same tensors at the same offsets, on `device`
-    /// where one is given, and allowed by [`may_share_memory`] between the new version's
-    /// owner and the holder's. `None` where there is none, or the load would be refused
-    /// anyway (its reservation then says why).
-    pub fn arena_to_share(
+    /// The ready versions' arenas that a load of `manifest` (by `caller`, for `load_for`) may
+    /// share under `rule`: the same tensors at the same offsets, on `device` where one is
+    /// given, and allowed by [`may_share_memory`] between the new version's owner and the
+    /// holder's; one per arena. None where the load would be refused anyway (its reservation
+    /// then says why).
+    pub fn arenas_to_share(
         &self,
         caller: &Caller,
         load_for: &LoadFor,
         manifest: &Manifest,
         rule: ShareIdentical,
         device: Option<&str>,
-    ) -> Option<SharedArena> {
+    ) -> Vec<SharedArena> {
+        let mut found: Vec<SharedArena> = Vec::new();
         if rule == ShareIdentical::Off {
-            return None;
+            return found;
         }
         let st = self.lock();
-        let (owner, _) = st.resolve_owner(caller, load_for, &manifest.model).ok()?;
+        let Ok((owner, _)) = st.resolve_owner(caller, load_for, &manifest.model) else {
+            return found;
+        };
         for (name, rec) in &st.models {
             for (number, v) in &rec.versions {
                 if v.state != VersionState::Ready || !same_layout(&v.manifest, manifest) {
@@ -78,7 +82,10 @@ impl Registry {
                     ) {
                         continue;
                     }
-                    return Some(SharedArena {
+                    if found.iter().any(|f| f.arena.same_arena(arena)) {
+                        continue;
+                    }
+                    found.push(SharedArena {
                         holder: VersionKey {
                             model: name.clone(),
                             generation: rec.generation,
@@ -91,7 +98,7 @@ impl Registry {
                 }
             }
         }
-        None
+        found
     }
 
     /// Hands `shared`'s arena to the loading version `model`@`version`, whose files compared
@@ -106,6 +113,24 @@ impl Registry {
             v.arena = Some(shared.arena.clone());
             v.content_sha256 = Some(sha256);
         }
+    }
+}
+
+impl Registry {
+    /// Refuses a loading version that was to share memory and copies after all when its
+    /// device's arenas, its own bytes counted, are past `max_device_bytes` (the check its
+    /// reservation skipped).
+    pub fn device_room_now(&self, model: &str, version: u32) -> Result<(), CoreError> {
+        let st = self.lock();
+        let Some(v) = st.models.get(model).and_then(|m| m.versions.get(&version)) else {
+            return Ok(());
+        };
+        // Counted already (no arena yet: its reserved bytes), so nothing more is needed.
+        st.device_room(
+            std::iter::once(v.device.as_str()),
+            0,
+            self.limits.max_device_bytes,
+        )
     }
 }
 

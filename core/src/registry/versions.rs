@@ -32,6 +32,9 @@ pub(super) struct LoadRequest<'a> {
     pub(super) keep_previous: bool,
     /// The load's admission ([`super::Registry::authorize_load`]), not counted twice.
     pub(super) claim: &'a super::LoadClaim,
+    /// It may take memory already on its device (see `sharing`): the device's cap is checked
+    /// only if it copies after all ([`super::Registry::device_room_now`]).
+    pub(super) shares: bool,
 }
 
 impl std::fmt::Debug for LoadRequest<'_> {
@@ -80,7 +83,9 @@ impl State {
         // Placement chose under the cap from a snapshot; loads placed at the same time saw the
         // same one, so the cap is held here, under the lock.
         let devices = std::iter::once(req.device).chain(req.replicas.iter().map(String::as_str));
-        self.device_room(devices, manifest.arena_bytes, limits.max_device_bytes)?;
+        if !req.shares {
+            self.device_room(devices, manifest.arena_bytes, limits.max_device_bytes)?;
+        }
         self.total_room(bytes, limits.max_total_bytes)?;
         if let Some(tenant) = &owner {
             let quota = (req.quota_of)(tenant);

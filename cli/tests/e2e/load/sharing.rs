@@ -57,18 +57,24 @@ async fn describe(server: &Server, name: &str) -> pb::DescribeModelResponse {
 /// memfd in the server), both report sharing and the same SHA-256 (that of the files), a
 /// worker reads `beta`'s bytes right, and still does after `alpha` is unloaded; the memory
 /// goes with the last name. `gamma`, of the same layout with one byte changed, gets a copy of
-/// its own. Fails on a server that copies every load (a memfd per load) or shares on layout
-/// or checksums alone (gamma would read alpha's bytes).
+/// its own, found by the comparison of every byte; `delta`, whose first byte differs, is told
+/// apart by the sample at admission. Fails on a server that copies every load (a memfd per
+/// load) or shares on layout or checksums alone (gamma would read alpha's bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_files_under_two_names_share_one_arena() {
     let server = Server::start_with(&[], |root| {
         common::write_safetensors(&root.join("orig/model.safetensors"), &tensors());
         common::write_safetensors(&root.join("copy/model.safetensors"), &tensors());
+        // One byte in the middle of the largest tensor: past the sample a load takes at
+        // admission (each end of each tensor), found by the comparison of every byte.
         let mut other = tensors();
-        // The last byte of the largest tensor: the comparison reads it last.
-        let last = other[0].data.len() - 1;
-        other[0].data[last] ^= 1;
+        let middle = other[0].data.len() / 2;
+        other[0].data[middle] ^= 1;
         common::write_safetensors(&root.join("other/model.safetensors"), &other);
+        // Its first byte: the sample sees it, and the load is placed and copied at once.
+        let mut first = tensors();
+        first[0].data[0] ^= 1;
+        common::write_safetensors(&root.join("first/model.safetensors"), &first);
     })
     .await;
     let pid = server.pid();
@@ -134,6 +140,22 @@ async fn identical_files_under_two_names_share_one_arena() {
         "gamma",
         &[server.root.join("other/model.safetensors")],
     )
+    .await;
+    let delta = common::load(&mut admin, "delta", "first")
+        .await
+        .expect("delta");
+    assert!(!delta.shares_memory, "{delta:?}");
+    assert_eq!(memfd_fds(pid), arenas + 2);
+    assert_worker_sees(
+        &server,
+        "delta",
+        &[server.root.join("first/model.safetensors")],
+    )
+    .await;
+    unload(&mut admin, "delta").await;
+    common::eventually(Duration::from_secs(5), "delta's memory freed", || async {
+        memfd_fds(pid) == arenas + 1
+    })
     .await;
 
     // The memory outlives the name first loaded into it, and goes with the last.

@@ -122,6 +122,7 @@ fn begin(
         &[device.uuid().to_owned()],
         false,
         LoadClaim::default(),
+        false,
     )?;
     let arena = device.allocate(0, model).wait().expect("allocate");
     registry.set_arena(&r.model, r.version, arena);
@@ -160,6 +161,7 @@ fn reserve_on(
         &devices,
         false,
         LoadClaim::default(),
+        false,
     )
 }
 

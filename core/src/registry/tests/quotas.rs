@@ -89,6 +89,7 @@ fn a_load_counts_against_the_loads_quota_from_its_admission() {
             &[device.uuid().to_owned()],
             false,
             second,
+            false,
         )
         .expect("b reserved under its own admission");
     assert_eq!(registry.usage("t").loads, 1);

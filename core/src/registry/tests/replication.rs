@@ -263,6 +263,7 @@ fn a_tenants_stats_count_replicas_as_arenas() {
             &devices,
             false,
             LoadClaim::default(),
+            false,
         )
         .expect("reserve");
     let own = registry.stats(&tenant);
