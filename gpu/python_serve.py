@@ -533,7 +533,7 @@ def rows_on_minilm(args: argparse.Namespace, results: dict) -> None:
             workers.append(subprocess.Popen(
                 [sys.executable, os.path.join(ROOT, "workers", "python", "encoder_worker.py"), "--model", name,
                  "--server", server.address, "--name", name, "--credits", str(args.credits), "--max-batch-items", "64",
-                 "--stats"],
+                 "--stats", *(["--concurrency", str(args.concurrency)] if args.concurrency else [])],
                 stdout=open(os.path.join(args.out, f"encoder-{name}.log"), "w"), stderr=subprocess.STDOUT,
                 env=dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG="info")))
         for name in models:
@@ -573,7 +573,8 @@ def rows_on_minilm(args: argparse.Namespace, results: dict) -> None:
                 rows[name] = {"door_per_s": door, "alone_per_s": alone, "ratio": door / alone, "sentences": n,
                               "loads": loads}
             results["throughput"] = {"ok": all(r["ratio"] >= 0.9 for r in rows.values()), "models": rows,
-                                     "worker": f"1 process, credits {args.credits}, 64 items"}
+                                     "worker": f"1 process, credits {args.credits}, concurrency "
+                                               f"{args.concurrency or 'default (1)'}, 64 items"}
     finally:
         for p in workers:
             p.send_signal(signal.SIGTERM)
@@ -629,6 +630,7 @@ def main() -> int:
     ap.add_argument("--loads", default="16x8,32x16,8x64",
                     help="client loads of the door: processes x sentences per request, comma-separated")
     ap.add_argument("--credits", type=int, default=2, help="the encoder worker's credits")
+    ap.add_argument("--concurrency", type=int, help="the encoder worker's concurrency (default: the package's)")
     ap.add_argument("--sentences", default="20000,6000",
                     help="sentences per throughput pool: MiniLM, BERT-base (0: skip that model)")
     args = ap.parse_args()

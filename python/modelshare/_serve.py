@@ -455,7 +455,8 @@ def serve(
     model: Model | str,
     handler: Handler | None = None,
     *,
-    credits: int = 1,
+    credits: int = 2,
+    concurrency: int | None = None,
     max_batch_items: int = 32,
     max_batch_bytes: int = 0,
     accepts: Iterable[str] = ("text", "tensor"),
@@ -467,6 +468,8 @@ def serve(
     handle_signals: bool = True,
 ) -> None:
     """``Session.serve``: see its documentation."""
+    if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) < 1):
+        raise ValueError(f"concurrency must be at least 1 (batches run at once), not {concurrency!r}")
     if handler is None and on_version is None:
         raise TypeError("serve needs a handler, or on_version to build one for each version")
     stop = stop if stop is not None else Stop()
@@ -489,9 +492,11 @@ def serve(
     with signals:
         while True:
             adapter = _Adapter(handler, current)
+            running = concurrency if concurrency is not None else max(1, int(credits))
             try:
                 log.info("serving %s v%d", current.name, current.version)
-                reason = _native.serve(session._native, current._native, adapter, stop=stop, **options)
+                reason = _native.serve(session._native, current._native, adapter, stop=stop,
+                                       concurrency=running, **options)
             finally:
                 adapter.close()
             if reason is None:

@@ -130,7 +130,8 @@ class Session:
         model: Model | str,
         handler: Handler | None = None,
         *,
-        credits: int = 1,
+        credits: int = 2,
+        concurrency: int | None = None,
         max_batch_items: int = 32,
         max_batch_bytes: int = 0,
         accepts: Iterable[str] = ("text", "tensor"),
@@ -150,8 +151,9 @@ class Session:
         ``ValueError`` is INVALID_ARGUMENT, anything else INTERNAL). A handler that raises fails
         every item of its batch. It may be an ``async def``: its coroutines run on an event loop
         of their own. Batches run on threads of the package (never on the caller's), up to
-        ``credits`` at once, each holding the GIL only while in Python; heartbeats never wait
-        for a handler.
+        ``concurrency`` at once (default: ``credits``), each holding the GIL only while in
+        Python; any others held wait, ready, so the next starts as soon as one returns.
+        Heartbeats never wait for a handler.
 
         After a server restart the session reconnects, attaches the model again and serving
         resumes. When the server drains the stream (a new version was loaded, or it shuts down)
@@ -165,7 +167,11 @@ class Session:
             model: a :class:`Model` attached by this session, or a model's name (its latest
                 version is attached).
             handler: the handler; ``None``: ``on_version`` builds it, for the first version too.
-            credits: batches held at once (at most 1024).
+            credits: batches held at once (at most 1024): those running and those waiting.
+            concurrency: batches run at once, on threads of the handler's own (default:
+                ``credits``). Two at once let one batch's GPU wait and tokenization (outside the
+                GIL) overlap the other's Python; 1 runs them one after the other, the next one
+                held ready.
             max_batch_items: most items in one batch (at most 65536).
             max_batch_bytes: most input bytes in one batch (0: the server's most, 120 MiB).
             accepts: the input kinds taken: ``"text"`` (OpenAI ``input``), ``"tensor"``
@@ -190,6 +196,7 @@ class Session:
             model,
             handler,
             credits=credits,
+            concurrency=concurrency,
             max_batch_items=max_batch_items,
             max_batch_bytes=max_batch_bytes,
             accepts=accepts,

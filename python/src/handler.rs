@@ -1,54 +1,106 @@
 //! [`PyHandler`]: the SDK's [`Handler`] over a Python callable.
 //!
-//! Each batch runs on a thread of the runtime's blocking pool (`spawn_blocking`), which takes
-//! the GIL to call Python: the runtime's own threads, where the session's heartbeats and the
-//! serve stream run, never wait for Python, so a slow handler delays no heartbeat. Up to
-//! `credits` batches run at once, each on its own thread (they share the GIL, released by
-//! numpy, torch and I/O as usual).
+//! Batches run on `concurrency` threads of the handler's own, started with it and kept while
+//! it serves, each with one Python thread state for its life: the runtime's threads, where the
+//! session's heartbeats and the serve stream run, never wait for Python, and a slow handler
+//! delays no heartbeat. The same few threads and thread states run every batch, so what Python
+//! code and libraries keep per thread (`threading.local`, torch's per-thread state, its CPU
+//! thread pool and cuBLAS handles) is made once, not for each batch as on the runtime's
+//! blocking pool with a thread state per call.
+//! The batches held beyond `concurrency` (up to `credits`) wait in the queue, ready, so the
+//! next one starts as soon as a thread is free.
 //!
 //! The callable is `modelshare._serve`'s adapter around the user's handler: it takes
 //! `(batch_id, version, items)` and returns the answers in `outcome`'s form, having turned the
 //! user's exceptions into failed items. If it raises anyway, every item of the batch fails
 //! with INTERNAL and the exception is printed.
 
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, mpsc};
 
 use modelshare_worker::Handler;
 use modelshare_worker::serve::{Batch, ItemFailure, Outcome};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use tokio::sync::oneshot;
 
 use crate::item::Item;
 use crate::outcome::outcomes;
 
-/// A Python callable serving batches.
-#[derive(Debug, Clone)]
+/// A batch for a handler thread, and where its answers go.
+type Job = (Batch, oneshot::Sender<Vec<Outcome>>);
+
+/// A Python callable serving batches on threads of its own.
+#[derive(Debug)]
 pub(crate) struct PyHandler {
-    call: Arc<Py<PyAny>>,
+    /// The handler threads' queue; they end when it closes (the handler is dropped).
+    jobs: mpsc::Sender<Job>,
 }
 
 impl PyHandler {
-    pub(crate) fn new(call: Py<PyAny>) -> Self {
-        Self {
-            call: Arc::new(call),
+    /// `call` run on `concurrency` threads (at least 1), started now.
+    pub(crate) fn new(call: Py<PyAny>, concurrency: usize) -> std::io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        let call = Arc::new(call);
+        for i in 0..concurrency.max(1) {
+            let (queue, call) = (queue.clone(), call.clone());
+            std::thread::Builder::new()
+                .name(format!("modelshare-handler-{i}"))
+                .spawn(move || handler_thread(&queue, call))?;
         }
+        Ok(Self { jobs })
     }
+}
+
+/// One handler thread: runs batches from `queue` until it closes. It keeps one Python
+/// thread state for its life (the GIL released while it waits for a batch), so what Python
+/// code keeps per thread (`threading.local`, torch's per-thread state) lasts from one batch
+/// to the next.
+fn handler_thread(queue: &Mutex<mpsc::Receiver<Job>>, call: Arc<Py<PyAny>>) {
+    Python::attach(|py| {
+        loop {
+            // One thread waits on the queue at a time; the others wait for the lock.
+            let job = py.detach(|| queue.lock().unwrap_or_else(|e| e.into_inner()).recv());
+            let Ok((batch, answer)) = job else { break };
+            let items = batch.items.len();
+            let answers = std::panic::catch_unwind(AssertUnwindSafe(|| run(py, &call, batch)))
+                .unwrap_or_else(|_| {
+                    vec![
+                        Err(ItemFailure::internal(
+                            "the worker's handler thread failed".to_owned()
+                        ));
+                        items
+                    ]
+                });
+            // The caller may have stopped waiting (serving stopped): nothing to tell.
+            let _ = answer.send(answers);
+        }
+        // The callable's last reference, if this is it, goes with the GIL held.
+        drop(call);
+    });
 }
 
 impl Handler for PyHandler {
     async fn handle(&self, batch: Batch) -> Vec<Outcome> {
         let items = batch.items.len();
-        let call = self.call.clone();
-        match tokio::task::spawn_blocking(move || Python::attach(|py| run(py, &call, batch))).await
-        {
-            Ok(answers) => answers,
-            Err(e) => vec![
-                Err(ItemFailure::internal(format!(
-                    "the worker's handler thread failed: {e}"
-                )));
+        let (answer, answers) = oneshot::channel();
+        if self.jobs.send((batch, answer)).is_err() {
+            return vec![
+                Err(ItemFailure::internal(
+                    "the worker's handler threads are gone".to_owned()
+                ));
                 items
-            ],
+            ];
         }
+        answers.await.unwrap_or_else(|_| {
+            vec![
+                Err(ItemFailure::internal(
+                    "the worker's handler thread ended".to_owned()
+                ));
+                items
+            ]
+        })
     }
 }
 

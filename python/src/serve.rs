@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
 use modelshare_worker::serve::{Accepts, ServeEnd, ServeOptions};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
@@ -95,7 +95,7 @@ fn accepts(names: &[String]) -> PyResult<Accepts> {
 /// session, a refusal retrying cannot fix, the model gone after a reconnection, the session
 /// ended.
 #[pyfunction]
-#[pyo3(signature = (session, model, handler, *, stop, credits=1, max_batch_items=32, max_batch_bytes=0, accepts_kinds=vec!["text".to_owned(), "tensor".to_owned()], inputs=vec![], outputs=vec![], heartbeat_interval=None))]
+#[pyo3(signature = (session, model, handler, *, stop, credits=2, concurrency=1, max_batch_items=32, max_batch_bytes=0, accepts_kinds=vec!["text".to_owned(), "tensor".to_owned()], inputs=vec![], outputs=vec![], heartbeat_interval=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -104,6 +104,7 @@ pub(crate) fn serve(
     handler: Py<PyAny>,
     stop: &Stop,
     credits: u32,
+    concurrency: u32,
     max_batch_items: u32,
     max_batch_bytes: u64,
     accepts_kinds: Vec<String>,
@@ -111,6 +112,11 @@ pub(crate) fn serve(
     outputs: Vec<(String, String, Vec<i64>)>,
     heartbeat_interval: Option<f64>,
 ) -> PyResult<Option<String>> {
+    if concurrency == 0 {
+        return Err(PyValueError::new_err(
+            "concurrency must be at least 1 (batches run at once)",
+        ));
+    }
     let heartbeat_interval = heartbeat_interval
         .map(|s| {
             Duration::try_from_secs_f64(s).map_err(|_| {
@@ -132,7 +138,8 @@ pub(crate) fn serve(
     };
     let sdk = session.sdk()?;
     let lease = model.lease().clone();
-    let handler = PyHandler::new(handler);
+    let handler = PyHandler::new(handler, concurrency as usize)
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the handler's threads: {e}")))?;
     let served = wait_stoppable(py, &stop.token, async move {
         let served = sdk.serve(&lease, options, handler).await;
         // Dropped here, on the runtime (a last reference releases the lease).

@@ -230,6 +230,18 @@ def test_a_handler_that_raises_fails_its_batch_only(stack: Stack) -> None:
         assert embeddings(stack, ["fine"]).data[0].embedding == [0.0, 0.0]
 
 
+def two_at_once(stack: Stack) -> dict[str, list[float]]:
+    """Embeddings of "a" and "bb", asked at the same time by two clients."""
+    out: dict[str, list[float]] = {}
+    threads = [threading.Thread(target=lambda t=t: out.__setitem__(t, embeddings(stack, [t]).data[0].embedding))
+               for t in ("a", "bb")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
 def test_async_handler(stack: Stack) -> None:
     running = 0
     most = 0
@@ -242,16 +254,46 @@ def test_async_handler(stack: Stack) -> None:
         running -= 1
         return [{"embedding": np.full(3, len(t), dtype=np.float32)} for t in batch.texts]
 
-    out: dict[str, list[float]] = {}
     with serving(stack, handle, credits=2, max_batch_items=1):
-        threads = [threading.Thread(target=lambda t=t: out.__setitem__(t, embeddings(stack, [t]).data[0].embedding))
-                   for t in ("a", "bb")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        out = two_at_once(stack)
     assert out == {"a": [1.0] * 3, "bb": [2.0] * 3}
     assert most == 2, "two batches held at once run at once on the handler's event loop"
+
+
+@pytest.mark.parametrize("concurrency", [None, 1])
+def test_concurrency_bounds_the_batches_run_at_once(stack: Stack, concurrency: int | None) -> None:
+    """Two batches held (credits 2): by default both run at once; with concurrency 1 the second
+    waits, held, for the first to return."""
+    lock = threading.Lock()
+    running = 0
+    most = 0
+    spans: list[tuple[float, float]] = []
+
+    def handle(batch: modelshare.Batch):
+        nonlocal running, most
+        start = time.monotonic()
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.3)
+        with lock:
+            running -= 1
+        spans.append((start, time.monotonic()))
+        return [{"embedding": np.full(2, len(t), dtype=np.float32)} for t in batch.texts]
+
+    with serving(stack, handle, credits=2, concurrency=concurrency, max_batch_items=1):
+        out = two_at_once(stack)
+    assert out == {"a": [1.0] * 2, "bb": [2.0] * 2}
+    assert most == (concurrency or 2), spans
+    if concurrency == 1:
+        (_, first_end), (second_start, _) = sorted(spans)
+        assert second_start >= first_end, spans
+
+
+def test_concurrency_below_one_is_refused(stack: Stack) -> None:
+    with modelshare.Session.open(stack.address, name="bad-concurrency", token=ADMIN) as session:
+        with pytest.raises(ValueError, match="concurrency"):
+            session.serve("enc", lambda batch: [], concurrency=0, handle_signals=False)
 
 
 def test_the_handler_sees_a_cancelled_item(stack: Stack) -> None:

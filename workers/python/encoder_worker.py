@@ -26,7 +26,7 @@ Inputs: text (OpenAI ``input``; KServe BYTES ``text``), or token ids (KServe ``i
 INT32/INT64 ``[n]``). Output: ``embedding`` FP32 ``[hidden]`` and ``prompt_tokens``. Parameter
 ``dimensions`` (OpenAI's) is accepted only as the model's own size.
 
-Usage: encoder_worker.py --model NAME [--server ADDR] [--credits 2] [--max-batch-items 64]
+Usage: encoder_worker.py --model NAME [--server ADDR] [--credits 2] [--concurrency 1] [--max-batch-items 64]
                          [--pooling mean] [--normalize | --no-normalize] [--device cuda:0]
 ``Encoder`` (model files + tensors -> embeddings) is importable, so that a benchmark can run the
 same code in one process, without the server.
@@ -130,6 +130,8 @@ class Encoder:
             raise ValueError(f"pooling must be one of {POOLING}, not {self.pooling!r}")
         self.normalize = found_normalize if normalize is None else normalize
         self.max_tokens = self._max_tokens(files, config)
+        #: The GPU time of each batch's forward pass, in ms, when a list (``--stats``).
+        self.gpu_ms: list[float] | None = None
 
     def _max_tokens(self, files: Mapping[str, bytes], config: Any) -> int:
         st = _json(files, "sentence_bert_config.json") or {}
@@ -164,11 +166,20 @@ class Encoder:
             ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[i, : len(seq)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
+        timed = self.gpu_ms is not None and self.device.type == "cuda"
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         hidden = self.net(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         pooled = self._pool(hidden, mask)
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.cpu().numpy()
+        if timed:
+            end.record()
+        out = pooled.cpu().numpy()
+        if timed:
+            self.gpu_ms.append(start.elapsed_time(end))
+        return out
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = mask.unsqueeze(-1).to(hidden.dtype)
@@ -193,6 +204,7 @@ class Stats:
         self.batches = self.items = 0
         self.handler = self.model = 0.0
         self.first = self.last = None
+        self.gpu_ms: list[float] = []
 
     def add(self, items: int, start: float, model_start: float, end: float) -> None:
         self.batches += 1
@@ -207,8 +219,9 @@ class Stats:
             return "no batch"
         wall = (self.last - self.first) or 1e-9
         return (f"{self.batches} batches, {self.items / self.batches:.1f} items each; per batch: handler "
-                f"{self.handler / self.batches * 1e3:.2f} ms, of which the model {self.model / self.batches * 1e3:.2f} ms; "
-                f"handlers busy {self.handler / wall:.0%} of {wall:.1f} s")
+                f"{self.handler / self.batches * 1e3:.2f} ms, of which the model {self.model / self.batches * 1e3:.2f} ms"
+                + (f" ({sum(self.gpu_ms) / len(self.gpu_ms):.2f} ms on the GPU)" if self.gpu_ms else "")
+                + f"; handlers busy {self.handler / wall:.0%} of {wall:.1f} s")
 
 
 def handler_for(encoder: Encoder, stats: Stats | None = None):
@@ -278,7 +291,8 @@ def main() -> int:
     ap.add_argument("--name", default="python-encoder-worker", help="worker name shown by `modelshare ps`")
     ap.add_argument("--token", help="bearer token (else MODELSHARE_TOKEN)")
     ap.add_argument("--token-file", help="file holding the bearer token (else MODELSHARE_TOKEN_FILE)")
-    ap.add_argument("--credits", type=int, default=2, help="batches taken at once")
+    ap.add_argument("--credits", type=int, default=2, help="batches taken at once (running and waiting)")
+    ap.add_argument("--concurrency", type=int, help="batches run at once (default: the package's, one)")
     ap.add_argument("--max-batch-items", type=int, default=64, help="most items in one batch")
     ap.add_argument("--pooling", choices=POOLING, help="override the model's pooling")
     ap.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
@@ -295,13 +309,16 @@ def main() -> int:
         log.info("%s v%d: %s on %s, %s pooling%s, %d tokens at most", model.name, model.version,
                  type(encoder.net).__name__, encoder.device, encoder.pooling,
                  ", normalised" if encoder.normalize else "", encoder.max_tokens)
+        if stats is not None:
+            encoder.gpu_ms = stats.gpu_ms
         return handler_for(encoder, stats)
 
     try:
         with modelshare.Session.open(args.server, name=args.name, token=args.token, token_file=args.token_file,
                                      wait=None) as session:
             session.serve(
-                args.model, on_version=on_version, credits=args.credits, max_batch_items=args.max_batch_items,
+                args.model, on_version=on_version, credits=args.credits, concurrency=args.concurrency,
+                max_batch_items=args.max_batch_items,
                 inputs=[("text", "BYTES", [-1]), ("input_ids", "INT64", [-1])],
                 outputs=[("embedding", "FP32", [-1])],
             )

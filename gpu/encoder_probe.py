@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Where the Python encoder worker's batch time goes, beside the same ``Encoder`` alone (issue
+27's throughput row): the same 64-sentence batches of MiniLM's shape (random f16 weights),
+
+  file       ``Encoder`` over ``safetensors.torch.load_file`` tensors, in the main thread (the
+             row's anchor);
+  attached   ``Encoder`` over ``model.torch()`` of the server's copy, main thread;
+  gc frozen  the same after ``gc.freeze()``;
+  child      the attached loop in a process of its own, alone and beside the door's load;
+  door cN    the encoder worker through ``/v1/embeddings`` (8 clients x 64 sentences) with
+             concurrency N, its own ``--stats`` (handler, model and GPU time per batch) and the
+             CPU seconds of its threads, the server's and the clients'.
+
+Run on the GPU machine, with the carry of ``scripts/gpu-python``:
+    python3 gpu/encoder_probe.py --carry gpu-carry/pyserve --minilm gpu-carry/minilm-files --out "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers", "python"))
+
+import python_serve as ps  # noqa: E402
+
+
+def loop(encoder, pool: list[str], batch: int = 64) -> dict:
+    """Sentences per second and per-batch split (tokenize, model) of ``encoder`` over ``pool``."""
+    for i in range(0, 256, batch):
+        encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
+    tok = model = 0.0
+    encoder.gpu_ms = []
+    start = time.perf_counter()
+    for i in range(0, len(pool), batch):
+        t0 = time.perf_counter()
+        ids = sorted(encoder.tokenize(pool[i:i + batch]), key=len)
+        t1 = time.perf_counter()
+        encoder.embed_ids(ids)
+        tok += t1 - t0
+        model += time.perf_counter() - t1
+    wall = time.perf_counter() - start
+    n = (len(pool) + batch - 1) // batch
+    gpu = encoder.gpu_ms
+    encoder.gpu_ms = None
+    return {"per_s": len(pool) / wall, "batch_ms": wall / n * 1e3, "tokenize_ms": tok / n * 1e3,
+            "model_ms": model / n * 1e3, "gpu_ms": sum(gpu) / max(1, len(gpu))}
+
+
+def attached_child(args: argparse.Namespace) -> int:
+    """In a process of its own (the environment the parent gives it): the attached loop."""
+    import modelshare
+    from encoder_worker import Encoder
+
+    pool = ps.sentences(args.sentences)
+    with modelshare.Session.open(args.server, name="probe-child") as session:
+        model = session.attach("minilm")
+        encoder = Encoder(model.metadata, model.torch())
+        encoder.embed(pool[:64])
+        print("ready", flush=True)
+        before = thread_cpu(os.getpid())
+        result = loop(encoder, pool)
+        after = thread_cpu(os.getpid())
+        busy = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items()}
+        result["threads_s"] = dict(sorted(((k, v) for k, v in busy.items() if v >= 0.02), key=lambda kv: -kv[1]))
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of process ``pid`` so far, by ``name/tid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (its threads) so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def in_thread(fn):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn()))
+    t.start()
+    t.join()
+    return out["r"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carry", default="gpu-carry/pyserve")
+    ap.add_argument("--minilm", default="gpu-carry/minilm-files")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/encoder-probe"))
+    ap.add_argument("--bin")
+    ap.add_argument("--sentences", type=int, default=12000)
+    ap.add_argument("--role", default="main", help="main, or 'attached' (a child: the attached loop, printed)")
+    ap.add_argument("--server")
+    args = ap.parse_args()
+    if args.role == "attached":
+        return attached_child(args)
+    os.makedirs(args.out, exist_ok=True)
+    ps.setup(args)
+    import modelshare
+    import torch
+    from encoder_worker import Encoder
+    from safetensors.torch import load_file
+
+    root = tempfile.mkdtemp(prefix="probe-")
+    folder = os.path.join(root, "minilm")
+    shutil.copytree(args.minilm, folder)
+    ps.random_weights(folder)
+    files = {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+             for d, _, fs in os.walk(folder) for f in fs if f.endswith(".json")}
+    pool = ps.sentences(args.sentences)
+    results: dict = {"device": torch.cuda.get_device_name(0)}
+    file_encoder = Encoder(files, load_file(os.path.join(folder, "model.safetensors"), device="cuda:0"))
+    results["file"] = loop(file_encoder, pool)
+    server = ps.Server(args.bin, root, args.out, "probe")
+    try:
+        server.cli("load", "minilm", "minilm")
+        with modelshare.Session.open(server.address, name="probe") as session:
+            model = session.attach("minilm")
+            attached = Encoder(model.metadata, model.torch())
+            results["attached"] = loop(attached, pool)
+            import gc
+
+            gc.collect()
+            gc.freeze()
+            results["attached_gc_frozen"] = loop(attached, pool)
+            del attached, model
+        # The attached loop in a child process, with and without the library path the door's
+        # worker is started with.
+        for env_name, env in (("plain", dict(os.environ)),):
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", "attached", "--server",
+                                    server.address, "--sentences", str(args.sentences), "--carry", args.carry],
+                                   capture_output=True, text=True, env=env, timeout=300)
+            lines = [ln for ln in child.stdout.splitlines() if ln.startswith("{")]
+            results[f"child_{env_name}"] = json.loads(lines[-1]) if lines else {"error": child.stderr[-500:]}
+        for concurrency, env_name in ((1, "plain"), (2, "plain")):
+            log = os.path.join(args.out, f"encoder-c{concurrency}-{env_name}.log")
+            env = dict(os.environ, MODELSHARE_LOG="info")
+            worker = subprocess.Popen(
+                [sys.executable, os.path.join(ps.ROOT, "workers", "python", "encoder_worker.py"), "--model", "minilm",
+                 "--server", server.address, "--name", "minilm", "--credits", "2", "--concurrency", str(concurrency),
+                 "--max-batch-items", "64", "--stats"],
+                stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+            server.wait_serving("minilm", 1)
+            # Beside the first door run: the attached loop in a process of its own, at the same
+            # time (does the load slow the machine, or only the worker?).
+            beside = None
+            if concurrency == 1 and env_name == "plain":
+                beside = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "attached", "--server",
+                                           server.address, "--sentences", str(args.sentences), "--carry", args.carry],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                while beside.stdout.readline().strip() != "ready" and beside.poll() is None:
+                    pass
+            cpu0 = cpu_seconds(server.proc.pid), cpu_seconds(worker.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+            threads0 = thread_cpu(worker.pid)
+            door, mean_batch = ps.door_throughput(server, "minilm", pool, 8, 64)
+            threads1 = thread_cpu(worker.pid)
+            cpu1 = cpu_seconds(server.proc.pid), cpu_seconds(worker.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+            busy = {k: round(v - threads0.get(k, 0.0), 2) for k, v in threads1.items()}
+            busy = dict(sorted(((k, v) for k, v in busy.items() if v >= 0.02), key=lambda kv: -kv[1]))
+            clients = (cpu1[2].ru_utime + cpu1[2].ru_stime) - (cpu0[2].ru_utime + cpu0[2].ru_stime)
+            cpu = {"server_s": cpu1[0] - cpu0[0], "worker_s": cpu1[1] - cpu0[1], "clients_s": clients,
+                   "worker_threads_s": busy}
+            if beside is not None:
+                out, err = beside.communicate(timeout=300)
+                lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+                results["child_beside_door"] = json.loads(lines[-1]) if lines else {"error": err[-500:]}
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(60)
+            stats = [ln.split("stats: ", 1)[1].strip() for ln in open(log) if "stats: " in ln]
+            results[f"door_c{concurrency}_{env_name}"] = {"per_s": door, "mean_batch": mean_batch, "cpu": cpu,
+                                               "worker_stats": stats[-1] if stats else None}
+            time.sleep(1)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    with open(os.path.join(args.out, "encoder-probe.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    for k, v in results.items():
+        print(k, json.dumps(v) if isinstance(v, dict) else v)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
