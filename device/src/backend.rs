@@ -27,10 +27,11 @@ impl BackendKind {
         matches!(self, BackendKind::Host | BackendKind::CudaVmm)
     }
 
-    /// Whether a worker's mapping of this kind cannot write the memory (a sealed memfd mapped
-    /// read-only; a VMM mapping granted read access only). Legacy IPC mappings are writable.
-    pub fn read_only_mappings(self) -> bool {
-        matches!(self, BackendKind::Host | BackendKind::CudaVmm)
+    /// Whether no worker can write the memory, whatever code it runs: a sealed memfd. (A VMM
+    /// mapping is read-only as the SDK maps it, but the worker could import the descriptor
+    /// again with write access; legacy IPC mappings are writable.)
+    pub fn immutable_to_workers(self) -> bool {
+        matches!(self, BackendKind::Host)
     }
 }
 

@@ -365,7 +365,7 @@ class _Loop:
 
 
 class _Adapter:
-    """The callable ``_native.serve`` runs on each batch (on a thread of its blocking pool)."""
+    """The callable ``_native.serve`` runs on each batch (on one of the handler's threads)."""
 
     def __init__(self, handler: Handler, model: Model) -> None:
         if not callable(handler):

@@ -16,7 +16,9 @@
 //! with INTERNAL and the exception is printed.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use modelshare_worker::Handler;
 use modelshare_worker::serve::{Batch, ItemFailure, Outcome};
@@ -33,36 +35,84 @@ type Job = (Batch, oneshot::Sender<Vec<Outcome>>);
 /// A Python callable serving batches on threads of its own.
 #[derive(Debug)]
 pub(crate) struct PyHandler {
-    /// The handler threads' queue; they end when it closes (the handler is dropped).
+    /// The handler threads' queue.
     jobs: mpsc::Sender<Job>,
+}
+
+/// The handler's threads, joined by whoever started them once serving has ended.
+#[derive(Debug)]
+pub(crate) struct HandlerThreads {
+    closed: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl HandlerThreads {
+    /// Tells the threads to stop taking batches and waits for them to end (a batch running
+    /// is finished first). Call without the GIL: they need it to end.
+    pub(crate) fn join(self) {
+        self.closed.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
 }
 
 impl PyHandler {
     /// `call` run on `concurrency` threads (at least 1), started now.
-    pub(crate) fn new(call: Py<PyAny>, concurrency: usize) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        call: Py<PyAny>,
+        concurrency: usize,
+    ) -> std::io::Result<(Self, HandlerThreads)> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
         let call = Arc::new(call);
+        let closed = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
         for i in 0..concurrency.max(1) {
-            let (queue, call) = (queue.clone(), call.clone());
-            std::thread::Builder::new()
+            let (queue, call, stop) = (queue.clone(), call.clone(), closed.clone());
+            let started = std::thread::Builder::new()
                 .name(format!("modelshare-handler-{i}"))
-                .spawn(move || handler_thread(&queue, call))?;
+                .spawn(move || handler_thread(&queue, call, &stop));
+            match started {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    // Those started end at once.
+                    HandlerThreads { closed, threads }.join();
+                    return Err(e);
+                }
+            }
         }
-        Ok(Self { jobs })
+        Ok((Self { jobs }, HandlerThreads { closed, threads }))
     }
 }
 
-/// One handler thread: runs batches from `queue` until it closes. It keeps one Python
-/// thread state for its life (the GIL released while it waits for a batch), so what Python
-/// code keeps per thread (`threading.local`, torch's per-thread state) lasts from one batch
-/// to the next.
-fn handler_thread(queue: &Mutex<mpsc::Receiver<Job>>, call: Arc<Py<PyAny>>) {
+/// How often a waiting handler thread looks whether serving has ended.
+const CLOSED_CHECK: Duration = Duration::from_millis(50);
+
+/// One handler thread: runs batches from `queue` until it closes or `closed` is set. It keeps
+/// one Python thread state for its life (the GIL released while it waits for a batch), so
+/// what Python code keeps per thread (`threading.local`, torch's per-thread state) lasts from
+/// one batch to the next.
+fn handler_thread(queue: &Mutex<mpsc::Receiver<Job>>, call: Arc<Py<PyAny>>, closed: &AtomicBool) {
     Python::attach(|py| {
-        loop {
+        while !closed.load(Ordering::SeqCst) {
             // One thread waits on the queue at a time; the others wait for the lock.
-            let job = py.detach(|| queue.lock().unwrap_or_else(|e| e.into_inner()).recv());
-            let Ok((batch, answer)) = job else { break };
+            let job = py.detach(|| {
+                queue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .recv_timeout(CLOSED_CHECK)
+            });
+            let (batch, answer) = match job {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
+            // Its caller stopped waiting (the stream broke or serving stopped, and the server
+            // requeues its items): not run.
+            if answer.is_closed() {
+                continue;
+            }
             let items = batch.items.len();
             let answers = std::panic::catch_unwind(AssertUnwindSafe(|| run(py, &call, batch)))
                 .unwrap_or_else(|_| {
@@ -73,7 +123,6 @@ fn handler_thread(queue: &Mutex<mpsc::Receiver<Job>>, call: Arc<Py<PyAny>>) {
                         items
                     ]
                 });
-            // The caller may have stopped waiting (serving stopped): nothing to tell.
             let _ = answer.send(answers);
         }
         // The callable's last reference, if this is it, goes with the GIL held.

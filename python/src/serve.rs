@@ -88,6 +88,9 @@ fn accepts(names: &[String]) -> PyResult<Accepts> {
     Ok(kinds)
 }
 
+/// The most batches run at once (threads of the handler's), as the most credits.
+const MAX_CONCURRENCY: u32 = 1024;
+
 /// Serves the version of `model` attached now with `handler` (see `handler`) until the server
 /// drains the stream (returns the server's reason) or `stop` is stopped (returns None). A
 /// broken stream (a server restart) is offered again once the session has re-attached the
@@ -112,10 +115,10 @@ pub(crate) fn serve(
     outputs: Vec<(String, String, Vec<i64>)>,
     heartbeat_interval: Option<f64>,
 ) -> PyResult<Option<String>> {
-    if concurrency == 0 {
-        return Err(PyValueError::new_err(
-            "concurrency must be at least 1 (batches run at once)",
-        ));
+    if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
+        return Err(PyValueError::new_err(format!(
+            "concurrency must be 1 to {MAX_CONCURRENCY} (batches run at once, each on a thread), not {concurrency}"
+        )));
     }
     let heartbeat_interval = heartbeat_interval
         .map(|s| {
@@ -138,7 +141,7 @@ pub(crate) fn serve(
     };
     let sdk = session.sdk()?;
     let lease = model.lease().clone();
-    let handler = PyHandler::new(handler, concurrency as usize)
+    let (handler, threads) = PyHandler::new(handler, concurrency as usize)
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the handler's threads: {e}")))?;
     let served = wait_stoppable(py, &stop.token, async move {
         let served = sdk.serve(&lease, options, handler).await;
@@ -146,7 +149,11 @@ pub(crate) fn serve(
         drop(lease);
         drop(sdk);
         served
-    })?;
+    });
+    // The handler's threads end before `serve` returns (they need the GIL to end), so none
+    // outlives the call into an interpreter shutting down.
+    py.detach(|| threads.join());
+    let served = served?;
     match served {
         Ok(ServeEnd::Drained { reason }) => Ok(Some(reason)),
         Ok(ServeEnd::Stopped) => Ok(None),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import struct
 import threading
@@ -288,6 +289,35 @@ def test_concurrency_bounds_the_batches_run_at_once(stack: Stack, concurrency: i
     if concurrency == 1:
         (_, first_end), (second_start, _) = sorted(spans)
         assert second_start >= first_end, spans
+
+
+def handler_threads() -> list[str]:
+    """The names of this process's threads that are the handler's (``modelshare-handler-N``;
+    the kernel keeps 15 characters of a name)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+            if name.startswith("modelshare-hand"):
+                names.append(name)
+    return names
+
+
+def test_the_handler_threads_end_before_serve_returns(stack: Stack) -> None:
+    """The batches run on the handler's own threads (the same ones for every batch), and none
+    outlives ``serve``: one left would need the GIL of an interpreter that may be exiting."""
+    seen: set[int] = set()
+
+    def handle(batch: modelshare.Batch):
+        seen.add(threading.get_ident())
+        return [{"embedding": np.zeros(1, dtype=np.float32)} for _ in batch.items]
+
+    with serving(stack, handle, credits=2, concurrency=2, max_batch_items=1):
+        assert len(handler_threads()) == 2
+        for _ in range(4):
+            embeddings(stack, ["x"])
+    assert 1 <= len(seen) <= 2, seen
+    assert handler_threads() == []
 
 
 def test_concurrency_below_one_is_refused(stack: Stack) -> None:

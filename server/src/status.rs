@@ -39,6 +39,7 @@ pub fn from_core(e: CoreError) -> Status {
         CoreError::NoReadyVersion(_)
         | CoreError::WrongState { .. }
         | CoreError::FilesChanged { .. }
+        | CoreError::SharedMemory(_)
         | CoreError::NotOnDevice(_) => Code::FailedPrecondition,
         CoreError::LimitExceeded { .. } | CoreError::NoRoom { .. } | CoreError::NoDeviceRoom(_) => {
             Code::ResourceExhausted

@@ -54,6 +54,12 @@ pub enum CoreError {
         /// Its state.
         state: VersionState,
     },
+    /// The model's memory is also another model's (loads of the same bytes), whose callers
+    /// the change would make differ.
+    #[error(
+        "model '{0}' shares its memory with a model holding the same bytes that callers would then attach differently; unload it and load it again to change its access"
+    )]
+    SharedMemory(String),
     /// The version's arena is still being allocated; retry shortly.
     #[error("version {version} of model '{model}' is being allocated; retry shortly")]
     Allocating {

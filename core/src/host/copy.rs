@@ -24,6 +24,8 @@ pub(super) struct LoadCopy {
     pub(super) threads: usize,
     /// Hash on the CPU too where the device checksums (`load_cpu_hash`).
     pub(super) cpu_hash: bool,
+    /// Which loads of bytes a version already holds share its memory.
+    pub(super) share_identical: crate::tenants::policy::ShareIdentical,
     /// The server's chunk gate, shared with every other load.
     pub(super) gate: Arc<loader::ChunkGate>,
     /// When the load was asked for, and how long its arena took to allocate (for the log).
@@ -69,13 +71,7 @@ impl LoadCopy {
                 // memory by a restarted server (it loads from the files instead).
                 let record = self.held_record(&manifest);
                 registry.finish_load(&job.model, job.version, Ok(manifest));
-                if let Some(record) = record {
-                    let held = self.held.clone();
-                    match tokio::runtime::Handle::try_current() {
-                        Ok(rt) => drop(rt.spawn_blocking(move || held.remember(&record))),
-                        Err(_) => held.remember(&record),
-                    }
-                }
+                self.remember_later(record);
                 let secs = started.elapsed().as_secs_f64();
                 metrics.loads.with_label_values(&["ok"]).inc();
                 metrics.load_seconds.observe(secs);
@@ -105,22 +101,20 @@ impl LoadCopy {
     }
 
     /// Finishes a load whose files hold the bytes of `shared`'s memory (their SHA-256
-    /// `sha256`): the version takes that memory, with its checksums, and is ready.
+    /// `sha256`), handed to it already ([`Registry::share_arena`]): the version is ready with
+    /// that memory's checksums. It writes a held-memory record of its own, as a copy does, so
+    /// that a restarted server adopts it whatever became of the holder.
     pub(super) fn shared(
         self,
         shared: &SharedArena,
         sha256: [u8; 32],
     ) -> Result<VersionSnapshot, CoreError> {
         let job = &self.reservation;
-        let mut manifest = job.manifest.clone();
-        for (t, held) in manifest.tensors.iter_mut().zip(&shared.manifest.tensors) {
-            t.xxh3 = held.xxh3;
-            t.ms64 = held.ms64;
-        }
-        self.registry
-            .share_arena(&job.model, job.version, shared, sha256);
+        let manifest = manifest_for_record(&job.manifest, shared);
+        let record = self.held_record(&manifest);
         self.registry
             .finish_load(&job.model, job.version, Ok(manifest));
+        self.remember_later(record);
         self.metrics.loads.with_label_values(&["shared"]).inc();
         info!(
             model = %job.model,
@@ -166,6 +160,18 @@ impl LoadCopy {
             })
     }
 
+    /// Writes `record` (a file synced to disk, which can wait behind other files' writeback
+    /// for a long while) off this thread.
+    fn remember_later(&self, record: Option<HeldRecord>) {
+        if let Some(record) = record {
+            let held = self.held.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(move || held.remember(&record))),
+                Err(_) => held.remember(&record),
+            }
+        }
+    }
+
     /// Writes the held-memory record of the loaded version (kinds whose memory can outlive
     /// the server; a no-op otherwise).
     fn remember(&self, manifest: &Manifest) {
@@ -201,4 +207,14 @@ impl LoadCopy {
 /// `bytes` in lower-case hexadecimal.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The manifest of a version that shares `shared`'s memory, with that memory's checksums.
+fn manifest_for_record(planned: &Manifest, shared: &SharedArena) -> Manifest {
+    let mut manifest = planned.clone();
+    for (t, held) in manifest.tensors.iter_mut().zip(&shared.manifest.tensors) {
+        t.xxh3 = held.xxh3;
+        t.ms64 = held.ms64;
+    }
+    manifest
 }

@@ -99,6 +99,7 @@ impl Host {
             held: self.held.clone(),
             threads: self.config.load_threads,
             cpu_hash: self.config.load_cpu_hash,
+            share_identical: self.config.share_identical,
             gate: self.chunk_gate.clone(),
             requested,
             allocate_seconds: 0.0,
@@ -418,7 +419,8 @@ impl LoadTask {
             if let Some(tx) = allocated.take() {
                 let _ = tx.send(Ok(()));
             }
-            copy = match super::share::take(copy, shared, &devices, &device).await {
+            let rule = copy.share_identical;
+            copy = match super::share::take(copy, shared, rule, &devices, &device).await {
                 super::share::Outcome::Done(reply) => {
                     let _ = done.send(reply);
                     return;

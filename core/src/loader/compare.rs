@@ -108,11 +108,12 @@ pub fn compare(
             })
             .collect()
     });
+    // A load unloaded meanwhile is cancelled, whatever the bytes.
+    check_cancel(job)?;
     if let Some(tensor) = differs.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Ok(Compared::Differs { tensor });
     }
     results.into_iter().collect::<Result<Vec<()>, _>>()?;
-    check_cancel(job)?;
     let mut whole = Sha256::new();
     for d in digests.into_inner().unwrap_or_else(|e| e.into_inner()) {
         whole.update(d);

@@ -19,6 +19,7 @@
 
 mod claims;
 mod graveyard;
+mod holders;
 mod holds;
 mod leases;
 mod pending;
@@ -265,8 +266,14 @@ impl Registry {
     /// One version as it stands now.
     pub fn version_snapshot(&self, model: &str, version: u32) -> Option<VersionSnapshot> {
         let st = self.lock();
-        let v = st.models.get(model)?.versions.get(&version)?;
-        Some(snapshot_version(version, v, &st.shared_arenas()))
+        let rec = st.models.get(model)?;
+        let v = rec.versions.get(&version)?;
+        Some(snapshot_version(
+            version,
+            v,
+            rec.owner.as_deref(),
+            &st.holders(),
+        ))
     }
 
     /// Unloads one version (or all, with `None`). Versions without leases are freed at once,
@@ -410,11 +417,11 @@ impl Registry {
     /// Every model on record that `caller` may see.
     pub fn list(&self, caller: &Caller) -> Vec<ModelSnapshot> {
         let st = self.lock();
-        let shared = st.shared_arenas();
+        let holders = st.holders();
         st.models
             .iter()
             .filter(|(_, rec)| rec.visible_to(caller))
-            .map(|(name, rec)| snapshot_model(name, rec, &shared))
+            .map(|(name, rec)| snapshot_model(name, rec, &holders))
             .collect()
     }
 
@@ -433,13 +440,14 @@ impl Registry {
                 owner_text(rec.owner.as_deref())
             )));
         }
+        st.access_keeps_sharing(model, &access)?;
         let rec = st
             .models
             .get_mut(model)
             .ok_or_else(|| CoreError::ModelNotFound(model.to_owned()))?;
         rec.access = access;
         let rec = st.visible_model(caller, model)?;
-        Ok(snapshot_model(model, rec, &st.shared_arenas()))
+        Ok(snapshot_model(model, rec, &st.holders()))
     }
 
     /// One model, with the manifest of `version` (0: latest ready, else the newest).
@@ -466,7 +474,7 @@ impl Registry {
             .and_then(|v| rec.versions.get(&v))
             .filter(|r| r.state != VersionState::Failed)
             .map(|r| r.manifest.clone());
-        Ok((snapshot_model(model, rec, &st.shared_arenas()), manifest))
+        Ok((snapshot_model(model, rec, &st.holders()), manifest))
     }
 
     /// Registry-wide figures; a tenant's figures cover the models it may see and its own

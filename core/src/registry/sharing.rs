@@ -12,12 +12,13 @@ use std::sync::Arc;
 use modelshare_device::ArenaHandle;
 
 use super::Registry;
+use super::holders::Holders;
 use super::state::State;
 use super::types::{LoadFor, VersionKey};
 use crate::error::CoreError;
 use crate::model::{Manifest, VersionState};
-use crate::tenants::Caller;
-use crate::tenants::policy::{ShareIdentical, may_share_memory};
+use crate::tenants::policy::{ShareIdentical, may_change_access, may_share_memory};
+use crate::tenants::{Access, Caller};
 
 /// The memory of a ready version that a load of the same layout may share, once its files
 /// compare equal to these bytes.
@@ -56,6 +57,7 @@ impl Registry {
         let Ok((owner, _)) = st.resolve_owner(caller, load_for, &manifest.model) else {
             return found;
         };
+        let access = st.access_after_load(load_for, &manifest.model);
         for (name, rec) in &st.models {
             for (number, v) in &rec.versions {
                 if v.state != VersionState::Ready || !same_layout(&v.manifest, manifest) {
@@ -72,13 +74,11 @@ impl Registry {
                     if device.is_some_and(|d| !d.eq_ignore_ascii_case(on)) {
                         continue;
                     }
-                    let read_only = arena.kind().read_only_mappings();
                     if !may_share_memory(
                         rule,
-                        owner.as_deref(),
-                        rec.owner.as_deref(),
-                        &rec.access,
-                        read_only,
+                        (owner.as_deref(), &access),
+                        (rec.owner.as_deref(), &rec.access),
+                        arena.kind().immutable_to_workers(),
                     ) {
                         continue;
                     }
@@ -102,17 +102,59 @@ impl Registry {
     }
 
     /// Hands `shared`'s arena to the loading version `model`@`version`, whose files compared
-    /// equal to it (their SHA-256 `sha256`, recorded on both versions). The load is then
-    /// finished as any other ([`Registry::finish_load`]).
-    pub fn share_arena(&self, model: &str, version: u32, shared: &SharedArena, sha256: [u8; 32]) {
+    /// equal to it (their SHA-256 `sha256`), if `rule` still allows it between the two models
+    /// as they stand now (their access may have changed during the comparison) and the holder
+    /// still holds it; false otherwise (the load then copies). The digest is recorded on the
+    /// new version, and on the holder where both have one owner. The load is then finished as
+    /// any other ([`Registry::finish_load`]).
+    pub fn share_arena(
+        &self,
+        model: &str,
+        version: u32,
+        shared: &SharedArena,
+        sha256: [u8; 32],
+        rule: ShareIdentical,
+    ) -> bool {
         let mut st = self.lock();
-        if let Some(v) = st.version_of(&shared.holder) {
+        let Some(rec) = st.models.get(model) else {
+            return false;
+        };
+        let new = (rec.owner.clone(), rec.access.clone());
+        let Some(holder) = st
+            .models
+            .get(&shared.holder.model)
+            .filter(|m| m.generation == shared.holder.generation)
+        else {
+            return false;
+        };
+        let still_held = holder
+            .versions
+            .get(&shared.holder.version)
+            .is_some_and(|v| {
+                v.state.holds_arena()
+                    && v.arena
+                        .as_ref()
+                        .is_some_and(|a| a.same_arena(&shared.arena))
+            });
+        let allowed = may_share_memory(
+            rule,
+            (new.0.as_deref(), &new.1),
+            (holder.owner.as_deref(), &holder.access),
+            shared.arena.kind().immutable_to_workers(),
+        );
+        if !still_held || !allowed {
+            return false;
+        }
+        let same_owner = holder.owner == new.0;
+        if same_owner && let Some(v) = st.version_of(&shared.holder) {
             v.content_sha256 = Some(sha256);
         }
-        if let Some(v) = st.version_mut(model, version) {
-            v.arena = Some(shared.arena.clone());
-            v.content_sha256 = Some(sha256);
-        }
+        let Some(v) = st.version_mut(model, version) else {
+            return false;
+        };
+        v.arena = Some(shared.arena.clone());
+        v.content_sha256 = Some(sha256);
+        true
     }
 }
 
@@ -135,26 +177,75 @@ impl Registry {
 }
 
 impl State {
-    /// The arenas (by [`ArenaHandle::id`]) that more than one version holding memory holds.
-    pub(super) fn shared_arenas(&self) -> std::collections::HashSet<usize> {
-        let mut holders: HashMap<usize, u32> = HashMap::new();
-        for v in self.models.values().flat_map(|m| m.versions.values()) {
-            if !v.state.holds_arena() {
-                continue;
-            }
-            let arenas = v
-                .arena
-                .iter()
-                .chain(v.replicas.iter().filter_map(|r| r.arena.as_ref()));
-            for a in arenas {
-                *holders.entry(a.id()).or_default() += 1;
+    /// Who holds each arena that more than one version holding memory holds.
+    pub(super) fn holders(&self) -> Holders {
+        let mut all: HashMap<usize, Vec<(Option<String>, Access)>> = HashMap::new();
+        for rec in self.models.values() {
+            for v in rec.versions.values().filter(|v| v.state.holds_arena()) {
+                let arenas = v
+                    .arena
+                    .iter()
+                    .chain(v.replicas.iter().filter_map(|r| r.arena.as_ref()));
+                for a in arenas {
+                    all.entry(a.id())
+                        .or_default()
+                        .push((rec.owner.clone(), rec.access.clone()));
+                }
             }
         }
-        holders
-            .into_iter()
-            .filter(|(_, n)| *n > 1)
-            .map(|(id, _)| id)
-            .collect()
+        all.retain(|_, holders| holders.len() > 1);
+        Holders::new(all)
+    }
+
+    /// The access a model has once `load_for` loads a version of it: the access it asks for,
+    /// else the model's, else private.
+    pub(super) fn access_after_load(&self, load_for: &LoadFor, model: &str) -> Access {
+        load_for
+            .access
+            .clone()
+            .or_else(|| self.models.get(model).map(|r| r.access.clone()))
+            .unwrap_or_default()
+    }
+
+    /// Refuses `access` for `model` where one of its versions' memory is also held by a
+    /// version of another model that callers would then attach differently (device memory,
+    /// which a worker could write: see `tenants::policy`).
+    pub(super) fn access_keeps_sharing(
+        &self,
+        model: &str,
+        access: &Access,
+    ) -> Result<(), CoreError> {
+        let Some(rec) = self.models.get(model) else {
+            return Ok(());
+        };
+        let mine: Vec<&ArenaHandle> = rec
+            .versions
+            .values()
+            .filter(|v| v.state.holds_arena())
+            .filter_map(|v| v.arena.as_ref())
+            .collect();
+        for (_, other) in self
+            .models
+            .iter()
+            .filter(|(name, _)| name.as_str() != model)
+        {
+            let shared = other
+                .versions
+                .values()
+                .filter(|v| v.state.holds_arena())
+                .filter_map(|v| v.arena.as_ref())
+                .find(|a| mine.iter().any(|m| m.same_arena(a)));
+            if let Some(arena) = shared
+                && !may_change_access(
+                    arena.kind().immutable_to_workers(),
+                    (rec.owner.as_deref(), access),
+                    (other.owner.as_deref(), &other.access),
+                )
+            {
+                return Err(CoreError::SharedMemory(model.to_owned()));
+            }
+        }
+        Ok(())
     }
 }
 

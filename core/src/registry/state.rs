@@ -1,7 +1,9 @@
 //! The registry's state behind its one lock: model, version and session records, the lease
 //! store, and the queries every section shares (visibility, ownership, usage, snapshots).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use super::holders::Holders;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -335,12 +337,13 @@ impl State {
     }
 }
 
-/// `version` as reported; `shared` holds the arenas several versions hold
-/// ([`State::shared_arenas`]).
+/// `version` (of a model owned by `owner`) as reported; `holders` says who holds the arenas
+/// several versions hold ([`State::holders`]).
 pub(super) fn snapshot_version(
     version: u32,
     v: &VersionRecord,
-    shared: &HashSet<usize>,
+    owner: Option<&str>,
+    holders: &Holders,
 ) -> VersionSnapshot {
     VersionSnapshot {
         version,
@@ -361,16 +364,14 @@ pub(super) fn snapshot_version(
             .map(|r| (r.device.clone(), r.ready))
             .collect(),
         shares_memory: v.state.holds_arena()
-            && v.arena.as_ref().is_some_and(|a| shared.contains(&a.id())),
+            && v.arena
+                .as_ref()
+                .is_some_and(|a| holders.shared_for(a, owner)),
         content_sha256: v.content_sha256,
     }
 }
 
-pub(super) fn snapshot_model(
-    name: &str,
-    rec: &ModelRecord,
-    shared: &HashSet<usize>,
-) -> ModelSnapshot {
+pub(super) fn snapshot_model(name: &str, rec: &ModelRecord, holders: &Holders) -> ModelSnapshot {
     ModelSnapshot {
         owner: rec.owner.clone(),
         access: rec.access.clone(),
@@ -379,7 +380,7 @@ pub(super) fn snapshot_model(
         versions: rec
             .versions
             .iter()
-            .map(|(n, v)| snapshot_version(*n, v, shared))
+            .map(|(n, v)| snapshot_version(*n, v, rec.owner.as_deref(), holders))
             .collect(),
     }
 }

@@ -297,9 +297,11 @@ impl State {
                     &format!("version {v} of '{model}' was force-unloaded"),
                 );
             }
-            let shared = self.shared_arenas();
-            if let Some(rec) = self.models.get(model).and_then(|m| m.versions.get(&v)) {
-                out.push(snapshot_version(v, rec, &shared));
+            let holders = self.holders();
+            if let Some(m) = self.models.get(model)
+                && let Some(rec) = m.versions.get(&v)
+            {
+                out.push(snapshot_version(v, rec, m.owner.as_deref(), &holders));
             }
         }
         out

@@ -20,10 +20,14 @@
 //!   ([`load_owner`]).
 //! - Only the admin reloads the tenants file ([`may_reload_tenants`]).
 //! - A new version shares the memory of another version holding the same bytes
-//!   ([`may_share_memory`]) when both have one owner; across owners only where that version
-//!   is visible to the new one's owner (public, or shared with it) and workers' mappings are
-//!   read-only, unless the operator opted in to every owner (`share_identical = "any"`).
-//!   Otherwise a load that ends early would tell a tenant that someone holds those bytes.
+//!   ([`may_share_memory`]) only where that takes nothing from either: in device memory,
+//!   which a worker running hostile code can write (VMM's read-only mapping is the worker's
+//!   own to undo; legacy IPC mappings are writable), only between models that every caller
+//!   may attach alike (one owner and one access, or both public), so no one gains a way to
+//!   write the other's weights; in sealed host memory, which no worker can write, within one
+//!   owner or from a model the new owner may see (public, or shared with it), or between any
+//!   owners with the operator's opt-in (`share_identical = "any"`): otherwise a load that
+//!   ends early would tell a tenant that someone holds those bytes.
 //! - Whose inference requests a worker receives ([`worker_serves`]): a worker of the model's
 //!   owner (and the admin's, or any worker when no tenants are configured) serves every tenant
 //!   that may see the model; a worker of another tenant that may see it (shared or public)
@@ -144,27 +148,49 @@ pub enum ShareIdentical {
     Any,
 }
 
-/// Whether a new version owned by `owner` (`None`: the admin) may share the memory of a
-/// version owned by `holder` with `access`, where workers' mappings of that memory are
-/// `read_only` or not. Across owners never where a worker could write it.
+/// Whether a new version owned by `owner` (`None`: the admin) with `access` may share the
+/// memory of a version owned by `holder` with `holder_access`, where no worker can write that
+/// memory (`immutable`: a sealed memfd) or some could (device memory). See the module's rules.
 pub fn may_share_memory(
     rule: ShareIdentical,
-    owner: Option<&str>,
-    holder: Option<&str>,
-    access: &Access,
-    read_only: bool,
+    (owner, access): (Option<&str>, &Access),
+    (holder, holder_access): (Option<&str>, &Access),
+    immutable: bool,
 ) -> bool {
+    if rule == ShareIdentical::Off {
+        return false;
+    }
+    if !immutable {
+        // Whoever may attach either may attach both: sharing gives no one a way in.
+        return same_audience((owner, access), (holder, holder_access));
+    }
     match rule {
         ShareIdentical::Off => false,
-        _ if owner == holder => true,
-        _ if !read_only => false,
         ShareIdentical::Any => true,
         ShareIdentical::Visible => match owner {
+            _ if owner == holder => true,
             // The admin sees every model.
             None => true,
-            Some(tenant) => access.public || access.shared_with.contains(tenant),
+            Some(tenant) => holder_access.public || holder_access.shared_with.contains(tenant),
         },
     }
+}
+
+/// Whether a model owned by `owner` may take `access` while memory of it is also held by a
+/// model owned by `other` with `other_access`: always where no worker can write that memory
+/// (`immutable`), else only if every caller would still attach both alike.
+pub fn may_change_access(
+    immutable: bool,
+    (owner, access): (Option<&str>, &Access),
+    other: (Option<&str>, &Access),
+) -> bool {
+    immutable || same_audience((owner, access), other)
+}
+
+/// Whether every caller may attach a model owned by `a` with its access exactly when it may
+/// attach one owned by `b` with its own: one owner and one access, or both public.
+pub fn same_audience(a: (Option<&str>, &Access), b: (Option<&str>, &Access)) -> bool {
+    (a.1.public && b.1.public) || (a.0 == b.0 && a.1 == b.1)
 }
 
 /// Whether `caller` may reload the tenants file.
@@ -328,78 +354,62 @@ mod serving_tests {
         );
     }
 
-    /// Memory shared where it would leak that someone holds the bytes, or where another
-    /// owner's worker could write it; or not shared where it safely may be.
+    /// Memory shared where it would leak that someone holds the bytes, or give a tenant a way
+    /// to write another's weights; or not shared where it safely may be.
     #[test]
-    fn memory_is_shared_within_an_owner_from_visible_models_or_with_the_opt_in() {
+    fn memory_is_shared_only_where_it_gives_no_one_anything() {
         use ShareIdentical::{Any, Off, Visible};
         let access = |shared_with: &[&str], public| Access {
             shared_with: shared_with.iter().map(|t| (*t).to_owned()).collect(),
             public,
         };
-        let private = access(&[], false);
-        let shared_b = access(&["b"], false);
-        let public = access(&[], true);
-        // Off: never, even within one owner.
-        assert!(!may_share_memory(Off, Some("a"), Some("a"), &private, true));
-        // One owner: always, even where workers' mappings are writable.
-        assert!(may_share_memory(
+        let (private, shared_b, public) =
+            (access(&[], false), access(&["b"], false), access(&[], true));
+        let a = |acc| (Some("a"), acc);
+        let b = |acc| (Some("b"), acc);
+        let c = |acc| (Some("c"), acc);
+        // Off: never.
+        assert!(!may_share_memory(Off, a(&private), a(&private), true));
+        assert!(!may_share_memory(Off, a(&private), a(&private), false));
+        // Device memory (a worker could write it): only between equal audiences.
+        assert!(may_share_memory(Visible, a(&private), a(&private), false));
+        assert!(may_share_memory(Visible, b(&public), a(&public), false));
+        assert!(may_share_memory(Any, b(&public), a(&public), false));
+        assert!(!may_share_memory(Visible, a(&private), a(&public), false));
+        assert!(!may_share_memory(Visible, b(&private), a(&public), false));
+        assert!(!may_share_memory(Any, b(&private), a(&private), false));
+        assert!(!may_share_memory(
             Visible,
-            Some("a"),
-            Some("a"),
-            &private,
+            b(&shared_b),
+            a(&shared_b),
             false
         ));
-        assert!(may_share_memory(Visible, None, None, &private, false));
-        // Another owner's private model: only with the opt-in.
-        assert!(!may_share_memory(
-            Visible,
-            Some("b"),
-            Some("a"),
-            &private,
-            true
-        ));
-        assert!(may_share_memory(Any, Some("b"), Some("a"), &private, true));
-        // Visible to the new owner: shared with it, or public; not shared with another.
+        // Sealed host memory: within an owner, from what the new owner may see, or any with the
+        // opt-in.
+        assert!(may_share_memory(Visible, a(&public), a(&private), true));
+        assert!(!may_share_memory(Visible, b(&private), a(&private), true));
+        assert!(may_share_memory(Any, b(&private), a(&private), true));
+        assert!(may_share_memory(Visible, b(&private), a(&shared_b), true));
+        assert!(!may_share_memory(Visible, c(&private), a(&shared_b), true));
+        assert!(may_share_memory(Visible, c(&private), a(&public), true));
+        // A change of access while memory is shared: free in host memory; in device memory
+        // only to an audience equal to the other holder's.
+        assert!(may_change_access(true, a(&public), b(&private)));
+        assert!(!may_change_access(false, a(&private), b(&public)));
+        assert!(may_change_access(false, a(&public), b(&public)));
+        assert!(!may_change_access(false, a(&shared_b), a(&private)));
+        // The admin's own model sees every model; a tenant's never the admin's private one.
         assert!(may_share_memory(
             Visible,
-            Some("b"),
-            Some("a"),
-            &shared_b,
+            (None, &private),
+            a(&private),
             true
         ));
         assert!(!may_share_memory(
             Visible,
-            Some("c"),
-            Some("a"),
-            &shared_b,
+            a(&private),
+            (None, &private),
             true
-        ));
-        assert!(may_share_memory(
-            Visible,
-            Some("c"),
-            Some("a"),
-            &public,
-            true
-        ));
-        // The admin's own model sees everything.
-        assert!(may_share_memory(Visible, None, Some("a"), &private, true));
-        // A tenant's model never shares the admin's private one.
-        assert!(!may_share_memory(Visible, Some("a"), None, &private, true));
-        // Across owners never where another owner's worker could write the memory.
-        assert!(!may_share_memory(
-            Visible,
-            Some("c"),
-            Some("a"),
-            &public,
-            false
-        ));
-        assert!(!may_share_memory(
-            Any,
-            Some("b"),
-            Some("a"),
-            &private,
-            false
         ));
     }
 }

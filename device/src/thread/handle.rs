@@ -35,7 +35,7 @@ impl ArenaHandle {
         Arc::as_ptr(&self.inner) as *const () as usize
     }
 
-    /// The kind of memory, and so of the workers' mappings ([`BackendKind::read_only_mappings`]).
+    /// The kind of memory, and so of the workers' mappings ([`BackendKind::immutable_to_workers`]).
     pub fn kind(&self) -> BackendKind {
         self.kind
     }

@@ -126,10 +126,11 @@ pub struct ServeArgs {
     pub replicate_on_attach: Option<bool>,
     /// Which loads of bytes the server already holds take that memory instead of a copy
     /// (after comparing every byte with the files, hashed with SHA-256 on the way): `visible`
-    /// (between models of one owner, and from a public model or one shared with the loading
-    /// tenant), `any` (between any tenants: a load's duration may then tell a tenant that
-    /// another holds those bytes), or `off`. Across owners only where workers' mappings are
-    /// read-only (host memory, CUDA VMM). Each owner's quota counts the full size.
+    /// (host memory: within one owner, and from a public model or one shared with the
+    /// loading tenant), `any` (host memory: between any tenants, a load's duration may then
+    /// tell a tenant that another holds those bytes), or `off`. GPU memory, which a hostile
+    /// worker could write, is shared only between models every caller attaches alike (one
+    /// owner and one access, or both public). Each owner's quota counts the full size.
     #[arg(long, value_enum, env = "MODELSHARE_SHARE_IDENTICAL")]
     pub share_identical: Option<ShareIdentical>,
     /// Largest arena one model version may have, in bytes.

@@ -32,7 +32,8 @@ pub async fn metrics(
 pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldStore) -> GaugeValues {
     let stats = registry.stats(&Caller::Admin);
     let mut arena_bytes = Vec::new();
-    let mut held_by_device: std::collections::BTreeMap<String, u64> = Default::default();
+    // On each device, an arena several versions share counts once.
+    let held_by_device = registry.bytes_by_device();
     for m in registry.list(&Caller::Admin) {
         let mut by_device: std::collections::BTreeMap<String, u64> = Default::default();
         for v in m.versions.iter().filter(|v| v.state.holds_arena()) {
@@ -42,7 +43,6 @@ pub async fn gauge_values(registry: &Registry, devices: &Devices, held: &HeldSto
             }
         }
         for (device, bytes) in by_device.into_iter().filter(|(_, b)| *b > 0) {
-            *held_by_device.entry(device.clone()).or_default() += bytes;
             arena_bytes.push(ArenaBytes {
                 model: m.name.clone(),
                 device,

@@ -106,6 +106,18 @@ async fn identical_files_under_two_names_share_one_arena() {
         .iter()
         .map(|t| t.name.clone())
         .collect();
+    // A record of its own, so that a restarted server adopts it from its workers' memory
+    // whatever becomes of alpha.
+    let record = server
+        .dir
+        .path()
+        .join("handles.sock.held")
+        .join("beta@1.json");
+    common::eventually(Duration::from_secs(5), "beta's held-memory record", || {
+        let exists = record.exists();
+        async move { exists }
+    })
+    .await;
     let digest = content_sha256(&server.root.join("copy/model.safetensors"), &order);
     assert_eq!(beta.content_sha256, digest);
     let alpha_now = describe(&server, "alpha").await.model.expect("model");

@@ -45,10 +45,11 @@ async fn describe(
         .remove(0)
 }
 
-/// Tenant b's load of the bytes of a's private model gets a copy; c's load of the bytes of a's
-/// public model shares its memory. a, the owner, is told its model shares memory; c, which
-/// sees a's model but does not own it, is not. Fails if sharing ignores visibility (b shares
-/// a private model's memory) or tells a non-owner.
+/// Host memory (which no worker can write): tenant b's load of the bytes of a's private model
+/// gets a copy; c's load of the bytes of a's public model shares its memory. c is told its
+/// model shares memory (with a model it sees); a is not told that c privately holds its
+/// bytes. Fails if sharing ignores visibility (b shares a private model's memory) or tells an
+/// owner of another tenant's private load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_shares_memory_only_of_models_it_may_see() {
     let tenants = TenantsFile::new(&abc_tenants(""));
@@ -73,14 +74,19 @@ async fn a_tenant_shares_memory_only_of_models_it_may_see() {
     assert!(cm.content_sha256.starts_with("sha256:"), "{cm:?}");
     assert_eq!(common::memfd_fds(pid), before + 1);
 
+    // a is not told that c privately holds m2's bytes, nor given a digest it did not ask
+    // for; c, which sees m2, is told its model shares memory.
     let owner_view = describe(&mut a, "m2").await;
-    assert!(owner_view.shares_memory);
-    assert_eq!(owner_view.content_sha256, cm.content_sha256);
+    assert!(
+        !owner_view.shares_memory && owner_view.content_sha256.is_empty(),
+        "{owner_view:?}"
+    );
     let reader_view = describe(&mut c, "m2").await;
     assert!(
         !reader_view.shares_memory && reader_view.content_sha256.is_empty(),
         "only the owner is told: {reader_view:?}"
     );
+    assert!(describe(&mut c, "cm").await.shares_memory);
     // Each owner's quota counts the full size: c's usage includes the shared bytes.
     let usage = c
         .get_stats(pb::GetStatsRequest {})
@@ -91,7 +97,8 @@ async fn a_tenant_shares_memory_only_of_models_it_may_see() {
 }
 
 /// With `--share-identical any` (the operator's opt-in), b's load of the bytes of a's private
-/// model shares its memory too; the admin is told.
+/// model shares its memory too (one memfd, one arena on the device in the admin's stats);
+/// neither tenant is told of the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_may_share_memory_across_every_tenant() {
     let tenants = TenantsFile::new(&abc_tenants(""));
@@ -102,7 +109,20 @@ async fn the_operator_may_share_memory_across_every_tenant() {
         admin_as(&server, Some(ADMIN)).await,
     );
     load_as(&mut a, "m1", "m1", "", None).await.expect("m1");
+    let before = common::memfd_fds(server.pid());
     let bm = load_as(&mut b, "bm", "m1copy", "", None).await.expect("bm");
-    assert!(bm.shares_memory, "{bm:?}");
-    assert!(describe(&mut root, "m1").await.shares_memory);
+    assert_eq!(
+        common::memfd_fds(server.pid()),
+        before,
+        "one memory for both"
+    );
+    assert!(!bm.shares_memory, "b sees no model of a's: not told {bm:?}");
+    assert!(!describe(&mut a, "m1").await.shares_memory);
+    let stats = root
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner();
+    let arenas: u32 = stats.devices.iter().map(|d| d.arenas).sum();
+    assert_eq!(arenas, 1, "{stats:?}");
 }
