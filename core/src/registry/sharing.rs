@@ -154,6 +154,7 @@ impl Registry {
         };
         v.arena = Some(shared.arena.clone());
         v.content_sha256 = Some(sha256);
+        v.comparing = false;
         true
     }
 }
@@ -163,13 +164,15 @@ impl Registry {
     /// device's arenas, its own bytes counted, are past `max_device_bytes` (the check its
     /// reservation skipped).
     pub fn device_room_now(&self, model: &str, version: u32) -> Result<(), CoreError> {
-        let st = self.lock();
-        let Some(v) = st.models.get(model).and_then(|m| m.versions.get(&version)) else {
+        let mut st = self.lock();
+        let Some(v) = st.version_mut(model, version) else {
             return Ok(());
         };
-        // Counted already (no arena yet: its reserved bytes), so nothing more is needed.
+        // It copies: its bytes count on its device from now on, itself included here.
+        v.comparing = false;
+        let device = v.device.clone();
         st.device_room(
-            std::iter::once(v.device.as_str()),
+            std::iter::once(device.as_str()),
             0,
             self.limits.max_device_bytes,
         )

@@ -41,6 +41,9 @@ pub(super) struct VersionRecord {
     /// SHA-256 of its tensors' bytes, where they were hashed: by a load that compared its
     /// files with this memory to share it (see `sharing`).
     pub(super) content_sha256: Option<[u8; 32]>,
+    /// A load comparing its files with memory it may share: its bytes are on no device yet,
+    /// and may never be (cleared if it copies after all).
+    pub(super) comparing: bool,
 }
 
 /// A copy of a version's arena on another device, made from the first once it is ready.
@@ -221,7 +224,8 @@ impl State {
         let mut out: BTreeMap<String, DeviceUse> = BTreeMap::new();
         let mut counted = std::collections::HashSet::new();
         for v in self.models.values().flat_map(|m| m.versions.values()) {
-            if v.state.holds_arena() {
+            // A load comparing its files with memory it may share needs no room on it.
+            if v.state.holds_arena() && !(v.comparing && v.arena.is_none()) {
                 let arenas = std::iter::once((&v.device, v.arena.as_ref()))
                     .chain(v.replicas.iter().map(|r| (&r.device, r.arena.as_ref())));
                 for (device, arena) in arenas {

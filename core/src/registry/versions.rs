@@ -156,6 +156,7 @@ impl State {
                     })
                     .collect(),
                 content_sha256: None,
+                comparing: req.shares,
             },
         );
         Ok((version, rec.generation))

@@ -186,6 +186,44 @@ fn the_device_cap_is_held_when_loads_are_reserved() {
     reserve(&["b"]).expect("room on b");
 }
 
+/// A load that may share memory already on its device is reserved past the cap (it needs no
+/// room) and takes none while it compares; if it copies after all, the cap is checked then,
+/// its own bytes counted. Fails if a comparing load blocks other loads' room, or one that
+/// copies skips the cap.
+#[test]
+fn a_load_comparing_for_memory_to_share_takes_room_only_if_it_copies() {
+    let device = probe_device(&Arc::new(Probe::default()));
+    let registry = Registry::new(RegistryLimits {
+        max_device_bytes: Some(1500),
+        ..RegistryLimits::default()
+    });
+    loaded_on(&registry, &device, "m1", &["a"]);
+    let mut manifest = empty_manifest("twin");
+    manifest.arena_bytes = 1000;
+    registry
+        .reserve(
+            &Caller::Admin,
+            &LoadFor::default(),
+            &|_| Quota::default(),
+            manifest,
+            "m",
+            0,
+            &["a".to_owned()],
+            false,
+            LoadClaim::default(),
+            true,
+        )
+        .expect("a load that shares needs no room");
+    assert_eq!(registry.bytes_by_device().get("a"), Some(&1000), "m1 only");
+    let e = registry.device_room_now("twin", 1).unwrap_err();
+    assert!(matches!(e, CoreError::NoDeviceRoom(_)), "{e:?}");
+    assert_eq!(
+        registry.bytes_by_device().get("a"),
+        Some(&2000),
+        "it copies: counted"
+    );
+}
+
 /// `replicate_on_attach` reserves one further replica per device, of a ready version only,
 /// counted like any replica and held to the limits; a device that has it (or a copy under
 /// way) is told to retry, an ending version gets none. Fails if a second worker's attach
