@@ -245,9 +245,10 @@ impl Registry {
             .is_some_and(|v| v.ready_seq > opened)
     }
 
-    /// Memory let go of while revoked workers may still map it.
+    /// Memory let go of while revoked workers may still map it, and that no live version
+    /// holds (one that shares it counts it).
     pub fn orphans(&self) -> Vec<Orphan> {
-        self.lock().orphans.clone()
+        self.lock().counted_orphans().cloned().collect()
     }
 
     /// Forgets the orphans with these ids (none of their processes lives any more).

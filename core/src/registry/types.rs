@@ -259,6 +259,10 @@ pub struct Orphan {
     pub device: String,
     /// The worker processes that held leases on it when their sessions were revoked.
     pub holders: Vec<crate::held::Holder>,
+    /// The arena ([`modelshare_device::ArenaHandle::id`]), while another version may still
+    /// hold it (a load of the same bytes shared it): then the memory is that version's, not
+    /// only the workers'.
+    pub(crate) arena: usize,
 }
 
 /// A session, as reported to the admin.

@@ -391,9 +391,14 @@ impl State {
         else {
             return;
         };
-        if !v.arena.as_ref().is_some_and(|a| a.outlives_server()) {
+        let Some(arena) = v
+            .arena
+            .as_ref()
+            .filter(|a| a.outlives_server())
+            .map(|a| a.id())
+        else {
             return;
-        }
+        };
         let procs: Vec<crate::held::Holder> = holders
             .iter()
             .filter_map(|s| self.sessions.get(s))
@@ -427,13 +432,29 @@ impl State {
                 bytes,
                 device,
                 holders: procs.clone(),
+                arena,
             });
         }
     }
 
     /// Bytes of the orphans (see [`super::types::Orphan`]).
+    /// The orphans whose memory only revoked workers hold: not those of an arena a live
+    /// version still holds (a load of the same bytes shared it), counted with that version.
+    pub(super) fn counted_orphans(&self) -> impl Iterator<Item = &super::types::Orphan> {
+        let held: std::collections::HashSet<usize> = self
+            .models
+            .values()
+            .flat_map(|m| m.versions.values())
+            .filter(|v| v.state.holds_arena())
+            .filter_map(|v| v.arena.as_ref().map(|a| a.id()))
+            .collect();
+        self.orphans
+            .iter()
+            .filter(move |o| !held.contains(&o.arena))
+    }
+
     pub(super) fn orphan_bytes(&self) -> u64 {
-        self.orphans.iter().map(|o| o.bytes).sum()
+        self.counted_orphans().map(|o| o.bytes).sum()
     }
 
     /// Removes a lease (and its ticket); frees its version if it was draining, its load has

@@ -9,6 +9,24 @@ use super::write_small;
 use crate::common::{self, Server};
 
 /// Reads the held-memory record of `model`@`version` beside the server's handle socket.
+/// Unloads `name` at once, revoking the sessions that hold it.
+async fn force_unload(
+    admin: &mut modelshare_proto::v1::admin_service_client::AdminServiceClient<
+        tonic::transport::Channel,
+    >,
+    name: &str,
+) {
+    admin
+        .unload_model(pb::UnloadModelRequest {
+            name: name.into(),
+            version: 0,
+            force: true,
+            drain_timeout_ms: 0,
+        })
+        .await
+        .expect("force unload");
+}
+
 fn held_record(server: &Server, model: &str, version: u32) -> Option<serde_json::Value> {
     let path = server
         .dir
@@ -218,15 +236,7 @@ async fn memory_a_revoked_worker_keeps_is_counted_until_it_exits() {
     let mut admin = server.admin().await;
     common::load(&mut admin, "m", "m").await.expect("load m");
     let keeper = common::Worker::start(&server, "m", "keeper");
-    admin
-        .unload_model(pb::UnloadModelRequest {
-            name: "m".into(),
-            version: 0,
-            force: true,
-            drain_timeout_ms: 0,
-        })
-        .await
-        .expect("force unload");
+    force_unload(&mut admin, "m").await;
     let s = common::stats(&mut admin).await;
     assert_eq!((s.arenas, s.held_by_workers_bytes), (0, 16640));
     let refused = common::load(&mut admin, "n", "n")
@@ -257,4 +267,40 @@ async fn memory_a_revoked_worker_keeps_is_counted_until_it_exits() {
         .await
         .expect("admitted once the worker is gone");
     server.stop_with("TERM");
+}
+
+/// Memory a revoked worker keeps that another version still holds (a load of the same bytes
+/// shares it) is not counted again as the worker's: the force-unload of `m`, whose memory
+/// `twin` holds too, leaves one arena and nothing held by workers; once `twin` goes, the
+/// worker's memory counts. Fails if the memory is counted twice (and a load past
+/// `max_total_bytes` refused for memory that exists once), or not at all once only the
+/// worker holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_still_shared_is_not_counted_as_a_revoked_workers() {
+    let server = Server::start_with(&[], |root| {
+        write_small(root, "m", 1);
+        write_small(root, "m-copy", 1);
+    })
+    .await;
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "m", "m").await.expect("load m");
+    let twin = common::load(&mut admin, "twin", "m-copy")
+        .await
+        .expect("load twin");
+    assert!(twin.shares_memory, "{twin:?}");
+    let keeper = common::Worker::start(&server, "m", "keeper");
+    force_unload(&mut admin, "m").await;
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.held_by_workers_bytes), (1, 0), "{s:?}");
+    // Once twin goes too, the memory is the revoked worker's alone: counted as such.
+    admin
+        .unload_model(pb::UnloadModelRequest {
+            name: "twin".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("unload twin");
+    let s = common::stats(&mut admin).await;
+    assert_eq!((s.arenas, s.held_by_workers_bytes), (0, 16640), "{s:?}");
+    drop(keeper);
 }
