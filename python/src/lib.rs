@@ -15,7 +15,7 @@
 //!   copy), `__dlpack__` for torch and other DLPack consumers, a copy of its bytes.
 //! - `serve`: `serve` (the SDK's serve loop on one attached model, with a Python handler, until
 //!   drained or stopped) and `Stop`; `handler`: the SDK's `Handler` over a Python callable, run
-//!   on the blocking pool; `item`: `Item`, one request as the handler sees it; `outcome`: the
+//!   on threads of its own; `item`: `Item`, one request as the handler sees it; `outcome`: the
 //!   handler's answers made into the SDK's outcomes, checked.
 //! - `arena`: `Arena`, a model's whole mapping as one DLPack `uint8` tensor (`Model.torch()`
 //!   makes every tensor a view of it: one export, not one per tensor); `export`: the
