@@ -97,10 +97,7 @@ pub fn version(v: &VersionSnapshot) -> pb::VersionInfo {
             .map(|r| r.0.clone())
             .collect(),
         shares_memory: v.shares_memory,
-        content_sha256: v.content_sha256.map_or_else(String::new, |d| {
-            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
-            format!("sha256:{hex}")
-        }),
+        content_sha256: v.content_sha256_text().unwrap_or_default(),
     }
 }
 

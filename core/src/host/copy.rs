@@ -122,7 +122,7 @@ impl LoadCopy {
             bytes = job.manifest.arena_bytes,
             holder = %format!("{}@{}", shared.holder.model, shared.holder.version),
             device = %shared.device,
-            sha256 = %hex(&sha256),
+            sha256 = %hex::encode(sha256),
             seconds = self.requested.elapsed().as_secs_f64(),
             "model loaded into the memory of a version holding the same bytes (compared, not copied)"
         );
@@ -202,11 +202,6 @@ impl LoadCopy {
             &self.reservation.device,
         ))
     }
-}
-
-/// `bytes` in lower-case hexadecimal.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The manifest of a version that shares `shared`'s memory, with that memory's checksums.

@@ -13,7 +13,7 @@ use modelshare_device::ArenaHandle;
 
 use super::Registry;
 use super::holders::Holders;
-use super::state::State;
+use super::state::{State, VersionRecord};
 use super::types::{LoadFor, VersionKey};
 use crate::error::CoreError;
 use crate::model::{Manifest, VersionState};
@@ -63,14 +63,10 @@ impl Registry {
                 if v.state != VersionState::Ready || !same_layout(&v.manifest, manifest) {
                     continue;
                 }
-                let arenas = std::iter::once((v.device.as_str(), v.arena.as_ref())).chain(
-                    v.replicas
-                        .iter()
-                        .filter(|r| r.ready)
-                        .map(|r| (r.device.as_str(), r.arena.as_ref())),
-                );
-                for (on, arena) in arenas {
-                    let Some(arena) = arena else { continue };
+                for (on, arena, copied) in v.arena_slots() {
+                    let Some(arena) = arena.filter(|_| copied) else {
+                        continue;
+                    };
                     if device.is_some_and(|d| !d.eq_ignore_ascii_case(on)) {
                         continue;
                     }
@@ -184,12 +180,8 @@ impl State {
     pub(super) fn holders(&self) -> Holders {
         let mut all: HashMap<usize, Vec<(Option<String>, Access)>> = HashMap::new();
         for rec in self.models.values() {
-            for v in rec.versions.values().filter(|v| v.state.holds_arena()) {
-                let arenas = v
-                    .arena
-                    .iter()
-                    .chain(v.replicas.iter().filter_map(|r| r.arena.as_ref()));
-                for a in arenas {
+            for v in rec.versions.values() {
+                for a in v.held_arenas() {
                     all.entry(a.id())
                         .or_default()
                         .push((rec.owner.clone(), rec.access.clone()));
@@ -224,8 +216,7 @@ impl State {
         let mine: Vec<&ArenaHandle> = rec
             .versions
             .values()
-            .filter(|v| v.state.holds_arena())
-            .filter_map(|v| v.arena.as_ref())
+            .flat_map(VersionRecord::held_arenas)
             .collect();
         for (_, other) in self
             .models
@@ -235,8 +226,7 @@ impl State {
             let shared = other
                 .versions
                 .values()
-                .filter(|v| v.state.holds_arena())
-                .filter_map(|v| v.arena.as_ref())
+                .flat_map(VersionRecord::held_arenas)
                 .find(|a| mine.iter().any(|m| m.same_arena(a)));
             if let Some(arena) = shared
                 && !may_change_access(

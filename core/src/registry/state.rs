@@ -69,6 +69,24 @@ impl VersionRecord {
         u32::try_from(1 + self.replicas.len()).unwrap_or(u32::MAX)
     }
 
+    /// Its arenas, the first then the replicas, each with its device and whether it is copied
+    /// (a replica's copy done; the first as the version's state says); `None` for one reserved
+    /// and not yet allocated.
+    pub(super) fn arena_slots(&self) -> impl Iterator<Item = (&str, Option<&ArenaHandle>, bool)> {
+        std::iter::once((self.device.as_str(), self.arena.as_ref(), true)).chain(
+            self.replicas
+                .iter()
+                .map(|r| (r.device.as_str(), r.arena.as_ref(), r.ready)),
+        )
+    }
+
+    /// The arenas it holds now (none once freed or failed).
+    pub(super) fn held_arenas(&self) -> impl Iterator<Item = &ArenaHandle> {
+        self.arena_slots()
+            .filter(|_| self.state.holds_arena())
+            .filter_map(|(_, arena, _)| arena)
+    }
+
     /// The arena a worker on `device` attaches to (`None`: the first), and that device; the
     /// devices that hold the version when `device` holds none.
     pub(super) fn arena_on(
@@ -226,14 +244,12 @@ impl State {
         for v in self.models.values().flat_map(|m| m.versions.values()) {
             // A load comparing its files with memory it may share needs no room on it.
             if v.state.holds_arena() && !(v.comparing && v.arena.is_none()) {
-                let arenas = std::iter::once((&v.device, v.arena.as_ref()))
-                    .chain(v.replicas.iter().map(|r| (&r.device, r.arena.as_ref())));
-                for (device, arena) in arenas {
+                for (device, arena, _) in v.arena_slots() {
                     // Reserved and not yet allocated counts; memory counted already does not.
                     if arena.is_some_and(|a| !counted.insert(a.id())) {
                         continue;
                     }
-                    let u = out.entry(device.clone()).or_default();
+                    let u = out.entry(device.to_owned()).or_default();
                     u.arena_bytes += v.arena_bytes;
                     u.arenas += 1;
                 }

@@ -149,6 +149,14 @@ pub struct VersionSnapshot {
     pub content_sha256: Option<[u8; 32]>,
 }
 
+impl VersionSnapshot {
+    /// Its content digest as reported: `sha256:<64 hex digits>`, where computed.
+    pub fn content_sha256_text(&self) -> Option<String> {
+        self.content_sha256
+            .map(|d| format!("sha256:{}", hex::encode(d)))
+    }
+}
+
 /// A model, as reported to clients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSnapshot {

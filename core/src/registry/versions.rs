@@ -445,8 +445,8 @@ impl State {
             .models
             .values()
             .flat_map(|m| m.versions.values())
-            .filter(|v| v.state.holds_arena())
-            .filter_map(|v| v.arena.as_ref().map(|a| a.id()))
+            .flat_map(VersionRecord::held_arenas)
+            .map(modelshare_device::ArenaHandle::id)
             .collect();
         self.orphans
             .iter()

@@ -62,3 +62,16 @@ pub fn count(stats: &pb::GetStatsResponse, state: pb::VersionState) -> u32 {
         .map(|c| c.count)
         .unwrap_or(0)
 }
+
+/// Unloads every version of `name`; with `force`, at once, revoking the sessions that hold it.
+pub async fn unload(admin: &mut AdminServiceClient<Channel>, name: &str, force: bool) {
+    admin
+        .unload_model(pb::UnloadModelRequest {
+            name: name.into(),
+            version: 0,
+            force,
+            drain_timeout_ms: 0,
+        })
+        .await
+        .expect("unload");
+}

@@ -18,7 +18,7 @@ mod worker;
 // A test binary that takes only part of the harness (`protocol_version` uses the server and
 // raw sessions) leaves some of these unused, as `dead_code` above allows for the items.
 #[allow(unused_imports)]
-pub use admin::{count, load, stats, until_done};
+pub use admin::{count, load, stats, unload, until_done};
 #[allow(unused_imports)]
 pub use models::{T, random_bytes, t, write_safetensors, write_sharded};
 #[allow(unused_imports)]

@@ -9,24 +9,6 @@ use super::write_small;
 use crate::common::{self, Server};
 
 /// Reads the held-memory record of `model`@`version` beside the server's handle socket.
-/// Unloads `name` at once, revoking the sessions that hold it.
-async fn force_unload(
-    admin: &mut modelshare_proto::v1::admin_service_client::AdminServiceClient<
-        tonic::transport::Channel,
-    >,
-    name: &str,
-) {
-    admin
-        .unload_model(pb::UnloadModelRequest {
-            name: name.into(),
-            version: 0,
-            force: true,
-            drain_timeout_ms: 0,
-        })
-        .await
-        .expect("force unload");
-}
-
 fn held_record(server: &Server, model: &str, version: u32) -> Option<serde_json::Value> {
     let path = server
         .dir
@@ -236,7 +218,7 @@ async fn memory_a_revoked_worker_keeps_is_counted_until_it_exits() {
     let mut admin = server.admin().await;
     common::load(&mut admin, "m", "m").await.expect("load m");
     let keeper = common::Worker::start(&server, "m", "keeper");
-    force_unload(&mut admin, "m").await;
+    common::unload(&mut admin, "m", true).await;
     let s = common::stats(&mut admin).await;
     assert_eq!((s.arenas, s.held_by_workers_bytes), (0, 16640));
     let refused = common::load(&mut admin, "n", "n")
@@ -289,17 +271,11 @@ async fn memory_still_shared_is_not_counted_as_a_revoked_workers() {
         .expect("load twin");
     assert!(twin.shares_memory, "{twin:?}");
     let keeper = common::Worker::start(&server, "m", "keeper");
-    force_unload(&mut admin, "m").await;
+    common::unload(&mut admin, "m", true).await;
     let s = common::stats(&mut admin).await;
     assert_eq!((s.arenas, s.held_by_workers_bytes), (1, 0), "{s:?}");
     // Once twin goes too, the memory is the revoked worker's alone: counted as such.
-    admin
-        .unload_model(pb::UnloadModelRequest {
-            name: "twin".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("unload twin");
+    common::unload(&mut admin, "twin", false).await;
     let s = common::stats(&mut admin).await;
     assert_eq!((s.arenas, s.held_by_workers_bytes), (0, 16640), "{s:?}");
     drop(keeper);

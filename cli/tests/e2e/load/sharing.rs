@@ -164,14 +164,14 @@ async fn identical_files_under_two_names_share_one_arena() {
         &[server.root.join("first/model.safetensors")],
     )
     .await;
-    unload(&mut admin, "delta").await;
+    common::unload(&mut admin, "delta", false).await;
     common::eventually(Duration::from_secs(5), "delta's memory freed", || async {
         memfd_fds(pid) == arenas + 1
     })
     .await;
 
     // The memory outlives the name first loaded into it, and goes with the last.
-    unload(&mut admin, "alpha").await;
+    common::unload(&mut admin, "alpha", false).await;
     assert_eq!(memfd_fds(pid), arenas + 1, "beta's memory went with alpha");
     assert!(!describe(&server, "beta").await.model.expect("m").versions[0].shares_memory);
     assert_worker_sees(
@@ -180,7 +180,7 @@ async fn identical_files_under_two_names_share_one_arena() {
         &[server.root.join("copy/model.safetensors")],
     )
     .await;
-    unload(&mut admin, "beta").await;
+    common::unload(&mut admin, "beta", false).await;
     common::eventually(Duration::from_secs(5), "beta's memory freed", || async {
         memfd_fds(pid) == arenas
     })
@@ -205,19 +205,4 @@ async fn share_identical_off_copies_every_load() {
         .expect("beta");
     assert!(!beta.shares_memory);
     assert_eq!(memfd_fds(server.pid()), arenas + 1);
-}
-
-async fn unload(
-    admin: &mut modelshare_proto::v1::admin_service_client::AdminServiceClient<
-        tonic::transport::Channel,
-    >,
-    name: &str,
-) {
-    admin
-        .unload_model(pb::UnloadModelRequest {
-            name: name.into(),
-            ..Default::default()
-        })
-        .await
-        .expect("unload");
 }
