@@ -10,6 +10,10 @@
   door cN    the encoder worker through ``/v1/embeddings`` (8 clients x 64 sentences) with
              concurrency N, its own ``--stats`` (handler, model and GPU time per batch) and the
              CPU seconds of its threads, the server's and the clients'.
+  profiles   torch.profiler's CPU time per operator over 40 batches: the file loop in the main
+             thread; the same loop run inside a serving worker's handler thread (``selfloop``,
+             no door traffic); and 40 of that worker's batches under the door's load
+             (``door``): which operators get slower in the worker, and where.
 
 Run on the GPU machine, with the carry of ``scripts/gpu-python``:
     python3 gpu/encoder_probe.py --carry gpu-carry/pyserve --minilm gpu-carry/minilm-files --out "$OUT"
@@ -55,6 +59,69 @@ def loop(encoder, pool: list[str], batch: int = 64) -> dict:
     encoder.gpu_ms = None
     return {"per_s": len(pool) / wall, "batch_ms": wall / n * 1e3, "tokenize_ms": tok / n * 1e3,
             "model_ms": model / n * 1e3, "gpu_ms": sum(gpu) / max(1, len(gpu))}
+
+
+PROFILED = int(os.environ.get("PROBE_PROFILED", "40"))  # batches profiled (fewer for a dry run)
+
+
+def profile_of(prof) -> dict:
+    """Self CPU microseconds and calls of the top operators in a finished torch.profiler run."""
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
+    return {e.key: {"calls": e.count, "self_us": round(e.self_cpu_time_total), "per_call_us":
+                    round(e.self_cpu_time_total / max(1, e.count), 2)} for e in rows}
+
+
+def profiled_loop(encoder, pool: list[str], batch: int = 64) -> dict:
+    """The loop's figures, then ``PROFILED`` batches of it under torch.profiler (CPU)."""
+    import torch
+
+    result = loop(encoder, pool, batch)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(0, PROFILED * batch, batch):
+            encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
+    result["profile"] = profile_of(prof)
+    return result
+
+
+def profiling_worker(args: argparse.Namespace) -> int:
+    """A serving encoder worker (the encoder worker's own handler) that, on its first batch, runs
+    the profiled loop in its handler thread (``selfloop``), then profiles its batches
+    ``PROFILED`` to ``2 * PROFILED`` under the door's load; writes both to ``--report``."""
+    import modelshare
+    import torch
+    from encoder_worker import Encoder, handler_for
+
+    pool = ps.sentences(args.sentences)
+    report: dict = {}
+    state = {"n": 0, "prof": None}
+
+    def on_version(model):
+        encoder = Encoder(model.metadata, model.torch())
+        inner = handler_for(encoder)
+
+        def handle(batch):
+            n = state["n"]
+            state["n"] += 1
+            if n == 0:
+                report["selfloop"] = profiled_loop(encoder, pool)
+            if n == PROFILED:
+                state["prof"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                state["prof"].__enter__()
+            try:
+                return inner(batch)
+            finally:
+                if n == 2 * PROFILED - 1 and state["prof"] is not None:
+                    state["prof"].__exit__(None, None, None)
+                    report["door"] = {"profile": profile_of(state["prof"])}
+                    with open(args.report, "w") as f:
+                        json.dump(report, f)
+
+        return handle
+
+    with modelshare.Session.open(args.server, name="probe-worker") as session:
+        session.serve("minilm", on_version=on_version, credits=2, concurrency=args.concurrency,
+                      max_batch_items=64, inputs=[("text", "BYTES", [-1])], outputs=[("embedding", "FP32", [-1])])
+    return 0
 
 
 def attached_child(args: argparse.Namespace) -> int:
@@ -104,6 +171,21 @@ def in_thread(fn):
     return out["r"]
 
 
+def compare_profiles(results: dict) -> None:
+    """Per-call self CPU time of the file loop's top operators beside the worker's."""
+    runs = [k for k in ("file", "worker_selfloop", "worker_door") if "profile" in results.get(k, {})]
+    if not runs:
+        return
+    base = results[runs[0]]["profile"]
+    print("operator | " + " | ".join(f"{r} us/call (calls)" for r in runs))
+    for op in list(base)[:20]:
+        cells = []
+        for r in runs:
+            e = results[r]["profile"].get(op)
+            cells.append(f"{e['per_call_us']} ({e['calls']})" if e else "-")
+        print(f"{op[:40]} | " + " | ".join(cells))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--carry", default="gpu-carry/pyserve")
@@ -113,9 +195,18 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=12000)
     ap.add_argument("--role", default="main", help="main, or 'attached' (a child: the attached loop, printed)")
     ap.add_argument("--server")
+    ap.add_argument("--report", help="--role worker: where its profiles go")
+    ap.add_argument("--concurrency", type=int, default=1, help="--role worker: its concurrency")
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "host"],
+                    help="host: a dry run without a GPU (with --bin target/debug)")
+    ap.add_argument("--skip", default="", help="parts to leave out: gc,child,door")
     args = ap.parse_args()
     if args.role == "attached":
         return attached_child(args)
+    if args.role == "worker":
+        return profiling_worker(args)
+    skip = set(args.skip.split(","))
+    ps.BACKEND[0] = args.backend
     os.makedirs(args.out, exist_ok=True)
     ps.setup(args)
     import modelshare
@@ -130,9 +221,11 @@ def main() -> int:
     files = {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
              for d, _, fs in os.walk(folder) for f in fs if f.endswith(".json")}
     pool = ps.sentences(args.sentences)
-    results: dict = {"device": torch.cuda.get_device_name(0)}
-    file_encoder = Encoder(files, load_file(os.path.join(folder, "model.safetensors"), device="cuda:0"))
-    results["file"] = loop(file_encoder, pool)
+    cuda = ps.BACKEND[0] == "cuda"
+    results: dict = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (host backend dry run)"}
+    file_encoder = Encoder(files, load_file(os.path.join(folder, "model.safetensors"),
+                                            device="cuda:0" if cuda else "cpu"))
+    results["file"] = profiled_loop(file_encoder, pool)
     server = ps.Server(args.bin, root, args.out, "probe")
     try:
         server.cli("load", "minilm", "minilm")
@@ -140,21 +233,38 @@ def main() -> int:
             model = session.attach("minilm")
             attached = Encoder(model.metadata, model.torch())
             results["attached"] = loop(attached, pool)
-            import gc
+            if "gc" not in skip:
+                import gc
 
-            gc.collect()
-            gc.freeze()
-            results["attached_gc_frozen"] = loop(attached, pool)
+                gc.collect()
+                gc.freeze()
+                results["attached_gc_frozen"] = loop(attached, pool)
             del attached, model
+        # The profiling worker: the loop in its handler thread, then 40 door batches profiled.
+        report = os.path.join(args.out, "worker-profile.json")
+        log = os.path.join(args.out, "profiling-worker.log")
+        worker = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "worker", "--server",
+                                   server.address, "--sentences", str(args.sentences), "--report", report,
+                                   "--carry", args.carry], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        server.wait_serving("probe-worker", 1)
+        server.embed("minilm", pool[:8], timeout=300)  # the selfloop runs inside this batch
+        ps.door_throughput(server, "minilm", pool, 8, 64)
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+        if os.path.exists(report):
+            results.update({f"worker_{k}": v for k, v in json.load(open(report)).items()})
+        else:
+            results["worker_error"] = open(log).read()[-800:]
+        time.sleep(1)
         # The attached loop in a child process, with and without the library path the door's
         # worker is started with.
-        for env_name, env in (("plain", dict(os.environ)),):
+        for env_name, env in (() if "child" in skip else (("plain", dict(os.environ)),)):
             child = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", "attached", "--server",
                                     server.address, "--sentences", str(args.sentences), "--carry", args.carry],
                                    capture_output=True, text=True, env=env, timeout=300)
             lines = [ln for ln in child.stdout.splitlines() if ln.startswith("{")]
             results[f"child_{env_name}"] = json.loads(lines[-1]) if lines else {"error": child.stderr[-500:]}
-        for concurrency, env_name in ((1, "plain"), (2, "plain")):
+        for concurrency, env_name in (() if "door" in skip else ((1, "plain"), (2, "plain"))):
             log = os.path.join(args.out, f"encoder-c{concurrency}-{env_name}.log")
             env = dict(os.environ, MODELSHARE_LOG="info")
             worker = subprocess.Popen(
@@ -198,7 +308,10 @@ def main() -> int:
     with open(os.path.join(args.out, "encoder-probe.json"), "w") as f:
         json.dump(results, f, indent=1)
     for k, v in results.items():
+        if isinstance(v, dict):
+            v = {a: b for a, b in v.items() if a != "profile"}
         print(k, json.dumps(v) if isinstance(v, dict) else v)
+    compare_profiles(results)
     return 0
 
 

@@ -26,8 +26,17 @@ Inputs: text (OpenAI ``input``; KServe BYTES ``text``), or token ids (KServe ``i
 INT32/INT64 ``[n]``). Output: ``embedding`` FP32 ``[hidden]`` and ``prompt_tokens``. Parameter
 ``dimensions`` (OpenAI's) is accepted only as the model's own size.
 
+On CUDA the forward pass, pooling included, runs as CUDA graphs, one per shape bucket (rows to
+the next of 8, 16, 32, ...; tokens to the next multiple of 32), each captured on first use and
+checked against the eager pass on the inputs it was captured with; a family whose forward pass
+cannot be captured (a host sync inside it), or whose graph disagrees, runs eagerly
+(``--no-cuda-graphs`` always does). Eager PyTorch launches each of a BERT's ~10 kernels per
+layer from Python: for a small model the GPU waits on those launches, which a graph replays in
+one call.
+
 Usage: encoder_worker.py --model NAME [--server ADDR] [--credits 2] [--concurrency 1] [--max-batch-items 64]
                          [--pooling mean] [--normalize | --no-normalize] [--device cuda:0]
+                         [--no-cuda-graphs]
 ``Encoder`` (model files + tensors -> embeddings) is importable, so that a benchmark can run the
 same code in one process, without the server.
 """
@@ -40,6 +49,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -99,7 +109,8 @@ class Encoder:
     tensors')."""
 
     def __init__(self, files: Mapping[str, bytes], tensors: Mapping[str, torch.Tensor], *,
-                 pooling: str | None = None, normalize: bool | None = None, device: str | None = None) -> None:
+                 pooling: str | None = None, normalize: bool | None = None, device: str | None = None,
+                 cuda_graphs: bool = True) -> None:
         import transformers
 
         config_json = _json(files, "config.json")
@@ -132,6 +143,7 @@ class Encoder:
         self.max_tokens = self._max_tokens(files, config)
         #: The GPU time of each batch's forward pass, in ms, when a list (``--stats``).
         self.gpu_ms: list[float] | None = None
+        self.graphs = Graphs(self) if cuda_graphs and self.device.type == "cuda" else None
 
     def _max_tokens(self, files: Mapping[str, bytes], config: Any) -> int:
         st = _json(files, "sentence_bert_config.json") or {}
@@ -158,6 +170,10 @@ class Encoder:
         """Embeddings [n, hidden] (FP32) of token id sequences, padded to the longest."""
         if not sequences:
             return np.zeros((0, self.hidden), dtype=np.float32)
+        if self.graphs is not None:
+            out = self.graphs.embed_ids(sequences)
+            if out is not None:
+                return out
         longest = max(len(s) for s in sequences)
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.full((len(sequences), longest), pad, dtype=torch.long)
@@ -170,16 +186,21 @@ class Encoder:
         if timed:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        hidden = self.net(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-        pooled = self._pool(hidden, mask)
-        if self.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        pooled = self.forward(ids, mask)
         if timed:
             end.record()
         out = pooled.cpu().numpy()
         if timed:
             self.gpu_ms.append(start.elapsed_time(end))
         return out
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Pooled (and normalised) FP32 vectors of padded ``ids`` under ``mask``, on the device."""
+        hidden = self.net(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        pooled = self._pool(hidden, mask)
+        if self.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = mask.unsqueeze(-1).to(hidden.dtype)
@@ -195,6 +216,102 @@ class Encoder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embed_ids(self.tokenize(texts))
+
+
+class Graphs:
+    """The encoder's forward pass as CUDA graphs, one per shape bucket, captured on first use
+    into one memory pool. Replays are serialised (one lock: a graph's static inputs and output
+    are shared); tokenization and the answers of other batches go on beside them."""
+
+    ROWS = 8  # the smallest row bucket; then doubling
+    TOKENS = 32  # token buckets are multiples of this
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder = encoder
+        self.lock = threading.Lock()
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.failed: str | None = None
+
+    def bucket(self, rows: int, tokens: int) -> tuple[int, int]:
+        b = self.ROWS
+        while b < rows:
+            b *= 2
+        t = -(-tokens // self.TOKENS) * self.TOKENS
+        return b, min(t, max(tokens, self.encoder.max_tokens))
+
+    def inputs(self, sequences: list[list[int]], rows: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and mask at the bucket's shape; rows past the batch's hold one padding token."""
+        pad = self.encoder.tokenizer.pad_token_id or 0
+        ids = np.full((rows, tokens), pad, dtype=np.int64)
+        mask = np.zeros((rows, tokens), dtype=np.int64)
+        for i, seq in enumerate(sequences):
+            ids[i, : len(seq)] = seq
+            mask[i, : len(seq)] = 1
+        mask[len(sequences):, 0] = 1
+        return ids, mask
+
+    def capture(self, rows: int, tokens: int):
+        """The bucket's graph, captured and checked against the eager pass; raises if either fails."""
+        enc = self.encoder
+        gen = np.random.default_rng(rows * 100003 + tokens)
+        # Inputs with padding in every row but one, so that the capture takes the masked path.
+        lengths = gen.integers(1, tokens + 1, size=rows)
+        lengths[0] = tokens
+        vocab = int(getattr(enc.net.config, "vocab_size", 1000))
+        seqs = [gen.integers(0, vocab, size=int(n)).tolist() for n in lengths]
+        ids_np, mask_np = self.inputs(seqs, rows, tokens)
+        ids = torch.from_numpy(ids_np).to(enc.device)
+        mask = torch.from_numpy(mask_np).to(enc.device)
+        side = torch.cuda.Stream(enc.device)
+        side.wait_stream(torch.cuda.current_stream(enc.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                want = enc.forward(ids, mask)
+        torch.cuda.current_stream(enc.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = enc.forward(ids, mask)
+        graph.replay()
+        got = out.clone()
+        cos = torch.nn.functional.cosine_similarity(got, want.float(), dim=1)
+        if not bool(torch.isfinite(got).all()) or float(cos.min()) < 0.9999:
+            raise RuntimeError(f"the graph's output differs from the eager pass (min cosine {float(cos.min()):.6f})")
+        return graph, ids, mask, out
+
+    def embed_ids(self, sequences: list[list[int]]) -> np.ndarray | None:
+        """The vectors through the bucket's graph, or None where graphs are off (then the caller
+        runs eagerly)."""
+        if self.failed is not None:
+            return None
+        enc = self.encoder
+        rows, tokens = self.bucket(len(sequences), max(len(s) for s in sequences))
+        ids_np, mask_np = self.inputs(sequences, rows, tokens)
+        ids_host, mask_host = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
+        with self.lock:
+            entry = self.graphs.get((rows, tokens))
+            if entry is None:
+                try:
+                    entry = self.capture(rows, tokens)
+                except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
+                    self.failed = f"{type(e).__name__}: {e}"
+                    log.warning("CUDA graphs off for this model (the eager pass runs instead): %s", self.failed)
+                    return None
+                self.graphs[(rows, tokens)] = entry
+            graph, ids, mask, out = entry
+            timed = enc.gpu_ms is not None
+            if timed:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            ids.copy_(ids_host, non_blocking=True)
+            mask.copy_(mask_host, non_blocking=True)
+            graph.replay()
+            if timed:
+                end.record()
+            vectors = out[: len(sequences)].cpu().numpy()
+            if timed:
+                enc.gpu_ms.append(start.elapsed_time(end))
+        return vectors
 
 
 class Stats:
@@ -299,13 +416,15 @@ def main() -> int:
                     help="normalise embeddings to unit length (default: as the model's modules.json says)")
     ap.add_argument("--device", help="run on this torch device (default: where the weights are)")
     ap.add_argument("--stats", action="store_true", help="log where the batches' time went when serving ends")
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the forward pass as CUDA graphs per shape bucket (default: on CUDA)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="encoder_worker: %(message)s")
     stats = Stats() if args.stats else None
 
     def on_version(model: modelshare.Model):
         encoder = Encoder(model.metadata, model.torch(), pooling=args.pooling, normalize=args.normalize,
-                          device=args.device)
+                          device=args.device, cuda_graphs=args.cuda_graphs)
         log.info("%s v%d: %s on %s, %s pooling%s, %d tokens at most", model.name, model.version,
                  type(encoder.net).__name__, encoder.device, encoder.pooling,
                  ", normalised" if encoder.normalize else "", encoder.max_tokens)
