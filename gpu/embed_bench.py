@@ -36,12 +36,14 @@ $OUT/embed_bench.md, $OUT/sentences.json and every subprocess's log under $OUT/l
 
 import argparse
 import base64
+import glob
 import http.client
 import json
 import lzma
 import multiprocessing as mp
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -141,8 +143,32 @@ def child_st_bench(job):
         rows.append({"batch": batch, "seconds": seconds, "sentences_per_s": len(sentences) / seconds,
                      "tokens_per_s": tokens / seconds})
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    return {"tokens": tokens, "max_seq_length": model.max_seq_length, "dtype": "fp16" if cuda else "fp32",
-            "rows": rows, "peak_allocated_bytes": peak, "torch": torch.__version__}
+    result = {"tokens": tokens, "max_seq_length": model.max_seq_length, "dtype": "fp16" if cuda else "fp32",
+              "rows": rows, "peak_allocated_bytes": peak, "torch": torch.__version__}
+    if cuda and job.get("profile"):
+        result["kernels"] = st_kernels(model, sentences[:2048], max(rows, key=lambda r: r["sentences_per_s"])["batch"])
+    return result
+
+
+def st_kernels(model, sentences, batch):
+    """Where sentence-transformers' GPU time goes at its best batch: torch.profiler's CUDA time
+    per kernel over `sentences`, the top 15 and the total, with the wall time of the pass."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model.encode(sentences, batch_size=batch)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model.encode(sentences, batch_size=batch)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    total = sum(device_us(e) for e in events)
+    top = sorted(events, key=lambda e: -device_us(e))[:15]
+    return {"batch": batch, "sentences": len(sentences), "wall_ms": wall * 1e3, "gpu_ms": total / 1e3,
+            "top": [{"kernel": e.key[:90], "calls": e.count, "ms": device_us(e) / 1e3} for e in top]}
 
 
 def child_st_hold(job):
@@ -354,7 +380,8 @@ class Stack:
             self.workers.append(self.bench.spawn(f"{self.name}-worker-{i}", [
                 self.bench.binary("modelshare-embed"), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
                 "--model", self.name, "--name", f"bench-{i}", "--max-batch-items", str(self.bench.args.max_batch_items),
-                "--max-batch-tokens", str(self.bench.args.max_batch_tokens)]))
+                "--max-batch-tokens", str(self.bench.args.max_batch_tokens),
+                *(["--profile-stages"] if self.bench.args.profile_stages else [])]))
         self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
 
     def close(self):
@@ -362,6 +389,62 @@ class Stack:
         for p in [*self.workers, self.server]:
             stop(p)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def path_times(self):
+        """The server's figures for this model so far: sums and counts of its queue and request
+        durations and of its batches' items, and its CPU seconds."""
+        got = {}
+        for line in (self.get("/metrics") or "").splitlines():
+            if f'model="{self.name}"' not in line:
+                continue
+            for metric in ("inference_queue_duration_seconds", "inference_request_duration_seconds",
+                           "inference_batch_items"):
+                for part in ("sum", "count"):
+                    if line.startswith(f"modelshare_{metric}_{part}{{"):
+                        key = f"{metric}_{part}"
+                        got[key] = got.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        got["server_cpu_s"] = cpu_seconds(self.server.pid)
+        got["workers_cpu_s"] = sum(cpu_seconds(p.pid) for p in self.workers)
+        return got
+
+
+def cpu_seconds(pid):
+    """User and system CPU seconds of process `pid` so far (0 when it is gone)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def path_breakdown(before, after, seconds, clients_cpu_s):
+    """Means over one timed pass from two `Stack.path_times`: time queued and in the server per
+    request, items per batch, and the CPU each side used (cores busy on average)."""
+    def mean(metric):
+        n = after.get(f"{metric}_count", 0) - before.get(f"{metric}_count", 0)
+        return (after.get(f"{metric}_sum", 0) - before.get(f"{metric}_sum", 0)) / n if n else None
+    queue, request, items = (mean("inference_queue_duration_seconds"), mean("inference_request_duration_seconds"),
+                             mean("inference_batch_items"))
+    return {"queue_ms": queue and queue * 1e3, "request_ms": request and request * 1e3, "batch_items": items,
+            "server_cores": (after["server_cpu_s"] - before["server_cpu_s"]) / seconds,
+            "workers_cores": (after["workers_cpu_s"] - before["workers_cpu_s"]) / seconds,
+            "clients_cores": clients_cpu_s / seconds}
+
+
+def children_cpu_s():
+    """CPU seconds of this process's reaped children (the HTTP clients) so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def worker_profiles(logs, name):
+    """The `profile:` lines of the model's worker logs (--profile-stages), by worker."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(logs, f"{name}-worker-*.log"))):
+        lines = [ln.strip() for ln in open(path, errors="replace") if "profile:" in ln]
+        if lines:
+            found[os.path.basename(path)[:-4]] = lines
+    return found
 
 
 def stop(p, grace=15):
@@ -486,13 +569,17 @@ class Bench:
         ref = os.path.join(self.tmp, f"{name}-ref.npy")
         out = self.child("st-bench", f"{name}-st", {
             "model_dir": model_dir, "sentences": self.sentences_file, "sample": self.sample, "ref": ref,
-            "device": self.args.st_device, "batches": list(self.args.st_batches)})
+            "device": self.args.st_device, "batches": list(self.args.st_batches),
+            "profile": self.args.profile_stages})
         engine = f"sentence-transformers {out['dtype']} {self.args.st_device}"
         for row in out["rows"]:
             self.add_run(name, engine, f"batch {row['batch']}", row)
         self.result["models"].setdefault(name, {}).update(
             tokens=out["tokens"], max_seq_length=out["max_seq_length"], torch=out["torch"],
             st_peak_allocated_mib=round(out["peak_allocated_bytes"] / MIB) if out["peak_allocated_bytes"] else None)
+        if "kernels" in out:
+            self.result["models"][name]["st_kernels"] = out["kernels"]
+            log(f"   sentence-transformers' GPU time: {json.dumps(out['kernels'], indent=1)}")
         return out["tokens"], np.load(ref)
 
     def modelshare(self, name, model_dir, reference):
@@ -509,20 +596,25 @@ class Bench:
                                    [stack.server.pid] + [p.pid for p in stack.workers])
         finally:
             stack.close()
+            if self.args.profile_stages:
+                self.result.setdefault("worker_profiles", {})[name] = worker_profiles(self.logs, name)
+                log(f"   worker profiles: {json.dumps(self.result['worker_profiles'][name], indent=1)}")
 
     def modelshare_run(self, stack, name, n, reference):
         """One timed pass over the sentences with `n` workers."""
         stack.scale(n)
         chunks = make_requests(len(self.sentences))
         http_load(stack.port, name, self.sentences, chunks, self.args.concurrency)  # warm, as for sentence-transformers
+        before, clients0 = stack.path_times(), children_cpu_s()
         run, vectors = http_load(stack.port, name, self.sentences, chunks, self.args.concurrency, self.sample)
+        path = path_breakdown(before, stack.path_times(), run["seconds"], children_cpu_s() - clients0)
         row = {"seconds": run["seconds"], "sentences_per_s": run["sentences"] / run["seconds"],
                "tokens_per_s": run["prompt_tokens"] / run["seconds"], "prompt_tokens": run["prompt_tokens"],
-               "errors": run["errors"], "first_errors": run["first_errors"]}
+               "errors": run["errors"], "first_errors": run["first_errors"], "path": path}
         row.update(self.verify(vectors, reference))
         self.add_run(name, f"modelshare {self.args.backend}", f"{n} worker{'s' if n > 1 else ''}", row)
         log(f"   {n} worker(s): {row['sentences_per_s']:.0f} sentences/s, {row['tokens_per_s']:.0f} tokens/s, "
-            f"{run['errors']} errors, cosine min {row.get('cosine_min')}")
+            f"{run['errors']} errors, cosine min {row.get('cosine_min')}; path {json.dumps(path)}")
 
     def verify(self, vectors, reference):
         """The sample's cosines against the reference (None where there is none)."""
@@ -671,6 +763,8 @@ def parse_args():
     ap.add_argument("--st-batches", default=",".join(map(str, ST_BATCHES)), type=lambda v: [int(x) for x in v.split(",")],
                     help="sentence-transformers batch sizes")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPU memory comparison")
+    ap.add_argument("--profile-stages", action="store_true",
+                    help="workers log where their time went (modelshare-embed --profile-stages), kept in the report")
     ap.add_argument("--max-batch-tokens", type=int, default=16384, help="each worker's --max-batch-tokens")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")

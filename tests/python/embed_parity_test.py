@@ -26,7 +26,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import argparse  # noqa: E402
 import base64  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -86,9 +88,20 @@ class EmbedStack(Stack):
                     raise RuntimeError("server did not start:\n" + open(self.log.name).read())
                 time.sleep(0.1)
 
-    def start_embed_worker(self):
-        """One modelshare-embed worker; returns once it serves."""
-        cmd = [self.args.worker_bin, "--server", f"unix:{self.socket}", "--model", MODEL, "--name", "embed"]
+    def stop_workers(self, timeout=30):
+        """SIGTERM to each worker (it drains and logs as it ends), then waits."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            try:
+                worker.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+    def start_embed_worker(self, *extra):
+        """One modelshare-embed worker (with `extra` arguments); returns once it serves."""
+        cmd = [self.args.worker_bin, "--server", f"unix:{self.socket}", "--model", MODEL, "--name", "embed", *extra]
         log = open(os.path.join(self.tmp, f"worker-embed-{len(self.workers)}.log"), "w")
         worker = subprocess.Popen(cmd, env=dict(os.environ, RUST_LOG="info"), stdout=log, stderr=subprocess.STDOUT)
         self.workers.append(worker)
@@ -320,6 +333,16 @@ def refused_setting(args, stack):
     return (name, ok, time.time() - t0, None if ok else f"exit {p.returncode}: {p.stderr[-500:]}")
 
 
+def profile_logged(log):
+    """The worker stopped with --profile-stages logged where its time went: the compute thread's
+    jobs, busy and idle time, and the batches' tokenization."""
+    text = open(log, errors="replace").read()
+    compute = re.search(r"profile: compute thread.*jobs=(\d+)", text)
+    ok = bool(compute and int(compute.group(1)) > 0 and "busy_s=" in text and "profile: tokenization" in text)
+    return ("--profile-stages logs the compute thread's and tokenization's time", ok, 0.0,
+            None if ok else "no profile lines in the worker's log:\n" + text[-1500:])
+
+
 def print_logs(tmp):
     """The tails of the server's and the workers' logs."""
     for f in sorted(os.listdir(tmp)):
@@ -363,7 +386,8 @@ def main():
         parity = Parity(ref, tokens, min_cosine, src)
         try:
             stack = EmbedStack(args, tmp, model_root, model_path)
-            stack.start_embed_worker()
+            # --profile-stages changes no answer: the steps run against a worker that times itself.
+            stack.start_embed_worker("--profile-stages")
             outcomes = run_steps(parity.connect(stack))
             outcomes.append(refused_setting(args, stack))
         except Exception as e:  # noqa: BLE001
@@ -371,7 +395,10 @@ def main():
             outcomes = [("start the server and a worker", False, 0.0, f"{type(e).__name__}: {e}")]
         finally:
             if stack:
+                stack.stop_workers()
                 stack.close()
+        if stack and stack.workers:
+            outcomes.append(profile_logged(os.path.join(tmp, "worker-embed-0.log")))
         failed = sum(not ok for _, ok, _, _ in outcomes)
         if failed:
             print_logs(tmp)

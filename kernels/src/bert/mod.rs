@@ -24,6 +24,7 @@
 //! - `placement`: [`Placed`], each weight's range in the arena, checked.
 //! - `buffers`: the device buffers of the inputs and activations.
 //! - `weights`: [`EncoderWeights`], the weights by role, generic over where they are.
+//! - `stages`: [`StageTimes`], the GPU time of each stage of the calls, when asked for.
 
 mod buffers;
 mod model;
@@ -31,6 +32,7 @@ mod pack;
 mod pass;
 mod placement;
 mod sizes;
+mod stages;
 #[cfg(test)]
 mod tests;
 mod weights;
@@ -39,4 +41,5 @@ pub use self::model::CudaBert;
 pub use self::pack::Tokens;
 pub use self::placement::Placed;
 pub use self::sizes::{Dims, Limits};
+pub use self::stages::{Stage, StageTimes};
 pub use self::weights::{Embeddings, EncoderWeights, Layer, Linear, Norm};

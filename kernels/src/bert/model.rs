@@ -9,6 +9,7 @@ use super::buffers::Buffers;
 use super::pack::{Tokens, pack};
 use super::placement::{Placed, place};
 use super::sizes::{Dims, Limits, check_dims, scores_elems};
+use super::stages::{Marks, Stage, StageTimes};
 use super::weights::EncoderWeights;
 use crate::blas::Blas;
 use crate::error::KernelError;
@@ -30,6 +31,8 @@ pub struct CudaBert {
     pub(super) buffers: Buffers,
     /// Elements of the scores buffer.
     pub(super) scores_elems: usize,
+    /// The stages' GPU time, once [`CudaBert::time_stages`] asked for it.
+    stages: Option<StageTimes>,
 }
 
 impl CudaBert {
@@ -69,7 +72,19 @@ impl CudaBert {
             cache: KernelCache::new(),
             buffers,
             scores_elems: scores_elems(&dims, &limits, es),
+            stages: None,
         })
+    }
+
+    /// From now on, times each stage of every call on the GPU (an event after each; see
+    /// [`CudaBert::stage_times`]).
+    pub fn time_stages(&mut self) {
+        self.stages.get_or_insert_with(StageTimes::default);
+    }
+
+    /// The stages' GPU time so far, if [`CudaBert::time_stages`] turned timing on.
+    pub fn stage_times(&self) -> Option<&StageTimes> {
+        self.stages.as_ref()
     }
 
     /// The limits the buffers were sized for.
@@ -85,14 +100,37 @@ impl CudaBert {
             return Ok(Vec::new());
         };
         let g = packed.group;
+        let mut marks = match self.stages {
+            Some(_) => Some(Marks::start(&self.stream)?),
+            None => None,
+        };
+        let stream = self.stream.clone();
+        let mut mark = |stage: Stage| match marks.as_mut() {
+            Some(m) => m.mark(&stream, stage),
+            None => Ok(()),
+        };
         self.upload(&packed)?;
+        mark(Stage::Upload)?;
         self.embed(g)?;
+        mark(Stage::Embed)?;
         for layer in &self.weights.layers {
             self.project_heads(layer, g)?;
+            mark(Stage::Projections)?;
             self.attend(g)?;
+            mark(Stage::Attention)?;
             self.attention_output(layer, g)?;
+            mark(Stage::AttentionOutput)?;
             self.feed_forward(layer, g)?;
+            mark(Stage::FeedForward)?;
         }
-        self.pool(g)
+        let pooled = self.pool(g)?;
+        mark(Stage::Pool)?;
+        if let (Some(marks), Some(times)) = (marks, self.stages.as_mut()) {
+            // The last event completes at once: the stream is idle after the pool's wait.
+            self.stream.synchronize()?;
+            let tokens = packed.lengths.iter().map(|&l| l as usize).sum();
+            marks.add_to(times, g.b, tokens, g.t)?;
+        }
+        Ok(pooled)
     }
 }

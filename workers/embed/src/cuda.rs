@@ -25,6 +25,7 @@ pub fn encoder(
     weights: &EncoderWeights<Tensor>,
     max_tokens: usize,
     max_sequences: usize,
+    time_stages: bool,
 ) -> Result<Box<dyn Encoder>, EncodeError> {
     let c = &spec.encoder;
     let placed = weights.try_map(|t| {
@@ -50,7 +51,10 @@ pub fn encoder(
         max_sequences: max_sequences.max(1),
         max_seq_len: spec.max_seq_len,
     };
-    let bert = CudaBert::new(arena, &placed, weights.dtype, dims, limits)?;
+    let mut bert = CudaBert::new(arena, &placed, weights.dtype, dims, limits)?;
+    if time_stages {
+        bert.time_stages();
+    }
     Ok(Box::new(CudaEncoder {
         hidden: c.hidden,
         bert,
@@ -96,5 +100,9 @@ impl Encoder for CudaEncoder {
             })
             .collect();
         Ok(self.bert.encode(&tokens)?)
+    }
+
+    fn stage_report(&self) -> Option<String> {
+        self.bert.stage_times().map(|t| t.report())
     }
 }

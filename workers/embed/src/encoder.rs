@@ -53,4 +53,10 @@ pub trait Encoder: Send {
     /// within [`max_tokens`](Encoder::max_tokens) and [`max_sequences`](Encoder::max_sequences)
     /// and passes sequences of at least one token, ids inside the vocabulary.
     fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError>;
+
+    /// Where the device's time went, stage by stage, when the encoder was asked to time its
+    /// stages (`--profile-stages`); `None` otherwise or where it cannot.
+    fn stage_report(&self) -> Option<String> {
+        None
+    }
 }

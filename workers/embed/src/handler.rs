@@ -7,6 +7,8 @@
 //! is the model's own size (a BERT vector cut short means nothing), refused otherwise.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use modelshare_proto::v1 as pb;
 use modelshare_worker::serve::{
@@ -30,15 +32,46 @@ pub struct Embedder {
     compute: ComputeThread,
     /// Held so that the version's lease and mapping live as long as the handler.
     _model: Arc<Model>,
+    /// With `--profile-stages`: tokenization's time, logged when the handler goes.
+    tokenizing: Option<Tokenizing>,
+}
+
+/// Batches tokenized and the microseconds it took, summed.
+#[derive(Debug, Default)]
+struct Tokenizing {
+    batches: AtomicU64,
+    micros: AtomicU64,
+}
+
+impl Drop for Embedder {
+    fn drop(&mut self) {
+        if let Some(t) = &self.tokenizing {
+            let batches = t.batches.load(Ordering::Relaxed);
+            let micros = t.micros.load(Ordering::Relaxed);
+            tracing::info!(
+                batches,
+                tokenize_s = micros as f64 / 1e6,
+                per_batch_ms = micros as f64 / 1e3 / batches.max(1) as f64,
+                "profile: tokenization (blocking threads)"
+            );
+        }
+    }
 }
 
 impl Embedder {
     /// A handler over a tokenizer and an compute serving `model`.
-    pub fn new(text: Arc<TextEncoder>, compute: ComputeThread, model: Arc<Model>) -> Self {
+    /// With `profile`, it logs tokenization's time when dropped.
+    pub fn new(
+        text: Arc<TextEncoder>,
+        compute: ComputeThread,
+        model: Arc<Model>,
+        profile: bool,
+    ) -> Self {
         Self {
             text,
             compute,
             _model: model,
+            tokenizing: profile.then(Tokenizing::default),
         }
     }
 }
@@ -50,7 +83,13 @@ impl Handler for Embedder {
         let count = items.len();
         let cancels: Vec<_> = items.iter().map(Item::cancellation).collect();
         let hidden = self.compute.hidden();
+        let started = Instant::now();
         let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items, hidden)).await;
+        if let Some(t) = &self.tokenizing {
+            t.batches.fetch_add(1, Ordering::Relaxed);
+            t.micros
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
         let Ok(tokenized) = tokenized else {
             return vec![Err(ItemFailure::internal("tokenization failed")); count];
         };

@@ -100,6 +100,11 @@ struct Args {
     /// MODELSHARE_TOKEN_FILE).
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// Log, when serving a version ends, where the time went: the compute thread's busy and
+    /// idle time, tokenization, and (CUDA) each stage's GPU time, from events between the
+    /// stages (which cost a little: for breakdowns, not for serving).
+    #[arg(long)]
+    profile_stages: bool,
 }
 
 fn pooling(s: &str) -> Result<Pooling, String> {
@@ -135,6 +140,7 @@ fn main() -> ExitCode {
             max_seq_len: args.max_seq_len,
         },
         stop: stop.clone(),
+        profile: args.profile_stages,
     };
     process::run(
         || {

@@ -33,6 +33,9 @@ pub struct Config {
     pub overrides: Overrides,
     /// Failed by the compute thread when its encoder cannot go on after a panic.
     pub stop: Stop,
+    /// Log, when serving a version ends, where the time went: the compute thread's busy and
+    /// idle time, tokenization, and each stage's GPU time (CUDA events between stages).
+    pub profile: bool,
 }
 
 /// The handler and options for one attached version.
@@ -70,12 +73,20 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let arena = model.view();
     let stop = config.stop.clone();
     let on_fatal = Box::new(move |reason| stop.fail(reason));
+    let profile = config.profile;
     let compute = tokio::task::block_in_place(|| {
         ComputeThread::start(
             "embed-compute",
             move || {
                 let encoder: Box<dyn Encoder> = if on_device {
-                    crate::cuda::encoder(engine_spec, &arena, &weights, max_tokens, max_sequences)?
+                    crate::cuda::encoder(
+                        engine_spec,
+                        &arena,
+                        &weights,
+                        max_tokens,
+                        max_sequences,
+                        profile,
+                    )?
                 } else {
                     Box::new(CpuEncoder::new(
                         engine_spec,
@@ -87,6 +98,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
                 Ok(encoder)
             },
             on_fatal,
+            profile,
         )
     })
     .map_err(|e| unservable(e.to_string()))?;
@@ -105,7 +117,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         )],
         ..ServeOptions::default()
     };
-    Ok((options, Embedder::new(text, compute, model)))
+    Ok((options, Embedder::new(text, compute, model, config.profile)))
 }
 
 /// A tensor of the model as the weight finder sees it.

@@ -3,8 +3,9 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use tracing::error;
+use tracing::{error, info};
 
 use super::job::{Job, OnFatal, ThreadEnd};
 use super::panics::panic_message;
@@ -19,13 +20,17 @@ pub(super) fn serve(
     mut encoder: Box<dyn Encoder>,
     jobs: mpsc::Receiver<Job>,
     on_fatal: OnFatal,
+    profile: bool,
 ) -> ThreadEnd {
-    let ended = panic::catch_unwind(AssertUnwindSafe(|| take_jobs(encoder.as_mut(), &jobs)))
-        .unwrap_or_else(|payload| {
-            let message = panic_message(payload.as_ref());
-            error!(panic = %message, "the compute thread's loop panicked");
-            Err(format!("the compute thread panicked: {message}"))
-        });
+    let mut time = Time::default();
+    let ended = panic::catch_unwind(AssertUnwindSafe(|| {
+        take_jobs(encoder.as_mut(), &jobs, &mut time)
+    }))
+    .unwrap_or_else(|payload| {
+        let message = panic_message(payload.as_ref());
+        error!(panic = %message, "the compute thread's loop panicked");
+        Err(format!("the compute thread panicked: {message}"))
+    });
     if let Err(reason) = &ended {
         for job in jobs.try_iter() {
             let _ = job.reply.send(Err(EncodeError::Stopped(reason.clone())));
@@ -33,19 +38,50 @@ pub(super) fn serve(
         drop(jobs);
         on_fatal(reason.clone());
     }
+    if profile {
+        let stages = encoder
+            .stage_report()
+            .unwrap_or_else(|| "no stage times".to_owned());
+        info!(
+            jobs = time.jobs,
+            sequences = time.sequences,
+            busy_s = time.busy.as_secs_f64(),
+            idle_s = time.idle.as_secs_f64(),
+            "profile: compute thread; {stages}"
+        );
+    }
     drop(encoder);
     ended
+}
+
+/// Where the compute thread's time went: running jobs, or waiting for one.
+#[derive(Debug, Default)]
+struct Time {
+    jobs: u64,
+    sequences: u64,
+    busy: Duration,
+    idle: Duration,
 }
 
 /// Runs jobs in turn until the channel closes (`Ok`) or the encoder panicked and does not
 /// survive it (`Err`, the reason). A job whose caller has gone (its handler call aborted) is
 /// skipped.
-fn take_jobs(encoder: &mut dyn Encoder, jobs: &mpsc::Receiver<Job>) -> ThreadEnd {
+fn take_jobs(encoder: &mut dyn Encoder, jobs: &mpsc::Receiver<Job>, time: &mut Time) -> ThreadEnd {
+    let mut waiting = Instant::now();
     while let Ok(job) = jobs.recv() {
         if job.reply.is_closed() {
             continue;
         }
+        let started = Instant::now();
+        // The first wait (for the first job) is not idle time under load.
+        if time.jobs > 0 {
+            time.idle += started - waiting;
+        }
         let result = run(encoder, &job.seqs, &job.cancels);
+        waiting = Instant::now();
+        time.busy += waiting - started;
+        time.jobs += 1;
+        time.sequences += job.seqs.len() as u64;
         let fatal = match &result {
             Err(EncodeError::Panicked(message)) => {
                 let survives = encoder.survives_panic();

@@ -172,6 +172,7 @@ fn panicky_compute(
         Box::new(move |reason| {
             let _ = fatal_tx.send(reason);
         }),
+        true,
     )
     .expect("starts");
     (compute, dropped_on, fatal_rx)
@@ -258,6 +259,7 @@ fn a_panic_while_building_is_an_error() {
         "test-compute",
         || panic!("no device 3"),
         Box::new(|_| unreachable!("not serving yet")),
+        false,
     );
     let err = started.expect_err("fails");
     assert!(err.to_string().contains("no device 3"), "{err}");

@@ -30,7 +30,14 @@ impl ComputeThread {
     /// Starts the thread and builds the encoder on it with `make` (a CUDA encoder binds its
     /// context to the thread that makes it). Returns once it is built, or its error (the
     /// thread joined).
-    pub fn start<F>(name: &str, make: F, on_fatal: OnFatal) -> Result<Self, EncodeError>
+    /// With `profile`, the thread logs where its time went when it ends (see
+    /// [`crate::worker::Config::profile`]).
+    pub fn start<F>(
+        name: &str,
+        make: F,
+        on_fatal: OnFatal,
+        profile: bool,
+    ) -> Result<Self, EncodeError>
     where
         F: FnOnce() -> Result<Box<dyn Encoder>, EncodeError> + Send + 'static,
     {
@@ -42,7 +49,7 @@ impl ComputeThread {
                 Ok(encoder) => {
                     let _ = ready_tx.send(Ok(encoder.hidden()));
                     drop(ready_tx);
-                    serve(encoder, rx, on_fatal)
+                    serve(encoder, rx, on_fatal, profile)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
