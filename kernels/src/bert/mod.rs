@@ -11,7 +11,9 @@
 //! the scores as one strided-batched product over `B·heads`, a masked softmax, the context as
 //! a second batched product, the heads merged, the output projection, then bias, residual and
 //! LayerNorm fused; the feed-forward (bias and exact GELU fused) and a second fused
-//! bias-residual-LayerNorm; then pooling (and normalizing) into f32 and one copy down.
+//! bias-residual-LayerNorm; then pooling (and normalizing) into f32 and its copy down into
+//! page-locked memory. [`CudaBert::encode_groups`] queues a job's groups one after the other
+//! and waits once, so the GPU does not idle while the host packs the next group.
 //! Activations are in the weights' dtype with f32 accumulation everywhere.
 //!
 //! # Layout

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, PinnedHostSlice};
 use modelshare_device::Mapping;
 
 use super::buffers::Buffers;
-use super::pack::{Tokens, pack};
+use super::pack::{Packed, Tokens, pack};
 use super::placement::{Placed, place};
 use super::sizes::{Dims, Limits, check_dims, scores_elems};
 use super::stages::{Marks, Stage, StageTimes};
@@ -33,6 +33,19 @@ pub struct CudaBert {
     pub(super) scores_elems: usize,
     /// The stages' GPU time, once [`CudaBert::time_stages`] asked for it.
     stages: Option<StageTimes>,
+    /// Page-locked host memory the pooled vectors are copied into, `[max_sequences, hidden]`
+    /// f32: the copies down are queued behind each group's work, and read after one wait.
+    pinned: PinnedHostSlice<f32>,
+}
+
+/// A group queued on the stream: where its vectors land in the pinned memory, how many, and
+/// its stage marks.
+struct Queued {
+    offset: usize,
+    sequences: usize,
+    tokens: usize,
+    computed: usize,
+    marks: Option<Marks>,
 }
 
 impl CudaBert {
@@ -61,6 +74,10 @@ impl CudaBert {
         let blas = Blas::new(stream.clone())?;
         let es = dtype.size_bytes();
         let buffers = Buffers::new(&stream, &dims, &limits, es)?;
+        // SAFETY: the memory is unset until a copy down writes it; `encode_groups` reads only
+        // the rows its copies wrote, after waiting for them. Not write-combined: it is read.
+        let pinned =
+            unsafe { ctx.alloc_pinned_with_flags::<f32>(limits.max_sequences * dims.hidden, 0)? };
         Ok(Self {
             dims,
             limits,
@@ -73,6 +90,7 @@ impl CudaBert {
             buffers,
             scores_elems: scores_elems(&dims, &limits, es),
             stages: None,
+            pinned,
         })
     }
 
@@ -96,9 +114,73 @@ impl CudaBert {
     /// the limits (sequences of 1 to `max_seq_len` tokens; their count times the longest at
     /// most `max_tokens`), ids inside the vocabularies. Blocks until the result is on the host.
     pub fn encode(&mut self, seqs: &[Tokens<'_>]) -> Result<Vec<f32>, KernelError> {
-        let Some(packed) = pack(self.dims, self.limits, seqs)? else {
-            return Ok(Vec::new());
-        };
+        Ok(self.encode_groups(&[seqs])?.pop().unwrap_or_default())
+    }
+
+    /// The pooled vectors of each group, as [`CudaBert::encode`] gives them, with the groups
+    /// queued one after the other on the stream (each group's copy down into page-locked
+    /// memory behind its work) and one wait for as many as the pinned rows hold: the GPU goes
+    /// from one group to the next without waiting on the host. Blocks until every result is on
+    /// the host.
+    pub fn encode_groups(
+        &mut self,
+        groups: &[&[Tokens<'_>]],
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        let h = self.dims.hidden;
+        let mut out = Vec::with_capacity(groups.len());
+        let mut queued: Vec<Queued> = Vec::new();
+        let mut offset = 0;
+        for seqs in groups {
+            let Some(packed) = pack(self.dims, self.limits, seqs)? else {
+                self.collect(&mut queued, &mut out)?;
+                out.push(Vec::new());
+                offset = 0;
+                continue;
+            };
+            let b = packed.group.b;
+            if offset + b > self.limits.max_sequences {
+                self.collect(&mut queued, &mut out)?;
+                offset = 0;
+            }
+            let marks = self.queue(&packed, offset * h)?;
+            queued.push(Queued {
+                offset,
+                sequences: b,
+                tokens: packed.lengths.iter().map(|&l| l as usize).sum(),
+                computed: packed.group.t,
+                marks,
+            });
+            offset += b;
+        }
+        self.collect(&mut queued, &mut out)?;
+        Ok(out)
+    }
+
+    /// Waits for the queued groups and appends their vectors to `out`, in order.
+    fn collect(
+        &mut self,
+        queued: &mut Vec<Queued>,
+        out: &mut Vec<Vec<f32>>,
+    ) -> Result<(), KernelError> {
+        if queued.is_empty() {
+            return Ok(());
+        }
+        self.stream.synchronize()?;
+        let h = self.dims.hidden;
+        // The copies down were queued on this stream, which has just been waited for.
+        let rows = self.pinned.as_slice()?;
+        for q in queued.drain(..) {
+            out.push(rows[q.offset * h..(q.offset + q.sequences) * h].to_vec());
+            if let (Some(marks), Some(times)) = (q.marks, self.stages.as_mut()) {
+                marks.add_to(times, q.sequences, q.tokens, q.computed)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues one packed group: its inputs up, the layers, the pooling, and the copy of its
+    /// vectors down into the pinned rows from `at` (elements); returns its stage marks.
+    fn queue(&mut self, packed: &Packed, at: usize) -> Result<Option<Marks>, KernelError> {
         let g = packed.group;
         let mut marks = match self.stages {
             Some(_) => Some(Marks::start(&self.stream)?),
@@ -109,7 +191,7 @@ impl CudaBert {
             Some(m) => m.mark(&stream, stage),
             None => Ok(()),
         };
-        self.upload(&packed)?;
+        self.upload(packed)?;
         mark(Stage::Upload)?;
         self.embed(g)?;
         mark(Stage::Embed)?;
@@ -123,14 +205,11 @@ impl CudaBert {
             self.feed_forward(layer, g)?;
             mark(Stage::FeedForward)?;
         }
-        let pooled = self.pool(g)?;
+        // The pinned memory's own event is never recorded (it is only used here), so taking
+        // its pointer does not wait.
+        let rows = (self.pinned.as_mut_ptr()?, self.pinned.len());
+        self.pool(g, rows, at)?;
         mark(Stage::Pool)?;
-        if let (Some(marks), Some(times)) = (marks, self.stages.as_mut()) {
-            // The last event completes at once: the stream is idle after the pool's wait.
-            self.stream.synchronize()?;
-            let tokens = packed.lengths.iter().map(|&l| l as usize).sum();
-            marks.add_to(times, g.b, tokens, g.t)?;
-        }
-        Ok(pooled)
+        Ok(marks)
     }
 }

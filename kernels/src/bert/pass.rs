@@ -193,9 +193,15 @@ impl CudaBert {
         self.add_norm(bu.k.ptr, layer.down.bias, &layer.out_norm, g.t)
     }
 
-    /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then one copy down;
-    /// waits for it.
-    pub(super) fn pool(&self, g: Group) -> Result<Vec<f32>, KernelError> {
+    /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then its copy down
+    /// into the pinned rows `(pointer, length in f32)` from element `at`, queued (the caller
+    /// waits for the stream before it reads them).
+    pub(super) fn pool(
+        &self,
+        g: Group,
+        (rows, len): (*mut f32, usize),
+        at: usize,
+    ) -> Result<(), KernelError> {
         let (d, bu) = (self.dims, &self.buffers);
         let h = d.hidden;
         // SAFETY: as said on `Group`; `pooled` holds max_sequences·hidden f32.
@@ -214,11 +220,21 @@ impl CudaBert {
                 d.normalize,
             )?;
         }
-        let mut out = vec![0.0f32; g.b * h];
-        self.stream
-            .memcpy_dtoh(&bu.pooled.slice.slice(..g.b * h), &mut out)?;
-        self.stream.synchronize()?;
-        Ok(out)
+        let n = g.b * h;
+        if at + n > len || n > bu.pooled.slice.len() {
+            return Err(KernelError::bad(format!(
+                "{n} pooled values at {at} do not fit the {len} pinned ones"
+            )));
+        }
+        // SAFETY: `rows` is the pinned allocation of `len` f32 (the caller's), and `at + n` fits it;
+        // the copy reads `n` f32 of `pooled` (checked above), queued on the stream behind the
+        // pool kernel; `encode_groups` reads these rows only after waiting for the stream, and
+        // queues no other write to them before.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(rows.add(at), n);
+            cudarc::driver::result::memcpy_dtoh_async(dst, bu.pooled.ptr, self.stream.cu_stream())?;
+        }
+        Ok(())
     }
 
     /// `y = x·Wᵀ` over the group's tokens (the bias is fused into what follows).

@@ -92,17 +92,29 @@ impl Encoder for CudaEncoder {
     }
 
     fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
-        let tokens: Vec<Tokens<'_>> = seqs
-            .iter()
-            .map(|s| Tokens {
-                ids: &s.ids,
-                type_ids: &s.type_ids,
-            })
-            .collect();
-        Ok(self.bert.encode(&tokens)?)
+        Ok(self.bert.encode(&tokens_of(seqs))?)
+    }
+
+    fn encode_groups(
+        &mut self,
+        groups: &[Vec<&Sequence>],
+    ) -> Option<Result<Vec<Vec<f32>>, EncodeError>> {
+        let tokens: Vec<Vec<Tokens<'_>>> = groups.iter().map(|g| tokens_of(g)).collect();
+        let refs: Vec<&[Tokens<'_>]> = tokens.iter().map(Vec::as_slice).collect();
+        Some(self.bert.encode_groups(&refs).map_err(EncodeError::from))
     }
 
     fn stage_report(&self) -> Option<String> {
         self.bert.stage_times().map(|t| t.report())
     }
+}
+
+/// The kernels' view of the sequences.
+fn tokens_of<'a>(seqs: &[&'a Sequence]) -> Vec<Tokens<'a>> {
+    seqs.iter()
+        .map(|s| Tokens {
+            ids: &s.ids,
+            type_ids: &s.type_ids,
+        })
+        .collect()
 }

@@ -28,3 +28,12 @@ pub(super) fn encode_caught(
     panic::catch_unwind(AssertUnwindSafe(|| encoder.encode(seqs)))
         .unwrap_or_else(|payload| Err(EncodeError::Panicked(panic_message(payload.as_ref()))))
 }
+
+/// `encoder.encode_groups(groups)`, a panic in it caught as [`encode_caught`] does.
+pub(super) fn encode_groups_caught(
+    encoder: &mut dyn Encoder,
+    groups: &[Vec<&Sequence>],
+) -> Option<Result<Vec<Vec<f32>>, EncodeError>> {
+    panic::catch_unwind(AssertUnwindSafe(|| encoder.encode_groups(groups)))
+        .unwrap_or_else(|payload| Some(Err(EncodeError::Panicked(panic_message(payload.as_ref())))))
+}

@@ -1,10 +1,12 @@
 //! One job: its sequences grouped by length, each group's members not cancelled by then
-//! encoded, the rows put back in the caller's order.
+//! encoded, the rows put back in the caller's order. An encoder that queues groups (CUDA)
+//! gets them all at once, the cancellations looked at before; the others one by one, the
+//! cancellations looked at before each.
 
 use modelshare_worker::CancellationToken;
 
 use super::job::Encoded;
-use super::panics::encode_caught;
+use super::panics::{encode_caught, encode_groups_caught};
 use super::plan::{MAX_PADDING, plan};
 use crate::encoder::{EncodeError, Encoder};
 use crate::tokenize::Sequence;
@@ -21,25 +23,23 @@ pub(super) fn run(
     let mut out = vec![0.0f32; seqs.len() * hidden];
     let mut cancelled = vec![false; seqs.len()];
     let waste = if encoder.pads() { MAX_PADDING } else { 1.0 };
-    for group in plan(
+    let groups = plan(
         &lengths,
         encoder.max_tokens(),
         encoder.max_sequences(),
         waste,
-    ) {
-        let group: Vec<usize> = group
+    );
+    let mut wanted = |group: Vec<usize>| -> Vec<usize> {
+        group
             .into_iter()
             .filter(|&i| {
                 let gone = cancels.get(i).is_some_and(CancellationToken::is_cancelled);
                 cancelled[i] = gone;
                 !gone
             })
-            .collect();
-        if group.is_empty() {
-            continue;
-        }
-        let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
-        let vectors = encode_caught(encoder, &members)?;
+            .collect()
+    };
+    let mut put = |group: &[usize], vectors: &[f32]| -> Result<(), EncodeError> {
         if vectors.len() != group.len() * hidden {
             return Err(EncodeError::Device(format!(
                 "the encoder returned {} values for {} sequences of {hidden}",
@@ -47,8 +47,42 @@ pub(super) fn run(
                 group.len()
             )));
         }
-        for (row, &i) in vectors.chunks_exact(hidden).zip(&group) {
+        for (row, &i) in vectors.chunks_exact(hidden).zip(group) {
             out[i * hidden..(i + 1) * hidden].copy_from_slice(row);
+        }
+        Ok(())
+    };
+    let groups: Vec<Vec<usize>> = groups
+        .into_iter()
+        .map(&mut wanted)
+        .filter(|g| !g.is_empty())
+        .collect();
+    let members: Vec<Vec<&Sequence>> = groups
+        .iter()
+        .map(|g| g.iter().map(|&i| &seqs[i]).collect())
+        .collect();
+    if let Some(all) = encode_groups_caught(encoder, &members) {
+        let all = all?;
+        if all.len() != groups.len() {
+            return Err(EncodeError::Device(format!(
+                "the encoder returned {} groups for {}",
+                all.len(),
+                groups.len()
+            )));
+        }
+        for (group, vectors) in groups.iter().zip(&all) {
+            put(group, vectors)?;
+        }
+    } else {
+        for group in groups {
+            // Cancelled since the plan: looked at again before each group.
+            let group = wanted(group);
+            if group.is_empty() {
+                continue;
+            }
+            let members: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
+            let vectors = encode_caught(encoder, &members)?;
+            put(&group, &vectors)?;
         }
     }
     Ok(Encoded {
