@@ -16,7 +16,7 @@ What it measures, per model:
                          (tokens as its tokenizer counts them: truncated to max_seq_length, special
                          tokens included).
   modelshare             `modelshare serve --backend cuda` holding the f16 weights once, N workers
-                         (--max-batch-items 256); clients are --concurrency processes POSTing
+                         (the worker's own batch defaults); clients are --concurrency processes POSTing
                          /v1/embeddings with 64-128 sentences each over keep-alive HTTP: sentences/s
                          and tokens/s (from usage.prompt_tokens) for the whole set, timed on the
                          second pass.
@@ -379,8 +379,9 @@ class Stack:
             i = len(self.workers)
             self.workers.append(self.bench.spawn(f"{self.name}-worker-{i}", [
                 self.bench.binary("modelshare-embed"), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
-                "--model", self.name, "--name", f"bench-{i}", "--max-batch-items", str(self.bench.args.max_batch_items),
-                "--max-batch-tokens", str(self.bench.args.max_batch_tokens),
+                "--model", self.name, "--name", f"bench-{i}",
+                *(["--max-batch-items", str(self.bench.args.max_batch_items)] if self.bench.args.max_batch_items else []),
+                *(["--max-batch-tokens", str(self.bench.args.max_batch_tokens)] if self.bench.args.max_batch_tokens else []),
                 *(["--profile-stages"] if self.bench.args.profile_stages else [])]))
         self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
 
@@ -759,13 +760,13 @@ def parse_args():
     ap.add_argument("--backend", choices=["cuda", "host"], default="cuda", help="the server's backend")
     ap.add_argument("--st-device", default="cuda", help="where sentence-transformers runs (cuda, cpu)")
     ap.add_argument("--concurrency", type=int, default=32, help="HTTP requests in flight")
-    ap.add_argument("--max-batch-items", type=int, default=256, help="each worker's --max-batch-items")
+    ap.add_argument("--max-batch-items", type=int, help="each worker's --max-batch-items (default: the worker's)")
     ap.add_argument("--st-batches", default=",".join(map(str, ST_BATCHES)), type=lambda v: [int(x) for x in v.split(",")],
                     help="sentence-transformers batch sizes")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPU memory comparison")
     ap.add_argument("--profile-stages", action="store_true",
                     help="workers log where their time went (modelshare-embed --profile-stages), kept in the report")
-    ap.add_argument("--max-batch-tokens", type=int, default=16384, help="each worker's --max-batch-tokens")
+    ap.add_argument("--max-batch-tokens", type=int, help="each worker's --max-batch-tokens (default: the worker's)")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)

@@ -68,16 +68,17 @@ struct Args {
     /// Batches taken at once (tokenizing one while computing another).
     #[arg(long, default_value_t = 2)]
     credits: u32,
-    /// Most items (inputs) in one batch.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    /// Most items (inputs) in one batch (more of like length make bigger groups and faster
+    /// products: 1024 against 256 was 17-20% faster on an H200).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     max_batch_items: u32,
     /// Most input bytes in one batch.
     #[arg(long, default_value_t = 16 << 20)]
     max_batch_bytes: u64,
     /// Most tokens (sequences × their longest length) in one forward pass; sizes the GPU's
     /// activation buffers (in f16 about (14 × hidden + 2 × intermediate) bytes per token,
-    /// plus 64 MiB of attention scores: ~0.5 GiB for BERT-large at 16384).
-    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
+    /// plus the attention scores: ~1 GiB for BERT-large at 32768, ~0.5 GiB at 16384).
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
     max_batch_tokens: u64,
     /// Longest input in tokens, special tokens included (default: the model's
     /// max_seq_length); longer inputs are truncated.
