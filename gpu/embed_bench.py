@@ -5,7 +5,7 @@ modelshare-embed workers computing from them) against sentence-transformers, on 
 
 Run on the GPU machine after scripts/gpu-wheels prepared gpu-carry/ elsewhere:
     python3 gpu/embed_bench.py --bin gpu-carry/embed-bin --model-dir gpu-carry/minilm-f16 --out "$OUT"
-        [--workers 1,2,4,8] [--sentences 20000] [--quick]
+        [--workers 1,2,4,8] [--sentences 60000] [--quick]
 A CPU-only rehearsal of the whole flow at tiny scale (MiniLM only, sentence-transformers on the CPU):
     python3 gpu/embed_bench.py --bin target/release --model-dir DIR --out /tmp/eb \\
         --backend host --st-device cpu --models minilm --sentences 200 --workers 1,2
@@ -17,11 +17,19 @@ What it measures, per model:
                          tokens included).
   modelshare             `modelshare serve --backend cuda` holding the f16 weights once, N workers
                          (the worker's own batch defaults); clients are --concurrency processes POSTing
-                         /v1/embeddings with 64-128 sentences each over keep-alive HTTP: sentences/s
+                         /v1/embeddings with 64 sentences each over keep-alive HTTP: sentences/s
                          and tokens/s (from usage.prompt_tokens) for the whole set, timed on the
                          second pass.
                          A sample of the answers is checked against sentence-transformers (cosine
                          >= 0.999).
+  PyTorch alone          the same model in transformers' BertModel (fp16, SDPA) on input tokenized
+                         before the clock starts, sorted by length and batched (128, 256): the
+                         model's own speed without any serving.
+  cuBLAS ceiling         torch's fp16 products of the model's own shapes (q/k/v, output, up, down)
+                         at 8192 rows: what the products can reach on this GPU; each row's MFU is
+                         its tokens/s times the products' FLOPs per token over the dense f16 peak.
+  CPU                    cores each side kept busy during a timed pass (clients, server, workers):
+                         the load generator must not be the limit.
   GPU memory             nvidia-smi (memory.used, and per process) with the most workers serving,
                          against as many sentence-transformers processes each holding the model
                          (idle after one encode).
@@ -65,8 +73,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SEED = 20240229
 ST_BATCHES = (32, 64, 128, 256)
-REQUEST_SIZES = (64, 128)  # sentences per HTTP request, drawn uniformly
-WORDS = (4, 128)  # words per sentence, drawn uniformly
+REQUEST_SIZES = (64, 64)  # sentences per HTTP request, drawn uniformly (issue 29's load: 64)
+WORDS = (3, 160)  # words per sentence, drawn uniformly (issue 29's load)
+MIXED_EVERY = 97  # every so many generated sentences, one of the parity set (empty, non-Latin...)
+LONG_EVERY = 499  # and one very long (1 500 words: truncated)
+#: Dense f16/bf16 tensor-core peak (no sparsity) by GPU name, FLOP/s: the MFU's denominator.
+PEAK_F16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12}
 SAMPLE = 256  # sentences whose vectors are checked per run
 MIN_COSINE = 0.999
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
@@ -82,21 +94,26 @@ def log(msg):
 
 
 def make_sentences(model_dir, count):
-    """`count` deterministic sentences of 4-128 words drawn from the tokenizer's whole-word vocabulary."""
+    """`count` deterministic sentences of 3-160 words drawn from the tokenizer's whole-word
+    vocabulary, with one of the parity set (empty, whitespace, non-Latin scripts, emoji, code...)
+    every MIXED_EVERY and a very long one every LONG_EVERY, as issue 29's load asks."""
     with open(os.path.join(model_dir, "tokenizer.json")) as f:
         vocab = json.load(f)["model"]["vocab"]
     words = sorted(w for w in vocab if w.isascii() and w.isalpha() and len(w) >= 3)
     rng = random.Random(SEED)
     sentences = []
-    for _ in range(count):
-        n = rng.randint(*WORDS)
+    for i in range(count):
+        if i % MIXED_EVERY == MIXED_EVERY - 1:
+            sentences.append(PARITY_SENTENCES[(i // MIXED_EVERY) % len(PARITY_SENTENCES)])
+            continue
+        n = 1500 if i % LONG_EVERY == LONG_EVERY - 1 else rng.randint(*WORDS)
         text = " ".join(rng.choice(words) for _ in range(n))
         sentences.append(text[0].upper() + text[1:] + ".")
     return sentences
 
 
 def make_requests(count):
-    """Consecutive [start, end) slices of 64-128 sentences covering `count` sentences."""
+    """Consecutive [start, end) slices of REQUEST_SIZES sentences covering `count` sentences."""
     rng = random.Random(SEED + 1)
     chunks, start = [], 0
     while start < count:
@@ -171,6 +188,87 @@ def st_kernels(model, sentences, batch):
             "top": [{"kernel": e.key[:90], "calls": e.count, "ms": device_us(e) / 1e3} for e in top]}
 
 
+def child_torch_alone(job):
+    """The same model in PyTorch alone (transformers' BertModel, fp16, SDPA) on pre-tokenized
+    input: the tokens made before the clock starts, sequences sorted by length and batched,
+    mean pooling and normalization as sentence-transformers does; each batch size timed on its
+    second pass. Sentences/s and tokens/s."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    sentences = load_json(job["sentences"])
+    device = job["device"]
+    cuda = device.startswith("cuda")
+    tok = AutoTokenizer.from_pretrained(job["model_dir"])
+    st_config = load_json(os.path.join(job["model_dir"], "sentence_bert_config.json"))
+    ids = tok(sentences, truncation=True, max_length=st_config.get("max_seq_length", 512))["input_ids"]
+    tokens = sum(len(x) for x in ids)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    model = AutoModel.from_pretrained(job["model_dir"], torch_dtype=torch.float16 if cuda else torch.float32,
+                                      attn_implementation="sdpa").to(device).eval()
+    pad = tok.pad_token_id or 0
+    rows = []
+    for batch in job["batches"]:
+        # Padded batches made before the clock as well: only the model is timed.
+        batches = []
+        for at in range(0, len(order), batch):
+            members = [ids[i] for i in order[at:at + batch]]
+            longest = max(len(m) for m in members)
+            x = torch.full((len(members), longest), pad, dtype=torch.long)
+            mask = torch.zeros((len(members), longest), dtype=torch.long)
+            for r, m in enumerate(members):
+                x[r, :len(m)] = torch.tensor(m)
+                mask[r, :len(m)] = 1
+            batches.append((x.to(device), mask.to(device)))
+
+        def one_pass():
+            with torch.inference_mode():
+                for x, mask in batches:
+                    h = model(input_ids=x, attention_mask=mask).last_hidden_state
+                    m = mask.unsqueeze(-1).to(h.dtype)
+                    v = (h * m).sum(1) / m.sum(1).clamp(min=1)
+                    torch.nn.functional.normalize(v.float(), dim=1).cpu()
+        one_pass()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one_pass()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        rows.append({"batch": batch, "seconds": seconds, "sentences_per_s": len(sentences) / seconds,
+                     "tokens_per_s": tokens / seconds})
+    return {"tokens": tokens, "rows": rows}
+
+
+def child_ceiling(job):
+    """cuBLAS on the model's own products (fp16, f32 accumulation as torch does them): rows x
+    hidden x 3·hidden (q, k, v), x hidden (attention output), x intermediate and back, at
+    `rows` tokens; TFLOP/s of each (median of 20 timed with CUDA events) and of all together."""
+    import torch
+    h, inter, rows = job["hidden"], job["intermediate"], job["rows"]
+    shapes = {"qkv": (h, 3 * h), "attn_out": (h, h), "up": (h, inter), "down": (inter, h)}
+    out, flops_all, secs_all = {}, 0.0, 0.0
+    for name, (k, n) in shapes.items():
+        a = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        for _ in range(5):
+            a @ b
+        times = []
+        for _ in range(20):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            a @ b
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 1e3)
+        t = sorted(times)[len(times) // 2]
+        flops = 2.0 * rows * k * n
+        out[name] = {"shape": [rows, k, n], "tflops": flops / t / 1e12}
+        flops_all += flops
+        secs_all += t
+    return {"rows": rows, "products": out, "tflops": flops_all / secs_all / 1e12}
+
+
 def child_st_hold(job):
     """Loads the model in fp16 on the GPU, encodes one batch, reports ready, then waits to be stopped."""
     import torch
@@ -219,7 +317,8 @@ def write_sentence_transformers_files(dst, hidden):
         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
 
 
-CHILDREN = {"st-bench": child_st_bench, "st-hold": child_st_hold, "make-large": child_make_large}
+CHILDREN = {"st-bench": child_st_bench, "st-hold": child_st_hold, "make-large": child_make_large,
+            "torch-alone": child_torch_alone, "ceiling": child_ceiling}
 
 
 def load_json(path):
@@ -583,6 +682,26 @@ class Bench:
             log(f"   sentence-transformers' GPU time: {json.dumps(out['kernels'], indent=1)}")
         return out["tokens"], np.load(ref)
 
+    def torch_alone(self, name, model_dir):
+        """The PyTorch-alone anchor's rows (pre-tokenized, fp16, SDPA)."""
+        out = self.child("torch-alone", f"{name}-torch", {
+            "model_dir": model_dir, "sentences": self.sentences_file, "device": self.args.st_device,
+            "batches": [b for b in self.args.st_batches if b >= 128] or list(self.args.st_batches)})
+        engine = "PyTorch alone, pre-tokenized, " + ("fp16 SDPA" if self.args.st_device.startswith("cuda") else "fp32")
+        for row in out["rows"]:
+            self.add_run(name, engine, f"batch {row['batch']}", row)
+
+    def ceiling(self, name, model_dir):
+        """cuBLAS on the model's product shapes, and the FLOPs per token the MFU counts."""
+        config = load_json(os.path.join(model_dir, "config.json"))
+        h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+        out = self.child("ceiling", f"{name}-ceiling", {"hidden": h, "intermediate": inter, "rows": 8192})
+        model = self.result["models"].setdefault(name, {})
+        model["cublas_ceiling"] = out
+        # The products' FLOPs per token: q, k, v, output, up and down, in every layer.
+        model["product_flops_per_token"] = 2.0 * layers * (4 * h * h + 2 * h * inter)
+        log(f"   cuBLAS on its products at {out['rows']} rows: {out['tflops']:.0f} TFLOP/s")
+
     def modelshare(self, name, model_dir, reference):
         """Throughput with each worker count, answers checked; GPU memory with the most workers."""
         stack = Stack(self, name, model_dir)
@@ -673,6 +792,9 @@ class Bench:
         """sentence-transformers, then modelshare, then the memory comparison, for one model."""
         st = self.part(f"{name}: sentence-transformers", lambda: self.st_bench(name, model_dir), need_s=40)
         tokens, reference = st if st else (None, None)
+        self.part(f"{name}: PyTorch alone", lambda: self.torch_alone(name, model_dir), need_s=40)
+        if self.args.st_device.startswith("cuda"):
+            self.part(f"{name}: cuBLAS ceiling", lambda: self.ceiling(name, model_dir), need_s=20)
         self.part(f"{name}: modelshare", lambda: self.modelshare(name, model_dir, reference), need_s=40)
         for run in self.result["runs"]:
             if run["model"] == name and "prompt_tokens" in run and tokens is not None:
@@ -717,12 +839,20 @@ class Bench:
 
     def markdown(self):
         r = self.result
+        gpu = r.get("gpu", {}).get("name", "none")
+        peak = next((v for k, v in PEAK_F16.items() if k in gpu), None)
         lines = ["# Sentence embeddings: modelshare vs sentence-transformers",
-                 "", f"{len(self.sentences)} sentences ({WORDS[0]}-{WORDS[1]} words), requests of "
-                 f"{REQUEST_SIZES[0]}-{REQUEST_SIZES[1]} sentences from {self.args.concurrency} clients; "
-                 f"GPU: {r.get('gpu', {}).get('name', 'none')}; {r['elapsed_s']} s in all.", "",
-                 "| model | engine | workers/batch | sentences/s | tokens/s | ×ST | check |",
-                 "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+                 "", f"{len(self.sentences)} sentences ({WORDS[0]}-{WORDS[1]} words, with empty, very long and "
+                 f"non-Latin ones), requests of {'-'.join(map(str, sorted(set(REQUEST_SIZES))))} sentences as base64 from "
+                 f"{self.args.concurrency} client processes; GPU: {gpu}; {r['elapsed_s']} s in all.", ""]
+        for name, m in r["models"].items():
+            if "cublas_ceiling" in m and peak:
+                c = m["cublas_ceiling"]
+                lines.append(f"{name}: cuBLAS on its own products at {c['rows']} rows {c['tflops']:.0f} TFLOP/s "
+                             f"({c['tflops'] * 1e12 / peak:.0%} of the {peak / 1e12:.0f} TFLOP/s dense f16 peak); "
+                             f"MFU below counts {m['product_flops_per_token'] / 1e6:.0f} MFLOP of products per token.")
+        lines += ["", "| model | engine | workers/batch | sentences/s | tokens/s | ×ST | MFU | CPU cores: clients / server / "
+                  "workers | check |", "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
         best = {}
         for run in r["runs"]:
             if run["engine"].startswith("sentence-transformers"):
@@ -734,8 +864,13 @@ class Bench:
                 check += f"; {run['errors']} failed requests"
             if run.get("tokens_match_st") is False:
                 check += "; usage tokens differ from sentence-transformers'"
+            per_token = r["models"].get(run["model"], {}).get("product_flops_per_token")
+            mfu = f"{run['tokens_per_s'] * per_token / peak:.0%}" if per_token and peak else ""
+            path = run.get("path") or {}
+            cpu = (f"{path['clients_cores']:.1f} / {path['server_cores']:.1f} / {path['workers_cores']:.1f}"
+                   if path else "")
             lines.append(f"| {run['model']} | {run['engine']} | {run['setup']} | {run['sentences_per_s']:.0f} | "
-                         f"{run['tokens_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}'} | {check} |")
+                         f"{run['tokens_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}'} | {mfu} | {cpu} | {check} |")
         if r["memory"]:
             lines += ["", "| model | GPU memory held by | MiB over idle | per process (MiB) |", "| --- | --- | ---: | --- |"]
             for m in r["memory"]:
@@ -754,7 +889,7 @@ def parse_args():
     ap.add_argument("--model-dir", default="gpu-carry/minilm-f16", help="MiniLM-L6 as sentence-transformers files")
     ap.add_argument("--out", help="where the reports and logs go")
     ap.add_argument("--workers", help="worker counts, comma-separated (1,2,4,8; 1,8 with --quick)")
-    ap.add_argument("--sentences", type=int, help="how many sentences (20000; 2000 with --quick)")
+    ap.add_argument("--sentences", type=int, help="how many sentences (60000; 2000 with --quick)")
     ap.add_argument("--quick", action="store_true", help="2,000 sentences, 1 and 8 workers")
     ap.add_argument("--models", default="minilm,bert-large", help="minilm and/or bert-large")
     ap.add_argument("--backend", choices=["cuda", "host"], default="cuda", help="the server's backend")
@@ -777,7 +912,7 @@ def parse_args():
     if not args.out:
         ap.error("--out is required")
     args.workers = [int(n) for n in (args.workers or ("1,8" if args.quick else "1,2,4,8")).split(",")]
-    args.sentences = args.sentences or (2000 if args.quick else 20000)
+    args.sentences = args.sentences or (2000 if args.quick else 60000)
     args.models = args.models.split(",")
     return args
 
