@@ -30,6 +30,8 @@ What it measures, per model:
                          its tokens/s times the products' FLOPs per token over the dense f16 peak.
   CPU                    cores each side kept busy during a timed pass (clients, server, workers):
                          the load generator must not be the limit.
+  under MPS (--mps)      the worker counts again, server and workers clients of one MPS daemon
+                         started for it (pipe and logs under the run's temporary folder).
   GPU memory             nvidia-smi (memory.used, and per process) with the most workers serving,
                          against as many sentence-transformers processes each holding the model
                          (idle after one encode).
@@ -426,14 +428,15 @@ def free_port():
 class Stack:
     """A modelshare server holding one model, and its modelshare-embed workers."""
 
-    def __init__(self, bench, name, model_dir):
-        self.bench, self.name, self.workers = bench, name, []
+    def __init__(self, bench, name, model_dir, tag=""):
+        self.bench, self.name, self.workers, self.tag = bench, name, [], tag
         self.tmp = tempfile.mkdtemp(prefix="embed-bench-")
         config = os.path.join(self.tmp, "modelshare.toml")
         with open(config, "w") as f:
             f.write("[serving]\nmax_queue_items = 1048576\nmax_tenant_requests = 4096\n")
         self.port, self.metrics_port = free_port(), free_port()
-        self.server = bench.spawn(f"{name}-server", [
+        self.prefix = f"{name}-{tag}" if tag else name
+        self.server = bench.spawn(f"{self.prefix}-server", [
             bench.binary("modelshare"), "serve", "--backend", bench.args.backend, "--config", config,
             "--model-root", os.path.dirname(os.path.abspath(model_dir)),
             "--unix-socket", os.path.join(self.tmp, "grpc.sock"),
@@ -476,7 +479,7 @@ class Stack:
         """Starts workers until `n` serve."""
         while len(self.workers) < n:
             i = len(self.workers)
-            self.workers.append(self.bench.spawn(f"{self.name}-worker-{i}", [
+            self.workers.append(self.bench.spawn(f"{self.prefix}-worker-{i}", [
                 self.bench.binary("modelshare-embed"), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
                 "--model", self.name, "--name", f"bench-{i}",
                 *(["--max-batch-items", str(self.bench.args.max_batch_items)] if self.bench.args.max_batch_items else []),
@@ -703,7 +706,9 @@ class Bench:
         log(f"   cuBLAS on its products at {out['rows']} rows: {out['tflops']:.0f} TFLOP/s")
 
     def modelshare(self, name, model_dir, reference):
-        """Throughput with each worker count, answers checked; GPU memory with the most workers."""
+        """Throughput with each worker count, answers checked; GPU memory with the most workers;
+        then, with --mps, the same counts with the server and workers as clients of one MPS
+        daemon."""
         stack = Stack(self, name, model_dir)
         try:
             for n in self.args.workers:
@@ -719,8 +724,34 @@ class Bench:
             if self.args.profile_stages:
                 self.result.setdefault("worker_profiles", {})[name] = worker_profiles(self.logs, name)
                 log(f"   worker profiles: {json.dumps(self.result['worker_profiles'][name], indent=1)}")
+        if self.args.mps:
+            self.part(f"{name}: modelshare under MPS", lambda: self.under_mps(name, model_dir, reference), need_s=60)
 
-    def modelshare_run(self, stack, name, n, reference):
+    def under_mps(self, name, model_dir, reference):
+        """The worker counts again, server and workers clients of one MPS daemon (its pipe and
+        log folders under this run's temporary folder), the daemon stopped after."""
+        mps = os.path.join(self.tmp, f"mps-{name}")
+        env = dict(self.env, CUDA_MPS_PIPE_DIRECTORY=os.path.join(mps, "pipe"),
+                   CUDA_MPS_LOG_DIRECTORY=os.path.join(mps, "log"))
+        for d in ("pipe", "log"):
+            os.makedirs(os.path.join(mps, d), exist_ok=True)
+        subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
+        saved, self.env = self.env, env
+        stack = None
+        try:
+            stack = Stack(self, f"{name}", model_dir, tag="mps")
+            for n in self.args.workers:
+                if self.remaining() < 20:
+                    self.result["skipped"].append(f"{name} modelshare {n} workers under MPS")
+                    continue
+                self.modelshare_run(stack, name, n, reference, setup_suffix=", MPS")
+        finally:
+            if stack:
+                stack.close()
+            self.env = saved
+            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env, timeout=30)
+
+    def modelshare_run(self, stack, name, n, reference, setup_suffix=""):
         """One timed pass over the sentences with `n` workers."""
         stack.scale(n)
         chunks = make_requests(len(self.sentences))
@@ -732,7 +763,7 @@ class Bench:
                "tokens_per_s": run["prompt_tokens"] / run["seconds"], "prompt_tokens": run["prompt_tokens"],
                "errors": run["errors"], "first_errors": run["first_errors"], "path": path}
         row.update(self.verify(vectors, reference))
-        self.add_run(name, f"modelshare {self.args.backend}", f"{n} worker{'s' if n > 1 else ''}", row)
+        self.add_run(name, f"modelshare {self.args.backend}", f"{n} worker{'s' if n > 1 else ''}{setup_suffix}", row)
         log(f"   {n} worker(s): {row['sentences_per_s']:.0f} sentences/s, {row['tokens_per_s']:.0f} tokens/s, "
             f"{run['errors']} errors, cosine min {row.get('cosine_min')}; path {json.dumps(path)}")
 
@@ -899,6 +930,8 @@ def parse_args():
     ap.add_argument("--st-batches", default=",".join(map(str, ST_BATCHES)), type=lambda v: [int(x) for x in v.split(",")],
                     help="sentence-transformers batch sizes")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPU memory comparison")
+    ap.add_argument("--mps", action="store_true",
+                    help="then the worker counts again under one MPS daemon (nvidia-cuda-mps-control)")
     ap.add_argument("--profile-stages", action="store_true",
                     help="workers log where their time went (modelshare-embed --profile-stages), kept in the report")
     ap.add_argument("--max-batch-tokens", type=int, help="each worker's --max-batch-tokens (default: the worker's)")
