@@ -270,7 +270,9 @@ class Graphs:
                 want = enc.forward(ids, mask)
         torch.cuda.current_stream(enc.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: a CUDA call of another thread meanwhile (the SDK importing a new
+        # version, another handler thread) neither fails this capture nor is captured.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = enc.forward(ids, mask)
         graph.replay()
         got = out.clone()
