@@ -112,16 +112,19 @@ impl FastBert {
 
     /// The ids and type ids of `text`, special tokens included, its word pieces cut to
     /// `max_len` minus the special tokens when `max_len` is given (longest-first from the
-    /// right, as the crate truncates one sequence); `None` when the text holds an added token.
+    /// right, as the crate truncates one sequence); `None` when the text holds an added token,
+    /// or when `max_len` is below the special tokens (where the crate's arithmetic wraps).
     pub(crate) fn encode(
         &self,
         text: &str,
         max_len: Option<usize>,
     ) -> Option<(Vec<u32>, Vec<u32>)> {
-        if self
-            .added
-            .iter()
-            .any(|a| !a.is_empty() && text.contains(a.as_str()))
+        let specials = self.before.len() + self.after.len();
+        if max_len.is_some_and(|m| m < specials)
+            || self
+                .added
+                .iter()
+                .any(|a| !a.is_empty() && text.contains(a.as_str()))
         {
             return None;
         }
@@ -134,7 +137,6 @@ impl FastBert {
                 self.word_pieces(word, &mut pieces);
             }
         }
-        let specials = self.before.len() + self.after.len();
         if let Some(max) = max_len {
             pieces.truncate(max.saturating_sub(specials));
         }
@@ -352,8 +354,8 @@ fn is_whitespace(c: char) -> bool {
     matches!(c, '\t' | '\n' | '\r') || c.is_whitespace()
 }
 
-/// `BertNormalizer`'s control characters: the "other" category (Cc, Cf, Cn, Co, Cs) but tab,
-/// newline and carriage return.
+/// `BertNormalizer`'s control characters: what `unicode_categories` calls "other" (Cc, Cf and
+/// Co in its tables) but tab, newline and carriage return.
 fn is_control(c: char) -> bool {
     !matches!(c, '\t' | '\n' | '\r') && c.is_other()
 }

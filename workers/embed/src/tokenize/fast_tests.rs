@@ -86,11 +86,45 @@ fn vocab() -> Value {
 
 /// A BERT `tokenizer.json` over [`vocab`] with these normalizer flags and post-processor.
 fn tokenizer_json(normalizer: Value, bert_processing: bool) -> Value {
-    let vocab = vocab();
+    tokenizer_json_with(normalizer, bert_processing, "##", 100, false)
+}
+
+/// The same, with another continuing-subword prefix (the vocabulary's `##` pieces renamed), a
+/// word-length limit, and with `odd_template`, a single template of two ids before the
+/// sequence and type ids 1 after it.
+fn tokenizer_json_with(
+    normalizer: Value,
+    bert_processing: bool,
+    prefix: &str,
+    max_chars: usize,
+    odd_template: bool,
+) -> Value {
+    let mut vocab = vocab();
+    if prefix != "##" {
+        let renamed: serde_json::Map<String, Value> = vocab
+            .as_object()
+            .expect("an object")
+            .iter()
+            .map(|(k, v)| match k.strip_prefix("##") {
+                Some(rest) => (format!("{prefix}{rest}"), v.clone()),
+                None => (k.clone(), v.clone()),
+            })
+            .collect();
+        vocab = Value::Object(renamed);
+    }
     let id = |t: &str| vocab[t].as_u64().expect("in the vocabulary");
     let (cls, sep) = (id("[CLS]"), id("[SEP]"));
+    let mask = id("[MASK]");
     let post = if bert_processing {
         json!({"type": "BertProcessing", "sep": ["[SEP]", sep], "cls": ["[CLS]", cls]})
+    } else if odd_template {
+        json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 1}},
+                       {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+            "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [cls, mask], "tokens": ["[CLS]", "[MASK]"]},
+                               "[SEP]": {"id": "[SEP]", "ids": [sep], "tokens": ["[SEP]"]}}})
     } else {
         json!({"type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
@@ -112,8 +146,8 @@ fn tokenizer_json(normalizer: Value, bert_processing: bool) -> Value {
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
         "normalizer": normalizer, "pre_tokenizer": {"type": "BertPreTokenizer"},
         "post_processor": post, "decoder": null,
-        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                  "max_input_chars_per_word": 100, "vocab": vocab}
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": prefix,
+                  "max_input_chars_per_word": max_chars, "vocab": vocab}
     })
 }
 
@@ -287,11 +321,21 @@ fn fast_bert_gives_the_crates_ids() {
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (mut compared, mut left_to_crate) = (0, 0);
-    for (k, normalizer) in normalizers.into_iter().enumerate() {
-        let json = tokenizer_json(normalizer, k % 2 == 1);
-        let fast = FastBert::new(&json).expect("a BERT tokenizer.json is taken");
-        for max_len in [None, Some(12)] {
-            let crate_tok = reference(&json, max_len);
+    let first = normalizers[0].clone();
+    let mut configs: Vec<Value> = normalizers
+        .into_iter()
+        .enumerate()
+        .map(|(k, n)| tokenizer_json(n, k % 2 == 1))
+        .collect();
+    // Another prefix and a short word limit; an empty prefix; a template of three special ids
+    // with type ids 1.
+    configs.push(tokenizer_json_with(first.clone(), false, "@@", 8, false));
+    configs.push(tokenizer_json_with(first.clone(), false, "", 100, false));
+    configs.push(tokenizer_json_with(first, false, "##", 100, true));
+    for (k, json) in configs.iter().enumerate() {
+        let fast = FastBert::new(json).expect("a BERT tokenizer.json is taken");
+        for max_len in [None, Some(12), Some(3)] {
+            let crate_tok = reference(json, max_len);
             let mut texts: Vec<String> = (0..1500).map(|_| text(&mut rng)).collect();
             texts.extend(["", " ", "\t\n", "[CLS]", "x[SEP]y", "\u{fffd}\0"].map(str::to_owned));
             texts.extend(FRAGMENTS.iter().map(|f| (*f).to_owned()));
@@ -322,9 +366,13 @@ fn fast_bert_gives_the_crates_ids() {
         }
     }
     assert!(
-        compared > 10_000 && left_to_crate > 0,
+        compared > 25_000 && left_to_crate > 0,
         "{compared} compared, {left_to_crate} left"
     );
+    // Below the special tokens the crate's arithmetic wraps (it does not truncate at all):
+    // left to it.
+    let odd = FastBert::new(&configs[configs.len() - 1]).expect("taken");
+    assert_eq!(odd.encode("hello world", Some(2)), None);
 }
 
 /// Another shape is refused, so that the crate tokenizes it.
