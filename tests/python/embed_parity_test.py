@@ -63,13 +63,14 @@ class EmbedStack(Stack):
         self.grpc_port, self.http_port = free_port(), free_port()
         self.socket = os.path.join(tmp, "grpc.sock")
         self.log = open(os.path.join(tmp, "server.log"), "w")
+        # The stubs first: a failure here must not leave a server running.
+        self.pb = generate_stubs(os.path.join(tmp, "stubs"))
         self.server = subprocess.Popen(
             [args.bin, "serve", "--backend", args.backend, "--model-root", model_root,
              "--unix-socket", self.socket, "--handle-socket", os.path.join(tmp, "handles.sock"),
              "--listen", f"127.0.0.1:{self.grpc_port}", "--unauthenticated-tcp",
              "--http-listen", f"127.0.0.1:{self.http_port}", "--model", f"{MODEL}={model_path}"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.pb = generate_stubs(os.path.join(tmp, "stubs"))
         self.admin_pb2 = self.pb[0]
         channel = grpc.insecure_channel(f"unix:{self.socket}", options=[("grpc.default_authority", "localhost")])
         self.admin = self.pb[1].AdminServiceStub(channel)
