@@ -56,6 +56,15 @@ def log(msg):
     print(msg, flush=True)
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds of process `pid` (all its threads) so far; 0 once it is gone."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def lib_path():
     paths = ["/usr/local/nvidia/lib64", "/usr/local/cuda/lib64"]
     for pattern in ["/usr/local/lib/python3*/dist-packages/nvidia/*/lib", "/opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib",

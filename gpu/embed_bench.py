@@ -69,6 +69,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python"))
 from embed_sentences import SENTENCES as PARITY_SENTENCES  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check import cpu_seconds  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -509,15 +512,6 @@ class Stack:
         got["server_cpu_s"] = cpu_seconds(self.server.pid)
         got["workers_cpu_s"] = sum(cpu_seconds(p.pid) for p in self.workers)
         return got
-
-
-def cpu_seconds(pid):
-    """User and system CPU seconds of process `pid` so far (0 when it is gone)."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def path_breakdown(before, after, seconds, clients_cpu_s):

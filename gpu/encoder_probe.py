@@ -37,28 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers", "python"))
 
 import python_serve as ps  # noqa: E402
-
-
-def loop(encoder, pool: list[str], batch: int = 64) -> dict:
-    """Sentences per second and per-batch split (tokenize, model) of ``encoder`` over ``pool``."""
-    for i in range(0, 256, batch):
-        encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
-    tok = model = 0.0
-    encoder.gpu_ms = []
-    start = time.perf_counter()
-    for i in range(0, len(pool), batch):
-        t0 = time.perf_counter()
-        ids = sorted(encoder.tokenize(pool[i:i + batch]), key=len)
-        t1 = time.perf_counter()
-        encoder.embed_ids(ids)
-        tok += t1 - t0
-        model += time.perf_counter() - t1
-    wall = time.perf_counter() - start
-    n = (len(pool) + batch - 1) // batch
-    gpu = encoder.gpu_ms
-    encoder.gpu_ms = None
-    return {"per_s": len(pool) / wall, "batch_ms": wall / n * 1e3, "tokenize_ms": tok / n * 1e3,
-            "model_ms": model / n * 1e3, "gpu_ms": sum(gpu) / max(1, len(gpu))}
+from check import cpu_seconds  # noqa: E402
 
 
 PROFILED = int(os.environ.get("PROBE_PROFILED", "40"))  # batches profiled (fewer for a dry run)
@@ -75,7 +54,7 @@ def profiled_loop(encoder, pool: list[str], batch: int = 64) -> dict:
     """The loop's figures, then ``PROFILED`` batches of it under torch.profiler (CPU)."""
     import torch
 
-    result = loop(encoder, pool, batch)
+    result = ps.alone_pass(encoder, pool, batch, gpu_times=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for i in range(0, PROFILED * batch, batch):
             encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
@@ -136,7 +115,7 @@ def attached_child(args: argparse.Namespace) -> int:
         encoder.embed(pool[:64])
         print("ready", flush=True)
         before = thread_cpu(os.getpid())
-        result = loop(encoder, pool)
+        result = ps.alone_pass(encoder, pool, gpu_times=True)
         after = thread_cpu(os.getpid())
         busy = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items()}
         result["threads_s"] = dict(sorted(((k, v) for k, v in busy.items() if v >= 0.02), key=lambda kv: -kv[1]))
@@ -155,12 +134,6 @@ def thread_cpu(pid: int) -> dict[str, float]:
         except OSError:
             continue
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` (its threads) so far."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def in_thread(fn):
@@ -232,13 +205,13 @@ def main() -> int:
         with modelshare.Session.open(server.address, name="probe") as session:
             model = session.attach("minilm")
             attached = Encoder(model.metadata, model.torch())
-            results["attached"] = loop(attached, pool)
+            results["attached"] = ps.alone_pass(attached, pool, gpu_times=True)
             if "gc" not in skip:
                 import gc
 
                 gc.collect()
                 gc.freeze()
-                results["attached_gc_frozen"] = loop(attached, pool)
+                results["attached_gc_frozen"] = ps.alone_pass(attached, pool, gpu_times=True)
             del attached, model
         # The profiling worker: the loop in its handler thread, then 40 door batches profiled.
         report = os.path.join(args.out, "worker-profile.json")

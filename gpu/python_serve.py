@@ -489,22 +489,36 @@ def alone_encoder(folder: str):
                    cuda_graphs=GRAPHS[0])
 
 
-def alone_throughput(encoder, pool: list[str], batch: int = 64) -> float:
-    """Sentences per second of ``encoder`` over ``pool`` in batches of ``batch`` (tokenized here,
-    sorted by length as the worker does), in this process."""
+def alone_pass(encoder, pool: list[str], batch: int = 64, gpu_times: bool = False) -> dict:
+    """``encoder`` over ``pool`` in batches of ``batch`` (tokenized here, sorted by length as the
+    worker does), in this process, after four batches of warm-up: sentences per second and each
+    batch's milliseconds (all, tokenizing, the model; with ``gpu_times``, the GPU's, from CUDA
+    events)."""
     for i in range(0, 256, batch):
         encoder.embed_ids(sorted(encoder.tokenize(pool[i:i + batch]), key=len))
+    tok = model = 0.0
+    encoder.gpu_ms = [] if gpu_times else None
     start = time.perf_counter()
-    model = 0.0
     for i in range(0, len(pool), batch):
+        t0 = time.perf_counter()
         ids = sorted(encoder.tokenize(pool[i:i + batch]), key=len)
-        t = time.perf_counter()
+        t1 = time.perf_counter()
         encoder.embed_ids(ids)
-        model += time.perf_counter() - t
-    elapsed = time.perf_counter() - start
-    batches = (len(pool) + batch - 1) // batch
-    log(f"alone: per batch {elapsed / batches * 1e3:.2f} ms, of which the model {model / batches * 1e3:.2f} ms")
-    return len(pool) / elapsed
+        tok += t1 - t0
+        model += time.perf_counter() - t1
+    wall = time.perf_counter() - start
+    n = (len(pool) + batch - 1) // batch
+    gpu = encoder.gpu_ms or []
+    encoder.gpu_ms = None
+    return {"per_s": len(pool) / wall, "batch_ms": wall / n * 1e3, "tokenize_ms": tok / n * 1e3,
+            "model_ms": model / n * 1e3, "gpu_ms": sum(gpu) / max(1, len(gpu))}
+
+
+def alone_throughput(encoder, pool: list[str], batch: int = 64) -> float:
+    """Sentences per second of ``encoder`` alone over ``pool`` (``alone_pass``), logged."""
+    r = alone_pass(encoder, pool, batch)
+    log(f"alone: per batch {r['batch_ms']:.2f} ms, of which the model {r['model_ms']:.2f} ms")
+    return r["per_s"]
 
 
 def random_weights(folder: str) -> bool:

@@ -174,14 +174,7 @@ class Encoder:
             out = self.graphs.embed_ids(sequences)
             if out is not None:
                 return out
-        longest = max(len(s) for s in sequences)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(sequences), longest), pad, dtype=torch.long)
-        mask = torch.zeros((len(sequences), longest), dtype=torch.long)
-        for i, seq in enumerate(sequences):
-            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[i, : len(seq)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = (torch.from_numpy(a).to(self.device) for a in self.padded(sequences))
         timed = self.gpu_ms is not None and self.device.type == "cuda"
         if timed:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -193,6 +186,20 @@ class Encoder:
         if timed:
             self.gpu_ms.append(start.elapsed_time(end))
         return out
+
+    def padded(self, sequences: list[list[int]], rows: int | None = None,
+               tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and attention mask (int64) of ``sequences`` padded to ``tokens`` (default: the
+        longest); ``rows`` past theirs (a graph's bucket) hold one padding token each."""
+        rows = rows or len(sequences)
+        tokens = tokens or max(len(s) for s in sequences)
+        ids = np.full((rows, tokens), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        mask = np.zeros((rows, tokens), dtype=np.int64)
+        for i, seq in enumerate(sequences):
+            ids[i, : len(seq)] = seq
+            mask[i, : len(seq)] = 1
+        mask[len(sequences):, 0] = 1
+        return ids, mask
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Pooled (and normalised) FP32 vectors of padded ``ids`` under ``mask``, on the device."""
@@ -240,17 +247,6 @@ class Graphs:
         t = -(-tokens // self.TOKENS) * self.TOKENS
         return b, min(t, max(tokens, self.encoder.max_tokens))
 
-    def inputs(self, sequences: list[list[int]], rows: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """Ids and mask at the bucket's shape; rows past the batch's hold one padding token."""
-        pad = self.encoder.tokenizer.pad_token_id or 0
-        ids = np.full((rows, tokens), pad, dtype=np.int64)
-        mask = np.zeros((rows, tokens), dtype=np.int64)
-        for i, seq in enumerate(sequences):
-            ids[i, : len(seq)] = seq
-            mask[i, : len(seq)] = 1
-        mask[len(sequences):, 0] = 1
-        return ids, mask
-
     def capture(self, rows: int, tokens: int):
         """The bucket's graph, captured and checked against the eager pass; raises if either fails."""
         enc = self.encoder
@@ -260,7 +256,7 @@ class Graphs:
         lengths[0] = tokens
         vocab = int(getattr(enc.net.config, "vocab_size", 1000))
         seqs = [gen.integers(0, vocab, size=int(n)).tolist() for n in lengths]
-        ids_np, mask_np = self.inputs(seqs, rows, tokens)
+        ids_np, mask_np = enc.padded(seqs, rows, tokens)
         ids = torch.from_numpy(ids_np).to(enc.device)
         mask = torch.from_numpy(mask_np).to(enc.device)
         side = torch.cuda.Stream(enc.device)
@@ -288,7 +284,7 @@ class Graphs:
             return None
         enc = self.encoder
         rows, tokens = self.bucket(len(sequences), max(len(s) for s in sequences))
-        ids_np, mask_np = self.inputs(sequences, rows, tokens)
+        ids_np, mask_np = enc.padded(sequences, rows, tokens)
         ids_host, mask_host = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
         with self.lock:
             entry = self.graphs.get((rows, tokens))

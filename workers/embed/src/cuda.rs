@@ -95,13 +95,14 @@ impl Encoder for CudaEncoder {
         Ok(self.bert.encode(&tokens_of(seqs))?)
     }
 
-    fn encode_groups(
-        &mut self,
-        groups: &[Vec<&Sequence>],
-    ) -> Option<Result<Vec<Vec<f32>>, EncodeError>> {
+    fn queues_groups(&self) -> bool {
+        true
+    }
+
+    fn encode_groups(&mut self, groups: &[Vec<&Sequence>]) -> Result<Vec<Vec<f32>>, EncodeError> {
         let tokens: Vec<Vec<Tokens<'_>>> = groups.iter().map(|g| tokens_of(g)).collect();
         let refs: Vec<&[Tokens<'_>]> = tokens.iter().map(Vec::as_slice).collect();
-        Some(self.bert.encode_groups(&refs).map_err(EncodeError::from))
+        Ok(self.bert.encode_groups(&refs)?)
     }
 
     fn stage_report(&self) -> Option<String> {

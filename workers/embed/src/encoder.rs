@@ -54,15 +54,17 @@ pub trait Encoder: Send {
     /// and passes sequences of at least one token, ids inside the vocabulary.
     fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError>;
 
-    /// The vectors of several groups, as `encode` gives each, when the encoder can queue them
-    /// all before it waits (`Some`: the GPU goes from one group to the next without waiting on
-    /// the host); `None` when it cannot, and the caller encodes them one by one (looking at
-    /// cancellations between them).
-    fn encode_groups(
-        &mut self,
-        _groups: &[Vec<&Sequence>],
-    ) -> Option<Result<Vec<Vec<f32>>, EncodeError>> {
-        None
+    /// Whether [`encode_groups`](Encoder::encode_groups) queues the groups before it waits
+    /// (the GPU goes from one group to the next without waiting on the host). The caller
+    /// then hands it a job's groups at once; otherwise it encodes them one by one, looking at
+    /// cancellations between them.
+    fn queues_groups(&self) -> bool {
+        false
+    }
+
+    /// The vectors of several groups, as `encode` gives each (by default, one `encode` each).
+    fn encode_groups(&mut self, groups: &[Vec<&Sequence>]) -> Result<Vec<Vec<f32>>, EncodeError> {
+        groups.iter().map(|g| self.encode(g)).collect()
     }
 
     /// Where the device's time went, stage by stage, when the encoder was asked to time its

@@ -33,7 +33,7 @@ pub(super) fn encode_caught(
 pub(super) fn encode_groups_caught(
     encoder: &mut dyn Encoder,
     groups: &[Vec<&Sequence>],
-) -> Option<Result<Vec<Vec<f32>>, EncodeError>> {
+) -> Result<Vec<Vec<f32>>, EncodeError> {
     panic::catch_unwind(AssertUnwindSafe(|| encoder.encode_groups(groups)))
-        .unwrap_or_else(|payload| Some(Err(EncodeError::Panicked(panic_message(payload.as_ref())))))
+        .unwrap_or_else(|payload| Err(EncodeError::Panicked(panic_message(payload.as_ref()))))
 }

@@ -57,12 +57,12 @@ pub(super) fn run(
         .map(&mut wanted)
         .filter(|g| !g.is_empty())
         .collect();
-    let members: Vec<Vec<&Sequence>> = groups
-        .iter()
-        .map(|g| g.iter().map(|&i| &seqs[i]).collect())
-        .collect();
-    if let Some(all) = encode_groups_caught(encoder, &members) {
-        let all = all?;
+    if encoder.queues_groups() {
+        let members: Vec<Vec<&Sequence>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&i| &seqs[i]).collect())
+            .collect();
+        let all = encode_groups_caught(encoder, &members)?;
         if all.len() != groups.len() {
             return Err(EncodeError::Device(format!(
                 "the encoder returned {} groups for {}",
