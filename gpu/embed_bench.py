@@ -431,8 +431,8 @@ def free_port():
 class Stack:
     """A modelshare server holding one model, and its modelshare-embed workers."""
 
-    def __init__(self, bench, name, model_dir, tag=""):
-        self.bench, self.name, self.workers, self.tag = bench, name, [], tag
+    def __init__(self, bench, name, model_dir, tag="", bin_dir=None):
+        self.bench, self.name, self.workers, self.tag, self.bin_dir = bench, name, [], tag, bin_dir
         self.tmp = tempfile.mkdtemp(prefix="embed-bench-")
         config = os.path.join(self.tmp, "modelshare.toml")
         with open(config, "w") as f:
@@ -440,7 +440,7 @@ class Stack:
         self.port, self.metrics_port = free_port(), free_port()
         self.prefix = f"{name}-{tag}" if tag else name
         self.server = bench.spawn(f"{self.prefix}-server", [
-            bench.binary("modelshare"), "serve", "--backend", bench.args.backend, "--config", config,
+            bench.binary("modelshare", bin_dir), "serve", "--backend", bench.args.backend, "--config", config,
             "--model-root", os.path.dirname(os.path.abspath(model_dir)),
             "--unix-socket", os.path.join(self.tmp, "grpc.sock"),
             "--handle-socket", os.path.join(self.tmp, "handles.sock"),
@@ -483,7 +483,7 @@ class Stack:
         while len(self.workers) < n:
             i = len(self.workers)
             self.workers.append(self.bench.spawn(f"{self.prefix}-worker-{i}", [
-                self.bench.binary("modelshare-embed"), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
+                self.bench.binary("modelshare-embed", self.bin_dir), "--server", f"unix:{os.path.join(self.tmp, 'grpc.sock')}",
                 "--model", self.name, "--name", f"bench-{i}",
                 *(["--max-batch-items", str(self.bench.args.max_batch_items)] if self.bench.args.max_batch_items else []),
                 *(["--max-batch-tokens", str(self.bench.args.max_batch_tokens)] if self.bench.args.max_batch_tokens else []),
@@ -624,12 +624,14 @@ class Bench:
             raise RuntimeError(f"{name} exited with {p.returncode} (see logs/{name}.log)")
         return load_json(job["result"])
 
-    def binary(self, name):
-        """The binary `name` from --bin, unpacked first when only `name`.xz is there."""
-        path = os.path.join(self.args.bin, name)
+    def binary(self, name, folder=None):
+        """The binary `name` from `folder` (default --bin), unpacked first when only `name`.xz
+        is there."""
+        folder = folder or self.args.bin
+        path = os.path.join(folder, name)
         if os.path.exists(path) or not os.path.exists(path + ".xz"):
             return os.path.abspath(path)
-        unpacked = os.path.join(self.tmp, "bin", name)
+        unpacked = os.path.join(self.tmp, "bin", os.path.basename(os.path.abspath(folder)), name)
         if not os.path.exists(unpacked):
             os.makedirs(os.path.dirname(unpacked), exist_ok=True)
             with lzma.open(path + ".xz") as src, open(unpacked, "wb") as dst:
@@ -718,8 +720,26 @@ class Bench:
             if self.args.profile_stages:
                 self.result.setdefault("worker_profiles", {})[name] = worker_profiles(self.logs, name)
                 log(f"   worker profiles: {json.dumps(self.result['worker_profiles'][name], indent=1)}")
+        if self.args.baseline_bin:
+            self.part(f"{name}: modelshare, baseline build",
+                      lambda: self.baseline(name, model_dir, reference), need_s=40)
         if self.args.mps:
             self.part(f"{name}: modelshare under MPS", lambda: self.under_mps(name, model_dir, reference), need_s=60)
+
+    def baseline(self, name, model_dir, reference):
+        """The worker counts again with --baseline-bin's build (an A/B of two builds in one run)."""
+        stack = Stack(self, name, model_dir, tag="baseline", bin_dir=self.args.baseline_bin)
+        try:
+            for n in self.args.workers:
+                if self.remaining() < 20:
+                    self.result["skipped"].append(f"{name} baseline {n} workers")
+                    continue
+                self.modelshare_run(stack, name, n, reference, setup_suffix=", baseline build")
+        finally:
+            stack.close()
+            if self.args.profile_stages:
+                self.result.setdefault("worker_profiles", {})[f"{name} (baseline)"] = worker_profiles(
+                    self.logs, stack.prefix)
 
     def under_mps(self, name, model_dir, reference):
         """The worker counts again, server and workers clients of one MPS daemon (its pipe and
@@ -929,6 +949,8 @@ def parse_args():
     ap.add_argument("--profile-stages", action="store_true",
                     help="workers log where their time went (modelshare-embed --profile-stages), kept in the report")
     ap.add_argument("--max-batch-tokens", type=int, help="each worker's --max-batch-tokens (default: the worker's)")
+    ap.add_argument("--baseline-bin", help="another build's modelshare and modelshare-embed (or .xz): its rows "
+                    "follow this build's, same worker counts (an A/B in one run)")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)

@@ -31,9 +31,15 @@ pub(super) struct Buffers {
     pub(super) type_ids: Buffer<i32>,
     pub(super) lengths: Buffer<i32>,
     pub(super) x: Buffer<u8>,
-    pub(super) q: Buffer<u8>,
-    pub(super) k: Buffer<u8>,
-    pub(super) v: Buffer<u8>,
+    /// The query, key and value projections, one after the other, [`Buffers::slot`] elements
+    /// apart (so that the three can be one strided-batched product); `q`, `k` and `v` are
+    /// the three slots' addresses. `k` also takes the output projections.
+    pub(super) qkv: Buffer<u8>,
+    pub(super) q: u64,
+    pub(super) k: u64,
+    pub(super) v: u64,
+    /// Elements from one projection's slot to the next.
+    pub(super) slot: usize,
     pub(super) qh: Buffer<u8>,
     pub(super) kh: Buffer<u8>,
     pub(super) vh: Buffer<u8>,
@@ -54,14 +60,19 @@ impl Buffers {
         let h = dims.hidden;
         let t = buffer_tokens(dims, limits, es)?;
         let act = |n: usize| Buffer::<u8>::new(stream, n * es);
+        let qkv = act(3 * t * h)?;
+        let at = |i: usize| qkv.ptr + (i * t * h * es) as u64;
+        let (q, k, v) = (at(0), at(1), at(2));
         Ok(Self {
             ids: Buffer::new(stream, t)?,
             type_ids: Buffer::new(stream, t)?,
             lengths: Buffer::new(stream, limits.max_sequences)?,
             x: act(t * h)?,
-            q: act(t * h)?,
-            k: act(t * h)?,
-            v: act(t * h)?,
+            qkv,
+            q,
+            k,
+            v,
+            slot: t * h,
             qh: act(t * h)?,
             kh: act(t * h)?,
             vh: act(t * h)?,

@@ -57,18 +57,52 @@ impl CudaBert {
     }
 
     /// A layer's query, key and value projections of `x` (into q, k, v), then the heads
-    /// split apart with their biases, q scaled by 1/√d (into qh, kh, vh).
+    /// split apart with their biases, q scaled by 1/√d (into qh, kh, vh). The projections
+    /// are one strided-batched product when their weights lie evenly spaced in the arena (a
+    /// safetensors file sorts a layer's key, query and value together), else three.
     pub(super) fn project_heads(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
         let (h, heads) = (self.dims.hidden, self.dims.heads);
         let head_dim = h / heads;
         let bu = &self.buffers;
-        self.linear(bu.x.ptr, &layer.query, bu.q.ptr, g, h, h)?;
-        self.linear(bu.x.ptr, &layer.key, bu.k.ptr, g, h, h)?;
-        self.linear(bu.x.ptr, &layer.value, bu.v.ptr, g, h, h)?;
+        let weights = [layer.query.weight, layer.key.weight, layer.value.weight];
+        let es = self.dtype.size_bytes() as u64;
+        // Where each of q, k, v lands: the slots in the order of their weights' addresses.
+        let [q, k, v] = match evenly_spaced(weights, es) {
+            Some((order, spacing)) => {
+                let product = BatchedMatmul {
+                    a: bu.x.ptr,
+                    b: weights[order[0]],
+                    c: bu.qkv.ptr,
+                    m: g.t,
+                    n: h,
+                    k: h,
+                    batch: 3,
+                    stride_a: 0,
+                    stride_b: spacing,
+                    stride_c: bu.slot,
+                    b_transposed: true,
+                    alpha: 1.0,
+                };
+                // SAFETY: as said on `Group`; the three weights are `spacing` elements apart
+                // (each h·h, checked by `place`), the three slots `slot` ≥ t·h apart in `qkv`.
+                unsafe { self.blas.batched_matmul(self.dtype, &product)? };
+                let mut at = [0; 3];
+                for (slot, &which) in order.iter().enumerate() {
+                    at[which] = bu.qkv.ptr + (slot * bu.slot) as u64 * es;
+                }
+                at
+            }
+            None => {
+                self.linear(bu.x.ptr, &layer.query, bu.q, g, h, h)?;
+                self.linear(bu.x.ptr, &layer.key, bu.k, g, h, h)?;
+                self.linear(bu.x.ptr, &layer.value, bu.v, g, h, h)?;
+                [bu.q, bu.k, bu.v]
+            }
+        };
         let heads_args = HeadsArgs {
-            q: bu.q.ptr,
-            k: bu.k.ptr,
-            v: bu.v.ptr,
+            q,
+            k,
+            v,
             q_bias: layer.query.bias,
             k_bias: layer.key.bias,
             v_bias: layer.value.bias,
@@ -160,15 +194,15 @@ impl CudaBert {
                 &self.stream,
                 self.dtype,
                 bu.qh.ptr,
-                bu.q.ptr,
+                bu.q,
                 g.b,
                 heads,
                 g.s,
                 h / heads,
             )?
         };
-        self.linear(bu.q.ptr, &layer.attn_out, bu.k.ptr, g, h, h)?;
-        self.add_norm(bu.k.ptr, layer.attn_out.bias, &layer.attn_norm, g.t)
+        self.linear(bu.q, &layer.attn_out, bu.k, g, h, h)?;
+        self.add_norm(bu.k, layer.attn_out.bias, &layer.attn_norm, g.t)
     }
 
     /// The feed-forward: up (into `up`), bias and exact GELU fused, down (into k), then bias,
@@ -189,8 +223,8 @@ impl CudaBert {
                 inter,
             )?
         };
-        self.linear(bu.up.ptr, &layer.down, bu.k.ptr, g, inter, h)?;
-        self.add_norm(bu.k.ptr, layer.down.bias, &layer.out_norm, g.t)
+        self.linear(bu.up.ptr, &layer.down, bu.k, g, inter, h)?;
+        self.add_norm(bu.k, layer.down.bias, &layer.out_norm, g.t)
     }
 
     /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then its copy down
@@ -276,5 +310,37 @@ impl CudaBert {
         };
         // SAFETY: as said on `Group` (`rows` is a group's `t`).
         unsafe { encoder::bias_residual_layer_norm(&self.cache, &self.stream, self.dtype, &args) }
+    }
+}
+
+/// The order of `weights` by address, and the elements from one to the next, when the three
+/// lie equally spaced (in any order) a whole number of elements apart.
+fn evenly_spaced(weights: [u64; 3], es: u64) -> Option<([usize; 3], usize)> {
+    let mut order = [0, 1, 2];
+    order.sort_by_key(|&i| weights[i]);
+    let [a, b, c] = order.map(|i| weights[i]);
+    let gap = b - a;
+    (gap > 0 && c - b == gap && gap.is_multiple_of(es))
+        .then(|| usize::try_from(gap / es).ok())
+        .flatten()
+        .map(|spacing| (order, spacing))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::evenly_spaced;
+
+    /// The projections would be one product over weights that are not evenly spaced, or in
+    /// the wrong slots when the arena orders them key, query, value.
+    #[test]
+    fn evenly_spaced_weights_and_their_order() {
+        // A safetensors layer: key, query, value, each a 2048-byte bias then the weight.
+        let (k, q, v) = (1000, 1000 + 4096, 1000 + 8192);
+        assert_eq!(evenly_spaced([q, k, v], 2), Some(([1, 0, 2], 2048)));
+        assert_eq!(evenly_spaced([k, q, v], 2), Some(([0, 1, 2], 2048)));
+        assert_eq!(evenly_spaced([v, q, k], 4), Some(([2, 1, 0], 1024)));
+        assert_eq!(evenly_spaced([q, k, v + 256], 2), None, "uneven");
+        assert_eq!(evenly_spaced([q, q, q], 2), None, "one weight thrice");
+        assert_eq!(evenly_spaced([1, 4, 7], 2), None, "not whole elements");
     }
 }
