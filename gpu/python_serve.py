@@ -200,23 +200,43 @@ def role_writer(args: argparse.Namespace) -> int:
 
 
 def role_attach_bench(args: argparse.Namespace) -> int:
-    import torch  # noqa: F401 - initialised before timing, as the Rust bench creates its context first
+    import torch
+
+    torch.zeros(1, device="cuda")  # CUDA initialised before timing, as the Rust bench makes its context first
 
     import modelshare
 
     session = modelshare.Session.open(args.server, name="py-attach-bench")
-    times = []
+    times, torch_times = [], []
     for i in range(args.n + 10):
         t0 = time.perf_counter()
         model = session.attach(args.model)
+        t1 = time.perf_counter()
         tensors = model.torch()
         elapsed = time.perf_counter() - t0
         assert len(tensors) == BIG_TENSORS
         del tensors, model
         if i >= 10:
             times.append(elapsed * 1e3)
+            torch_times.append((elapsed - (t1 - t0)) * 1e3)
+        # The drop releases the lease in the background: let that finish before the next timed
+        # attach, as the Rust bench's awaited release does (both then wait the same, spinning:
+        # a sleeping CPU would slow the next attach on both sides).
+        until = time.perf_counter() + args.pause_us / 1e6
+        while time.perf_counter() < until:
+            pass
     times.sort()
-    print(json.dumps({"n": len(times), "p50_ms": statistics.median(times), "p99_ms": times[int(len(times) * 0.99)]}))
+    # The views Session.attach made while mapping (a process running CUDA through torch, over
+    # VMM) against those made of the mapping afterwards: same addresses, same bytes.
+    model = session.attach(args.model)
+    early_made = model._early is not None
+    early, fresh = model.torch(), model.torch()
+    early_equal = all(early[k].data_ptr() == fresh[k].data_ptr() and torch.equal(early[k], fresh[k]) for k in fresh)
+    first = early["t000"].reshape(-1)[:8].float().tolist()
+    del early, fresh, model
+    print(json.dumps({"n": len(times), "p50_ms": statistics.median(times), "p99_ms": times[int(len(times) * 0.99)],
+                      "torch_p50_ms": statistics.median(torch_times), "early_views": early_made,
+                      "early_equal": early_equal, "t000": first}))
     session.close()
     return 0
 
@@ -289,11 +309,76 @@ def role_loading(args: argparse.Namespace) -> int:
     return 0
 
 
-def spawn(args: argparse.Namespace, role: str, *extra: str, name: str = "") -> subprocess.Popen:
+def spawn(args: argparse.Namespace, role: str, *extra: str, name: str = "", log_filter: str = "info") -> subprocess.Popen:
     log_file = open(os.path.join(args.out, f"{role}-{name or 'x'}-{time.time_ns()}.log"), "w")
-    env = dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG="info")
+    env = dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG=log_filter)
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", role, "--out", args.out, *extra],
                             stdout=log_file, stderr=subprocess.STDOUT, env=env)
+
+
+#: µs each attach bench waits (spinning) after a release (Rust: awaited; Python: the drop's, in the
+#: background), so that no timed attach overlaps the previous release at the server.
+ATTACH_PAUSE_US = 2000
+#: The SDK's and the binding's attach stages, in their trace lines (`MODELSHARE_LOG`).
+ATTACH_TRACE = "modelshare_worker=trace,modelshare_python=trace"
+
+
+def attach_bench(args: argparse.Namespace, server: "Server", name: str, side: str, n: int, pause_us: int,
+                 trace: bool = False) -> tuple[dict, str]:
+    """One attach bench of ``n`` attaches on ``side`` ("rust": gpu_worker, "python": the
+    package): its JSON report and its standard error / log (the trace lines when ``trace``)."""
+    extra = ["--model", name, "--n", str(n), "--server", server.address, "--pause-us", str(pause_us)]
+    log_filter = ATTACH_TRACE if trace else "info"
+    if side == "rust":
+        env = dict(os.environ, LD_LIBRARY_PATH=lib_path())
+        if trace:
+            env["MODELSHARE_LOG"] = log_filter
+        r = subprocess.run([f"{args.bin}/gpu_worker", "attach-bench", *extra], capture_output=True, text=True,
+                           env=env, timeout=300)
+        return json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]), r.stderr
+    p = spawn(args, "attach-bench", *extra, name="py-trace" if trace else "py", log_filter=log_filter)
+    p.wait(300)
+    pattern = "attach-bench-py-trace-*.log" if trace else "attach-bench-py-[0-9]*.log"
+    text = open(sorted(glob.glob(os.path.join(args.out, pattern)))[-1]).read()
+    return json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1]), text
+
+
+def trace_medians(text: str) -> dict:
+    """Median of each ``<stage>_us=<n>`` field over the attach trace lines in ``text``."""
+    import re
+
+    fields: dict[str, list[int]] = {}
+    for line in text.splitlines():
+        if "attach:" in line:
+            for key, value in re.findall(r"(\w+_us)=(\d+)", line):
+                fields.setdefault(key, []).append(int(value))
+    return {k: statistics.median(v) for k, v in sorted(fields.items())}
+
+
+def attach_row(args: argparse.Namespace, server: "Server", name: str) -> dict:
+    """Python's attach + torch() p50 against the Rust SDK's attach, alternated over 3 rounds
+    (medians), each bench pausing after a release; then one round without the pause, and one
+    traced round of each for where the time goes. The Python rounds must also have made their
+    views during the attach, equal to views made of the mapping afterwards."""
+    rust, python = [], []
+    for _ in range(3):
+        rust.append(attach_bench(args, server, name, "rust", 300, ATTACH_PAUSE_US)[0])
+        python.append(attach_bench(args, server, name, "python", 300, ATTACH_PAUSE_US)[0])
+    rust_p50 = statistics.median(r["p50_ms"] for r in rust)
+    py_p50 = statistics.median(r["p50_ms"] for r in python)
+    back_to_back = {side: attach_bench(args, server, name, side, 300, 0)[0] for side in ("rust", "python")}
+    traced = {side: trace_medians(attach_bench(args, server, name, side, 100, ATTACH_PAUSE_US, trace=True)[1])
+              for side in ("rust", "python")}
+    early = all(r.get("early_views") and r.get("early_equal") for r in python)
+    result = {"ok": py_p50 <= 1.5 * rust_p50 and early, "early_views_right": early,
+              "rust_p50_ms": rust_p50, "python_p50_ms": py_p50,
+              "ratio": py_p50 / rust_p50, "pause_us": ATTACH_PAUSE_US, "rounds": {"rust": rust, "python": python},
+              "back_to_back": back_to_back,
+              "back_to_back_ratio": back_to_back["python"]["p50_ms"] / back_to_back["rust"]["p50_ms"],
+              "trace_median_us": traced, "handle_kind": rust[0].get("kind"), "tensors": rust[0].get("tensors")}
+    log(f"attach: Rust p50 {rust_p50:.3f} ms, Python {py_p50:.3f} ms, ratio {py_p50 / rust_p50:.2f} "
+        f"(back to back {result['back_to_back_ratio']:.2f}); stages {traced}")
+    return result
 
 
 def rows_on_big(args: argparse.Namespace, results: dict) -> None:
@@ -369,22 +454,7 @@ def rows_on_big(args: argparse.Namespace, results: dict) -> None:
             p.wait(60)
 
         if "attach" in args.rows:
-            env = dict(os.environ, LD_LIBRARY_PATH=lib_path())
-            rust, python = [], []
-            for _ in range(3):
-                r = subprocess.run([f"{args.bin}/gpu_worker", "attach-bench", "--model", name, "--n", "300",
-                                    "--server", server.address], capture_output=True, text=True, env=env, timeout=300)
-                rust.append(json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]))
-                p = spawn(args, "attach-bench", "--server", server.address, "--model", name, "--n", "300", name="py")
-                p.wait(300)
-                logs = sorted(glob.glob(os.path.join(args.out, "attach-bench-py-*.log")))[-1]
-                python.append(json.loads([ln for ln in open(logs) if ln.startswith("{")][-1]))
-            rust_p50 = statistics.median(r["p50_ms"] for r in rust)
-            py_p50 = statistics.median(r["p50_ms"] for r in python)
-            results["attach"] = {"ok": py_p50 <= 1.5 * rust_p50, "rust_p50_ms": rust_p50, "python_p50_ms": py_p50,
-                                 "ratio": py_p50 / rust_p50, "rounds": {"rust": rust, "python": python},
-                                 "handle_kind": rust[0].get("kind"), "tensors": rust[0].get("tensors")}
-            log(f"attach: Rust p50 {rust_p50:.3f} ms, Python {py_p50:.3f} ms, ratio {py_p50 / rust_p50:.2f}")
+            results["attach"] = attach_row(args, server, name)
 
         if "loading" in args.rows:
             sums = make_loading(root)
@@ -680,6 +750,8 @@ def main() -> int:
     ap.add_argument("--model")
     ap.add_argument("--name", default="py")
     ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--pause-us", type=int, default=0,
+                    help="attach-bench: µs to wait (spinning) after each drop, before the next timed attach")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "host"])
     ap.add_argument("--bin", help="binaries already there (instead of --carry's .xz)")
     ap.add_argument("--loads", default="16x8,32x16,8x64",

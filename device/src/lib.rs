@@ -62,6 +62,7 @@ pub mod numa;
 pub mod pagecache;
 pub mod peer;
 pub mod replica;
+pub mod reservation;
 #[allow(unsafe_code)] // An unsafe constructor of a raw stream handle; see its docs.
 pub mod stream;
 #[allow(unsafe_code)] // The one module allowed `unsafe`; see its docs.
@@ -76,6 +77,7 @@ pub use host_memory::HostMemory;
 pub use mapping::Mapping;
 pub use peer::PeerWatch;
 pub use replica::PeerSource;
+pub use reservation::Reservation;
 pub use stream::ForeignStream;
 pub use sys::ignore_hangup;
 pub use thread::{Arena, ArenaHandle, Backend, DeviceCtx, DeviceThread, Reply};

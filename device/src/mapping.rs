@@ -13,6 +13,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::backend::{BackendKind, Mapped};
 use crate::error::Result;
 use crate::export::Import;
+use crate::reservation::Reservation;
 
 /// An attached arena as a worker holds it: base address, length, whether it is read-only.
 /// Cheap to clone; closed (unmapped) when the last clone goes.
@@ -23,10 +24,35 @@ impl Mapping {
     /// Maps what a worker received. Blocks (a CUDA import may create the device's context):
     /// call it from a blocking thread in async code.
     pub fn import(import: Import) -> Result<Self> {
+        Self::import_reserved(import, None)
+    }
+
+    /// As [`Mapping::import`], at `reserved` when address space was set aside for the arena
+    /// ([`Mapping::reserve`], made for this handle's kind, device and size).
+    pub fn import_reserved(import: Import, reserved: Option<Reservation>) -> Result<Self> {
         match import.kind() {
             BackendKind::Host => crate::host::import(import).map(Self),
             BackendKind::CudaIpc => crate::cuda::import(import).map(Self),
-            BackendKind::CudaVmm => crate::cuda::import_vmm(import).map(Self),
+            BackendKind::CudaVmm => {
+                crate::cuda::import_vmm(import, reserved.map(|r| r.0)).map(Self)
+            }
+        }
+    }
+
+    /// Reserves the address space an arena shared with handles of `kind` (`alloc_len` bytes on
+    /// the device `device_uuid`) will be mapped at, before its handle is received: `None` for
+    /// kinds whose address is the driver's choice at import (host memory, legacy CUDA IPC).
+    /// Blocks (the device's context may be made): call it from a blocking thread in async code.
+    pub fn reserve(
+        kind: BackendKind,
+        device_uuid: &str,
+        alloc_len: u64,
+    ) -> Result<Option<Reservation>> {
+        match kind {
+            BackendKind::CudaVmm => {
+                crate::cuda::reserve_vmm(device_uuid, alloc_len).map(|r| Some(Reservation(r)))
+            }
+            BackendKind::Host | BackendKind::CudaIpc => Ok(None),
         }
     }
 

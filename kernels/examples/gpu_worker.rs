@@ -7,7 +7,9 @@
 //! - `bench-gemv`: GEMV over every 2-D weight on the imported mapping vs the same weights
 //!   copied into this process's own memory, and the device's copy bandwidth as the anchor.
 //! - `attach-bench`: attach latency (RPC + handle open + event open) over N attaches; CUDA
-//!   context creation measured separately. Reports the handle kind it got.
+//!   context creation measured separately. Reports the handle kind it got. `--pause-us U`
+//!   waits U µs (spinning) after each release (as the Python bench does after each drop, whose release
+//!   goes on in the background), so that no attach overlaps the previous one's release.
 //! - `loop --secs S`: GEMV over every 2-D weight, pass after pass, for S seconds, whatever
 //!   happens to the server: the first pass is checked against the CPU reference (first 4
 //!   matrices), every later pass must equal the first bit for bit. Prints `{"event":"started"}`
@@ -46,6 +48,8 @@ struct Args {
     retry_secs: u64,
     secs: u64,
     how: String,
+    /// attach-bench: microseconds to sleep after each release, before the next timed attach.
+    pause_us: u64,
 }
 
 fn args() -> Res<Args> {
@@ -65,6 +69,7 @@ fn args() -> Res<Args> {
         retry_secs: 60,
         secs: 30,
         how: "memcpy".into(),
+        pause_us: 0,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -77,6 +82,7 @@ fn args() -> Res<Args> {
             "--retry-secs" => a.retry_secs = val()?.parse()?,
             "--secs" => a.secs = val()?.parse()?,
             "--how" => a.how = val()?,
+            "--pause-us" => a.pause_us = val()?.parse()?,
             "--hold" => a.hold = true,
             "--announce" => a.announce = true,
             other => return Err(format!("unknown flag {other}").into()),
@@ -436,6 +442,11 @@ async fn attach_bench(a: &Args) -> Res<serde_json::Value> {
         let m = session.attach_version(&a.model, a.version).await?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         m.release().await?;
+        // Spinning: a sleeping CPU would slow the next attach.
+        let until = Instant::now() + Duration::from_micros(a.pause_us);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
     }
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
     let report = serde_json::json!({

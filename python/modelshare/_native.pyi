@@ -8,6 +8,7 @@ from typing import Any, final
 
 __all__ = [
     "Arena",
+    "Attaching",
     "ChecksumError",
     "ConnectError",
     "CredentialsError",
@@ -20,6 +21,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "PermissionDenied",
     "ProtocolError",
+    "ReservedArena",
     "Session",
     "SessionEnded",
     "Stop",
@@ -77,6 +79,9 @@ class Session:
     @property
     def devices(self) -> list[dict[str, Any]]: ...
     def attach(self, model: str, version: int | None = None, *, timeout: float | None = None) -> Model: ...
+    def attach_early(
+        self, model: str, version: int | None = None, *, timeout: float | None = None
+    ) -> Attaching: ...
     def close(self) -> None: ...
 
 @final
@@ -118,6 +123,35 @@ class Arena:
     @property
     def ready(self) -> bool:
         """Whether every byte has landed (a version attached while loading: once loaded)."""
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+
+@final
+class Attaching:
+    """An attach the server granted, its arena being mapped in the background."""
+
+    def arena(self) -> ReservedArena | None:
+        """Where the arena is being mapped, for a loaded version over CUDA VMM; else None."""
+    def runs(
+        self, names: list[str] | None = None
+    ) -> tuple[list[tuple[str, tuple[int, ...], tuple[int, ...], int, int, list[str]]], list[str]]: ...
+    def finish(self, *, timeout: float | None = None) -> Model: ...
+
+@final
+class ReservedArena:
+    """The address space an early attach's arena is being mapped at, as one ``uint8`` tensor."""
+
+    @property
+    def byte_length(self) -> int: ...
+    @property
+    def data_ptr(self) -> int: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __dlpack__(
         self,

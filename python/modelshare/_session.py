@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from . import _native
 from ._native import ChecksumError, ConnectError, Tensor, Timeout, Unavailable
 from ._numpy import to_numpy
 from ._retry import retry
-from ._torch import arena_views
+from ._torch import arena_views, early_views
 
 if TYPE_CHECKING:
     import numpy
@@ -123,7 +124,16 @@ class Session:
             SessionEnded: the session was closed, or is reconnecting.
             Timeout: ``timeout`` seconds passed.
         """
-        return Model(self._native.attach(model, version, timeout=timeout))
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return Model(self._native.attach(model, version, timeout=timeout))
+        # A process using CUDA through torch: where the arena is mapped at an address known
+        # in advance (CUDA VMM), make Model.torch()'s views while the mapping goes on.
+        started = time.monotonic()
+        attaching = self._native.attach_early(model, version, timeout=timeout)
+        views = early_views(attaching)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return Model(attaching.finish(timeout=left), views)
 
     def serve(
         self,
@@ -235,10 +245,12 @@ class Model:
     under them, and releases it when the last one goes.
     """
 
-    __slots__ = ("_native",)
+    __slots__ = ("_early", "_native")
 
-    def __init__(self, native: _native.Model) -> None:
+    def __init__(self, native: _native.Model, early: dict[str, torch.Tensor] | None = None) -> None:
         self._native = native
+        # Every tensor's torch view, made during the attach; given by the first torch().
+        self._early = early
 
     @property
     def name(self) -> str:
@@ -331,6 +343,9 @@ class Model:
         ``names``: the tensors to give (default: all). torch has no read-only tensors: writing to
         one of host memory kills the process (SIGSEGV: the mapping is read-only); clone first.
         """
+        if names is None and self._early is not None:
+            views, self._early = self._early, None
+            return views
         if names is not None:
             names = [names] if isinstance(names, str) else list(names)
         runs, order = self._native.runs(names)

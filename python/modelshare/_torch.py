@@ -4,7 +4,9 @@
 whole mapping once and makes every tensor a view of it (``as_strided`` on the mapping seen as the
 tensor's dtype): one DLPack export and one cheap view per tensor instead of an export each, so
 that a model of hundreds of tensors is ready in well under a millisecond after its attach. The
-views share the export's storage, whose deleter holds the lease.
+views share the export's storage, whose deleter holds the lease. ``early_views`` makes the same
+views during the attach itself, of where a loaded CUDA VMM arena is being mapped, while the
+mapping goes on without the GIL (``Session.attach`` does when torch is imported).
 
 ``torch.from_dlpack`` takes the tensor's ``__dlpack__`` capsule: a CPU tensor over the shared
 mapping for host memory, a CUDA tensor on the arena's device for device memory. The capsule's
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._native import Arena, DtypeError, Tensor
+from ._native import Arena, Attaching, DtypeError, Tensor
 
 if TYPE_CHECKING:
     import torch
@@ -79,12 +81,7 @@ Run = tuple[str, tuple[int, ...], tuple[int, ...], int, int, list[str]]
 def arena_views(arena: Arena, runs: list[Run], order: list[str]) -> dict[str, torch.Tensor]:
     """The tensors ``runs`` plans (the model's whose mapping ``arena`` is) as views of the one
     DLPack export of ``arena``, keyed in ``order``: same memory, same data pointers as
-    ``to_torch`` gives.
-
-    Each run (tensors of one dtype and shape at one spacing: a transformer's layers) is one
-    ``as_strided`` over all of them and one ``unbind``: torch's own cost of making a CUDA tensor
-    (a microsecond or two) is then most of the time. ``as_strided`` checks every view against
-    the export's bounds."""
+    ``to_torch`` gives."""
     import torch
 
     if arena.ready:
@@ -93,6 +90,33 @@ def arena_views(arena: Arena, runs: list[Run], order: list[str]) -> dict[str, to
         base = torch.utils.dlpack.from_dlpack(arena.__dlpack__())  # uint8, the whole mapping
     else:
         base = torch.from_dlpack(arena)  # the current stream waits on the device for the load
+    return views_of(base, runs, order)
+
+
+def early_views(attaching: Attaching) -> dict[str, torch.Tensor] | None:
+    """The views ``Model.torch()`` gives, made of where an attach's arena is being mapped
+    (a loaded version over CUDA VMM) while the mapping goes on without the GIL; ``None`` where
+    that cannot be (other handle kinds, a version still loading). Use them only once
+    ``attaching.finish()`` has returned: until then the memory is not mapped."""
+    import torch
+
+    arena = attaching.arena()
+    if arena is None:
+        return None
+    base = torch.utils.dlpack.from_dlpack(arena.__dlpack__())
+    return views_of(base, *attaching.runs())
+
+
+def views_of(base: torch.Tensor, runs: list[Run], order: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors ``runs`` plans as views of ``base`` (the whole arena as ``uint8``), keyed in
+    ``order``.
+
+    Each run (tensors of one dtype and shape at one spacing: a transformer's layers) is one
+    ``as_strided`` over all of them and one ``unbind``: torch's own cost of making a CUDA tensor
+    (a microsecond or two) is then most of the time. ``as_strided`` checks every view against
+    the export's bounds."""
+    import torch
+
     typed: dict[str, torch.Tensor] = {}
     views: dict[str, torch.Tensor] = {}
     for dtype, shape, strides, first, step, names in runs:
@@ -105,4 +129,6 @@ def arena_views(arena: Arena, runs: list[Run], order: list[str]) -> dict[str, to
             views[names[0]] = whole.as_strided(shape, strides, first)
         else:
             views.update(zip(names, whole.as_strided((len(names), *shape), (step, *strides), first).unbind(0)))
+    if list(views) == order:
+        return views
     return {name: views[name] for name in order}

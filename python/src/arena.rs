@@ -7,7 +7,7 @@ use modelshare_worker::Mapping;
 use pyo3::prelude::*;
 
 use crate::dlpack::DLDataType;
-use crate::export::{self, Asked, Part};
+use crate::export::{self, Asked, Part, Source};
 use crate::lease::Lease;
 
 /// DLPack's `uint8`: `kDLUInt`, 8 bits.
@@ -102,7 +102,7 @@ impl Arena {
             shape: vec![length],
             owner: Box::new((self.mapping.clone(), self.lease.clone())),
         };
-        export::capsule(py, "the arena", &self.mapping, asked, part)
+        export::capsule(py, "the arena", Source::Mapped(&self.mapping), asked, part)
     }
 
     fn __repr__(&self) -> String {

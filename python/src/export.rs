@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use modelshare_device::ForeignStream;
-use modelshare_worker::Mapping;
+use modelshare_worker::{Mapping, Reservation};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 
@@ -30,26 +30,41 @@ pub(crate) struct Part {
     pub(crate) owner: Box<dyn Send>,
 }
 
-/// A DLPack capsule of `part` of `mapping` (`what` names it in errors), with no copy: a
+/// What a capsule hands out part of: a mapping, or the address space reserved for an arena
+/// still being mapped (an early attach of a loaded version over CUDA VMM: read-only, and
+/// nothing to order after).
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    Mapped(&'a Mapping),
+    Reserved(&'a Reservation),
+}
+
+/// A DLPack capsule of `part` of `source` (`what` names it in errors), with no copy: a
 /// consumer asking for DLPack 1.x gets a versioned tensor, flagged read-only where the mapping
 /// is; older ones get the legacy `dltensor`. A version attached while loading is ordered after
 /// its load first ([`wait_loaded`]).
 pub(crate) fn capsule<'py>(
     py: Python<'py>,
     what: &str,
-    mapping: &Mapping,
+    source: Source<'_>,
     asked: Asked<'py>,
     part: Part,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let device = dl_device(mapping, what)?;
+    let (device, read_only) = match source {
+        Source::Mapped(mapping) => (dl_device(mapping, what)?, mapping.read_only()),
+        Source::Reserved(reserved) => (cuda_device(reserved.ordinal())?, true),
+    };
     check_request(what, device, asked.dl_device, asked.copy)?;
-    wait_loaded(py, mapping, dlpack::consumer_stream(asked.stream.as_ref())?)?;
+    let stream = dlpack::consumer_stream(asked.stream.as_ref())?;
+    if let Source::Mapped(mapping) = source {
+        wait_loaded(py, mapping, stream)?;
+    }
     let export = Export {
         address: part.address,
         device,
         dtype: part.dtype,
         shape: part.shape,
-        read_only: mapping.read_only(),
+        read_only,
         owner: part.owner,
     };
     let versioned = asked.max_version.is_some_and(|(major, _)| major >= 1);
@@ -75,6 +90,11 @@ pub(crate) fn dl_device(mapping: &Mapping, what: &str) -> PyResult<DLDevice> {
     let ordinal = mapping.context().map(|ctx| ctx.ordinal()).ok_or_else(|| {
         DeviceError::new_err(format!("{what} is in device memory without a CUDA context"))
     })?;
+    cuda_device(ordinal)
+}
+
+/// The DLPack device of CUDA device `ordinal` (this process's).
+fn cuda_device(ordinal: usize) -> PyResult<DLDevice> {
     Ok(DLDevice {
         device_type: DL_CUDA,
         device_id: i32::try_from(ordinal)

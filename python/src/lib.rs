@@ -40,6 +40,7 @@
 #![deny(unsafe_code)]
 
 mod arena;
+mod attaching;
 #[allow(unsafe_code)]
 mod dlpack;
 mod errors;
@@ -79,6 +80,8 @@ mod native {
 
     #[pymodule_export]
     use crate::arena::Arena;
+    #[pymodule_export]
+    use crate::attaching::{Attaching, ReservedArena};
     #[pymodule_export]
     use crate::errors::{
         ChecksumError, ConnectError, CredentialsError, DeviceError, DtypeError, Error, NotFound,

@@ -8,6 +8,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::arena::Arena;
 use modelshare_proto::v1 as pb;
+use modelshare_worker::WorkerError;
 
 use crate::errors::{DeviceError, DtypeError, Timeout, from_worker};
 use crate::lease::Lease;
@@ -132,53 +133,7 @@ impl Model {
         py: Python<'py>,
         names: Option<Vec<String>>,
     ) -> PyResult<(Vec<Bound<'py, PyTuple>>, Vec<String>)> {
-        let manifest = self.lease.manifest();
-        let chosen: Vec<&pb::TensorInfo> = match &names {
-            None => manifest.tensors.iter().collect(),
-            Some(names) => {
-                let mut chosen = Vec::with_capacity(names.len());
-                for name in names {
-                    match manifest.tensors.iter().find(|t| &t.name == name) {
-                        Some(t) => chosen.push(t),
-                        None => {
-                            // The SDK's error, naming the tensor and the model.
-                            let e = self.lease.tensor(name).expect_err("no such tensor");
-                            return Err(from_worker(py, &e));
-                        }
-                    }
-                }
-                // Views in arena order, whatever order they were asked in.
-                chosen.sort_by_key(|t| t.offset);
-                chosen
-            }
-        };
-        let order = match names {
-            Some(names) => names,
-            None => manifest.tensors.iter().map(|t| t.name.clone()).collect(),
-        };
-        let runs = views::plan(chosen).map_err(|e| match e {
-            Unviewable::Dtype { name } => {
-                DtypeError::new_err(format!("tensor {name:?} has no element type to view"))
-            }
-            Unviewable::Misaligned { name, offset } => DtypeError::new_err(format!(
-                "tensor {name:?} starts at byte {offset}, not on an element of its dtype"
-            )),
-        })?;
-        let runs = runs
-            .into_iter()
-            .map(|r| {
-                (
-                    dtype_name(r.dtype),
-                    PyTuple::new(py, r.shape)?,
-                    PyTuple::new(py, r.strides)?,
-                    r.first,
-                    r.step,
-                    r.names,
-                )
-                    .into_pyobject(py)
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        Ok((runs, order))
+        runs_of(py, &self.lease.manifest(), names)
     }
 
     /// The whole mapping, exported as one `uint8` DLPack tensor (`Model.torch()` views it).
@@ -246,4 +201,61 @@ impl Model {
             self.lease.manifest().tensors.len()
         )
     }
+}
+
+/// `Model.runs()` over `manifest` (see there): also what an early attach's views are made by.
+pub(crate) fn runs_of<'py>(
+    py: Python<'py>,
+    manifest: &pb::Manifest,
+    names: Option<Vec<String>>,
+) -> PyResult<(Vec<Bound<'py, PyTuple>>, Vec<String>)> {
+    let chosen: Vec<&pb::TensorInfo> = match &names {
+        None => manifest.tensors.iter().collect(),
+        Some(names) => {
+            let mut chosen = Vec::with_capacity(names.len());
+            for name in names {
+                match manifest.tensors.iter().find(|t| &t.name == name) {
+                    Some(t) => chosen.push(t),
+                    None => {
+                        // The SDK's error, naming the tensor and the model.
+                        let e = WorkerError::NoSuchTensor {
+                            model: manifest.model.clone(),
+                            tensor: name.clone(),
+                        };
+                        return Err(from_worker(py, &e));
+                    }
+                }
+            }
+            // Views in arena order, whatever order they were asked in.
+            chosen.sort_by_key(|t| t.offset);
+            chosen
+        }
+    };
+    let order = match names {
+        Some(names) => names,
+        None => manifest.tensors.iter().map(|t| t.name.clone()).collect(),
+    };
+    let runs = views::plan(chosen).map_err(|e| match e {
+        Unviewable::Dtype { name } => {
+            DtypeError::new_err(format!("tensor {name:?} has no element type to view"))
+        }
+        Unviewable::Misaligned { name, offset } => DtypeError::new_err(format!(
+            "tensor {name:?} starts at byte {offset}, not on an element of its dtype"
+        )),
+    })?;
+    let runs = runs
+        .into_iter()
+        .map(|r| {
+            (
+                dtype_name(r.dtype),
+                PyTuple::new(py, r.shape)?,
+                PyTuple::new(py, r.strides)?,
+                r.first,
+                r.step,
+                r.names,
+            )
+                .into_pyobject(py)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((runs, order))
 }

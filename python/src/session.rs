@@ -10,6 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::attaching::Attaching;
 use crate::errors::{SessionEnded, from_worker};
 use crate::model::Model;
 use crate::runtime::{OnRuntime, seconds, wait};
@@ -199,6 +200,35 @@ impl Session {
             "attach: back in the binding"
         );
         Ok(Model::new(Arc::new(OnRuntime::new(attached))))
+    }
+
+    /// Attaches as `attach` does, in two steps: returns once the server has granted the lease
+    /// (the manifest known, and on CUDA VMM the address the arena will be mapped at), while the
+    /// handle is redeemed and mapped in the background; `Attaching.finish()` gives the `Model`.
+    /// `timeout` (seconds) bounds this first step.
+    #[pyo3(signature = (model, version=None, *, timeout=None))]
+    fn attach_early(
+        &self,
+        py: Python<'_>,
+        model: String,
+        version: Option<u32>,
+        timeout: Option<f64>,
+    ) -> PyResult<Attaching> {
+        if version == Some(0) {
+            return Err(PyValueError::new_err(
+                "versions count from 1 (None: the latest)",
+            ));
+        }
+        let sdk = self.sdk()?;
+        let what = format!("attaching to model '{model}'");
+        let pending = wait(py, &what, seconds(timeout)?, async move {
+            let pending = sdk.attach_early(&model, version.unwrap_or(0)).await;
+            // Dropped here, on the runtime: the session lives on in the mapping task.
+            drop(sdk);
+            pending
+        })?
+        .map_err(|e| from_worker(py, &e))?;
+        Ok(Attaching::new(pending))
     }
 
     /// Ends the session now: the server releases every lease it holds, even those of models

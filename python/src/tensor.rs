@@ -15,7 +15,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::dlpack::{DLDataType, DLDevice};
 use crate::errors::{DeviceError, DtypeError, from_worker};
-use crate::export::{self, Asked, Part};
+use crate::export::{self, Asked, Part, Source};
 use crate::lease::Lease;
 
 /// The safetensors name of a dtype (`"F32"`, `"BF16"`, `"F8_E4M3"`, ...).
@@ -237,7 +237,7 @@ impl Tensor {
             owner: Box::new((self.tensor.clone(), self.lease.clone())),
         };
         let what = format!("tensor '{}'", self.tensor.name());
-        export::capsule(py, &what, &self.mapping, asked, part)
+        export::capsule(py, &what, Source::Mapped(&self.mapping), asked, part)
     }
 
     fn __repr__(&self) -> String {

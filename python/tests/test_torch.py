@@ -155,3 +155,48 @@ def test_layers_of_one_shape_are_views_at_their_own_bytes(server: Server, sessio
 
 def struct_f32(x: float) -> bytes:
     return np.float32(x).tobytes()
+
+
+def test_attach_in_two_steps(server: Server):
+    """The two-step attach (`Session.attach` in a process running CUDA through torch): the grant
+    gives the views' plan before the mapping, `finish` the model, whose tensors are the file's
+    bytes and hold the lease; host memory has no early arena (its address is the mapping's);
+    each error comes from the step it belongs to, and a second `finish` is refused."""
+    name = f"two-steps-{uuid.uuid4().hex[:8]}"
+    session = modelshare.Session.open(server.address, name=name, token=TOKEN_A)
+    attaching = session._native.attach_early("mixed")
+    assert attaching.arena() is None
+    runs, order = attaching.runs()
+    assert order == list(server.expected)
+    assert sorted(n for *_, names in runs for n in names) == sorted(order)
+    model = modelshare.Model(attaching.finish(timeout=10))
+    assert server.leases_of(name) == 1
+    with pytest.raises(modelshare.Error, match="already finished"):
+        attaching.finish()
+    tensors = model.torch()
+    assert list(tensors) == list(server.expected)
+    for tensor_name in tensors:
+        again = session.attach("mixed").torch([tensor_name])[tensor_name]
+        assert raw_bytes(tensors[tensor_name]) == raw_bytes(again), tensor_name
+    del again
+    with pytest.raises(modelshare.NotFound):
+        session._native.attach_early("no-such-model")
+    with pytest.raises(ValueError):
+        session._native.attach_early("mixed", 0)
+    del model, attaching
+    gc.collect()
+    assert server.leases_of(name) == 1, "the tensors hold the lease"
+    del tensors
+    gc.collect()
+    server.wait_for("the two-step attach's lease released", lambda: server.leases_of(name) == 0)
+    session.close()
+
+
+def test_early_views_are_given_once():
+    """A model attached with its views made early gives them on the first `torch()` only (a
+    second call makes new ones, as without them)."""
+    early = {"w": torch.zeros(2)}
+    model = modelshare.Model(object(), early)  # type: ignore[arg-type]
+    assert model.torch() is early
+    with pytest.raises(AttributeError):
+        model.torch()  # the second call asks the native model for its plan

@@ -7,16 +7,18 @@
 //! for the allocation's descriptor, and the event handle), which
 //! [`Mapping::import`] maps on a blocking thread.
 
-use modelshare_device::{DeviceError, Handles, Import, Mapping, handoff};
+use modelshare_device::{BackendKind, DeviceError, Handles, Import, Mapping, Reservation, handoff};
 use modelshare_proto::v1 as pb;
 use pb::attach_response::Handle;
 
 use crate::WorkerError;
 
-/// Maps the arena that `handle` names, for the version `manifest` describes.
+/// Maps the arena that `handle` names, for the version `manifest` describes: at `reserved` when
+/// address space was set aside for it ([`reserve`]).
 pub(crate) async fn map(
     handle: Option<Handle>,
     manifest: &pb::Manifest,
+    reserved: Option<Reservation>,
 ) -> Result<Mapping, WorkerError> {
     let device_err = |source: DeviceError| WorkerError::Device {
         model: manifest.model.clone(),
@@ -72,7 +74,7 @@ pub(crate) async fn map(
     // Mapping blocks (a CUDA import may create the device's context the first time).
     let mapping = tokio::task::spawn_blocking(move || {
         let t = std::time::Instant::now();
-        (Mapping::import(import), t.elapsed())
+        (Mapping::import_reserved(import, reserved), t.elapsed())
     })
     .await
     .map_err(|e| WorkerError::Protocol(format!("arena import task failed: {e}")))?;
@@ -83,6 +85,28 @@ pub(crate) async fn map(
         "attach: mapped"
     );
     mapping.0.map_err(device_err)
+}
+
+/// Address space for the arena `handle` names, reserved before the handle is redeemed, where
+/// its kind allows (CUDA VMM): `None` otherwise, or when the reservation failed (the import
+/// then maps wherever the driver puts it, and reports any real error itself).
+pub(crate) async fn reserve(handle: Option<&Handle>) -> Option<Reservation> {
+    let Some(Handle::CudaVmm(h)) = handle else {
+        return None;
+    };
+    let (uuid, bytes) = (h.device_uuid.clone(), h.allocation_bytes);
+    // A driver call (the first one may make the device's context): off the runtime's threads.
+    let reserved =
+        tokio::task::spawn_blocking(move || Mapping::reserve(BackendKind::CudaVmm, &uuid, bytes))
+            .await;
+    match reserved {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "attach: no address space reserved before the import");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -132,7 +156,7 @@ mod tests {
             handle_socket: socket.display().to_string(),
             ticket_ttl_ms: 1000,
         });
-        let mapping = map(Some(handle), &manifest(bytes.len() as u64))
+        let mapping = map(Some(handle), &manifest(bytes.len() as u64), None)
             .await
             .unwrap();
         assert_eq!(server.await.unwrap(), "t-123");
@@ -146,7 +170,7 @@ mod tests {
     /// A reply without a handle is no longer refused as a protocol error.
     #[tokio::test]
     async fn missing_handle_is_a_protocol_error() {
-        let err = map(None, &manifest(16)).await.unwrap_err();
+        let err = map(None, &manifest(16), None).await.unwrap_err();
         assert!(matches!(err, WorkerError::Protocol(_)), "{err}");
     }
 
@@ -159,7 +183,7 @@ mod tests {
             event_handle: vec![0; 64],
             device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
         });
-        let err = map(Some(handle), &manifest(16)).await.unwrap_err();
+        let err = map(Some(handle), &manifest(16), None).await.unwrap_err();
         match err {
             WorkerError::Device {
                 model,

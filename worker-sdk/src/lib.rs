@@ -52,6 +52,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod attaching;
 pub mod client;
 pub mod connect;
 pub mod credentials;
@@ -65,6 +66,7 @@ pub mod serve;
 pub mod session;
 pub mod tensor;
 
+pub use attaching::Attaching;
 pub use client::Client;
 pub use connect::AuthChannel;
 pub use credentials::{
@@ -73,7 +75,7 @@ pub use credentials::{
 pub use discover::{DiscoverError, ServerAddress, discover};
 pub use error::{WorkerError, report};
 pub use model::Model;
-pub use modelshare_device::Mapping;
+pub use modelshare_device::{Mapping, Reservation};
 pub use prost::bytes::Bytes;
 pub use serve::{Handler, ServeEnd, ServeOptions};
 pub use session::{Session, SessionEvent, SessionOptions};

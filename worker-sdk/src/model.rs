@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use modelshare_device::Mapping;
+use modelshare_device::{Mapping, Reservation};
 use modelshare_proto::v1 as pb;
 
 use crate::WorkerError;
@@ -79,6 +79,11 @@ impl Model {
     ) -> Result<Self, WorkerError> {
         let link = session.link()?;
         let attached = attach_once(&link, model, version).await?;
+        Ok(Self::new(session, version, attached))
+    }
+
+    /// The model `attached` gave, asked for as `version`.
+    fn new(session: KeepOpen, version: u32, attached: Attached) -> Self {
         let inner = Arc::new(ModelInner {
             // The spelling the server records (names are found in any case): what it offers
             // back after a restart and re-attaches by, and what the worker shows.
@@ -86,10 +91,39 @@ impl Model {
             requested_version: version,
             current: RwLock::new(attached),
         });
-        Ok(Self {
+        Self {
             session,
             inner,
             released: false,
+        }
+    }
+
+    /// Asks the server for `version` of `model` as [`Model::attach`] does, and returns once it
+    /// has granted the lease: the manifest and, where the handle's kind allows (CUDA VMM), the
+    /// address space the arena will be mapped at are known before the mapping, which
+    /// [`Granted::map`] then does.
+    pub(crate) async fn grant(
+        session: KeepOpen,
+        model: &str,
+        version: u32,
+    ) -> Result<Granted, WorkerError> {
+        let link = session.link()?;
+        let reply = attach_rpc(&link, model, version).await?;
+        let manifest = match checked_manifest(&reply) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let _ = release(&link, &reply.lease_id).await;
+                return Err(e);
+            }
+        };
+        let reservation = import::reserve(reply.handle.as_ref()).await;
+        Ok(Granted {
+            session,
+            link,
+            version,
+            manifest,
+            reservation,
+            reply,
         })
     }
 
@@ -273,6 +307,49 @@ async fn attach_rpc(
     }
 }
 
+/// An attach the server has granted, its arena not mapped yet ([`Model::grant`]).
+#[derive(Debug)]
+pub(crate) struct Granted {
+    session: KeepOpen,
+    link: Link,
+    version: u32,
+    manifest: Arc<pb::Manifest>,
+    reservation: Option<Reservation>,
+    reply: pb::AttachResponse,
+}
+
+impl Granted {
+    /// The version's manifest, its tensors checked to lie inside the arena.
+    pub(crate) fn manifest(&self) -> &Arc<pb::Manifest> {
+        &self.manifest
+    }
+
+    /// Where the arena will be mapped, when reserved before the mapping (CUDA VMM).
+    pub(crate) fn reservation(&self) -> Option<&Reservation> {
+        self.reservation.as_ref()
+    }
+
+    /// Whether the version was still loading when granted.
+    pub(crate) fn loading(&self) -> bool {
+        self.reply.loading
+    }
+
+    /// Redeems the handle and maps the arena (at the reservation, if any): the attached model.
+    /// Releases the lease if that fails.
+    pub(crate) async fn map(self) -> Result<Model, WorkerError> {
+        let Granted {
+            session,
+            link,
+            version,
+            manifest,
+            reservation,
+            reply,
+        } = self;
+        let attached = map_granted(&link, reply, manifest, reservation).await?;
+        Ok(Model::new(session, version, attached))
+    }
+}
+
 /// One attach, the handle redeemed and mapped; releases the lease if anything fails.
 async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached, WorkerError> {
     let asked = std::time::Instant::now();
@@ -282,10 +359,27 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
         rpc_us = asked.elapsed().as_micros() as u64,
         "attach: granted"
     );
-    let lease_id = reply.lease_id.clone();
-    let loading = reply.loading;
-    match map_reply(reply).await {
-        Ok((manifest, view)) => {
+    let manifest = match checked_manifest(&reply) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            let _ = release(link, &reply.lease_id).await;
+            return Err(e);
+        }
+    };
+    map_granted(link, reply, manifest, None).await
+}
+
+/// The granted `reply`'s arena mapped (at `reserved`, if any) for `manifest`, as an
+/// [`Attached`]; releases the lease if that fails.
+async fn map_granted(
+    link: &Link,
+    reply: pb::AttachResponse,
+    manifest: Arc<pb::Manifest>,
+    reserved: Option<Reservation>,
+) -> Result<Attached, WorkerError> {
+    let lease_id = reply.lease_id;
+    match import::map(reply.handle, &manifest, reserved).await {
+        Ok(view) => {
             let index = manifest
                 .tensors
                 .iter()
@@ -295,10 +389,10 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
             Ok(Attached {
                 lease_id,
                 session_id: link.id.clone(),
-                manifest: Arc::new(manifest),
+                manifest,
                 view,
                 index: Arc::new(index),
-                loading,
+                loading: reply.loading,
             })
         }
         Err(e) => {
@@ -308,11 +402,12 @@ async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached,
     }
 }
 
-async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, Mapping), WorkerError> {
+/// The reply's manifest, every tensor checked to lie inside the arena.
+fn checked_manifest(reply: &pb::AttachResponse) -> Result<pb::Manifest, WorkerError> {
     let manifest = reply
         .manifest
+        .clone()
         .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
-    let mapping = import::map(reply.handle, &manifest).await?;
     if let Some(t) = manifest.tensors.iter().find(|t| {
         t.offset
             .checked_add(t.byte_length)
@@ -323,7 +418,7 @@ async fn map_reply(reply: pb::AttachResponse) -> Result<(pb::Manifest, Mapping),
             t.name, manifest.arena_bytes
         )));
     }
-    Ok((manifest, mapping))
+    Ok(manifest)
 }
 
 async fn release(link: &Link, lease_id: &str) -> Result<(), WorkerError> {

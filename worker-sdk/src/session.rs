@@ -24,6 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, warn};
 
 use crate::WorkerError;
+use crate::attaching::Attaching;
 use crate::connect;
 use crate::credentials::ConnectOptions;
 use crate::link::{KeepOpen, Link, SessionCore};
@@ -249,6 +250,17 @@ impl Session {
         let model = Model::attach(self.keep_open.clone(), model, version).await?;
         self.inner.hold(model.shared());
         Ok(model)
+    }
+
+    /// Attaches as [`Session::attach_version`] does, in two steps: returns once the server has
+    /// granted the lease, with the manifest and (CUDA VMM) the address space the arena will be
+    /// mapped at, while the handle is redeemed and mapped in the background;
+    /// [`Attaching::finish`] waits for the [`Model`]. For a consumer that makes its own views of
+    /// the arena meanwhile.
+    pub async fn attach_early(&self, model: &str, version: u32) -> Result<Attaching, WorkerError> {
+        let granted = Model::grant(self.keep_open.clone(), model, version).await?;
+        let inner = self.inner.clone();
+        Ok(Attaching::start(granted, move |m| inner.hold(m.shared())))
     }
 
     /// The core shared with the supervisor and the models (for `serve`).

@@ -38,7 +38,7 @@ pub use context::{device_count, init_driver, ordinal_of, primary as context, uui
 pub use import::CudaMapping;
 pub(crate) use import::import;
 pub use vmm::VmmMapping;
-pub(crate) use vmm::import as import_vmm;
+pub(crate) use vmm::{import as import_vmm, reserve as reserve_vmm};
 
 use self::arena::{ArenaParts, CudaArena, Staging, StagingPool};
 use self::checksum::Ms64Kernel;

@@ -38,13 +38,15 @@ pub struct VmmMapping {
 
 impl VmmMapping {
     /// Maps the allocation `fd` names (`alloc_len` bytes, holding an arena of `len`) read-only
-    /// on the device `device_uuid`, with its ready event `event`.
+    /// on the device `device_uuid`, with its ready event `event`: at `range` when one was
+    /// reserved for it ([`reserve`]), else at a range of its own.
     pub fn open(
         fd: OwnedFd,
         alloc_len: u64,
         event: &[u8; IPC_HANDLE_BYTES],
         device_uuid: &str,
         len: u64,
+        range: Option<Arc<sys::AddressRange>>,
     ) -> Result<Self> {
         if alloc_len < len {
             return Err(DeviceError::BadHandle {
@@ -53,9 +55,17 @@ impl VmmMapping {
                 ),
             });
         }
-        let ordinal = super::ordinal_of(device_uuid)?;
-        let ctx = super::context::primary(ordinal)?;
-        let mem = sys::VmmImport::open(&ctx, fd.as_fd(), alloc_len)?;
+        let (ctx, mem) = match range {
+            Some(range) => {
+                let ctx = range.context().clone();
+                (ctx, sys::VmmImport::open_in(range, fd.as_fd(), alloc_len)?)
+            }
+            None => {
+                let ctx = super::context::primary(super::ordinal_of(device_uuid)?)?;
+                let mem = sys::VmmImport::open(&ctx, fd.as_fd(), alloc_len)?;
+                (ctx, mem)
+            }
+        };
         let ready = sys::Event::open_ipc(&ctx, event)?;
         Ok(Self {
             ctx,
@@ -113,7 +123,10 @@ impl Mapped for VmmMapping {
 
 /// Maps a received VMM arena: handles `[ready event]` (64 bytes), the descriptor, and the
 /// allocation's size.
-pub(crate) fn import(import: Import) -> Result<Arc<dyn Mapped>> {
+pub(crate) fn import(
+    import: Import,
+    reserved: Option<Arc<sys::AddressRange>>,
+) -> Result<Arc<dyn Mapped>> {
     let Handles::CudaVmm { event } = &import.handles else {
         return Err(DeviceError::BadHandle {
             reason: "not a CUDA VMM handle".into(),
@@ -129,5 +142,13 @@ pub(crate) fn import(import: Import) -> Result<Arc<dyn Mapped>> {
         &event,
         &import.device_uuid,
         import.len,
+        reserved,
     )?))
+}
+
+/// Address space on the device `device_uuid` for a VMM allocation of `alloc_len` bytes not yet
+/// received (its primary context made current first, as the import would).
+pub(crate) fn reserve(device_uuid: &str, alloc_len: u64) -> Result<Arc<sys::AddressRange>> {
+    let ctx = super::context::primary(super::ordinal_of(device_uuid)?)?;
+    Ok(Arc::new(sys::AddressRange::reserve(&ctx, alloc_len)?))
 }

@@ -37,4 +37,4 @@ pub use memory::DeviceMemory;
 pub use ms64::launch_ms64_many;
 pub use peer::enable_peer_access;
 pub use pinned::Pinned;
-pub use vmm::{VmmImport, fd_handles_supported};
+pub use vmm::{AddressRange, VmmImport, fd_handles_supported};

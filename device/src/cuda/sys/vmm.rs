@@ -101,33 +101,52 @@ fn reserve_and_map(
     id: i32,
     access: sys::CUmemAccess_flags,
 ) -> Result<CUdeviceptr> {
+    let ptr = reserve(size)?;
+    if let Err(e) = map_at(ptr, handle, size, id, access) {
+        free_range(ptr, size);
+        return Err(e);
+    }
+    Ok(ptr)
+}
+
+/// `size` bytes of address space, aligned to the granularity (the context must be bound).
+fn reserve(size: usize) -> Result<CUdeviceptr> {
     let mut ptr: CUdeviceptr = 0;
     // SAFETY: `ptr` is a valid out-parameter; alignment 0 = the granularity, no fixed address.
     unsafe { sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) }
         .result()
         .map_err(driver("cuMemAddressReserve"))?;
-    // SAFETY: `ptr..ptr+size` was just reserved; `handle` is a live allocation of `size` bytes.
-    if let Err(e) = unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }.result() {
-        // SAFETY: the reservation made above, released once.
-        let _ = unsafe { sys::cuMemAddressFree(ptr, size) };
-        return Err(DeviceError::Cuda {
-            op: "cuMemMap",
-            source: e,
-        });
-    }
+    Ok(ptr)
+}
+
+/// Maps `handle` (a live allocation of `size` bytes) at the reserved, unmapped range
+/// `ptr..ptr+size` with `access` for device `id`. Unmaps again on failure; the range stays
+/// reserved.
+fn map_at(
+    ptr: CUdeviceptr,
+    handle: CUmemGenericAllocationHandle,
+    size: usize,
+    id: i32,
+    access: sys::CUmemAccess_flags,
+) -> Result<()> {
+    // SAFETY: `ptr..ptr+size` is reserved and unmapped (the caller's promise); `handle` is a
+    // live allocation of `size` bytes.
+    unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }
+        .result()
+        .map_err(driver("cuMemMap"))?;
     let desc = sys::CUmemAccessDesc {
         location: location(id),
         flags: access,
     };
     // SAFETY: the range is mapped (above); `desc` is one valid descriptor.
     if let Err(e) = unsafe { sys::cuMemSetAccess(ptr, size, &desc, 1) }.result() {
-        unmap(ptr, size);
+        unmap_only(ptr, size);
         return Err(DeviceError::Cuda {
             op: "cuMemSetAccess",
             source: e,
         });
     }
-    Ok(ptr)
+    Ok(())
 }
 
 /// Grants device `id` `access` to the mapped range `ptr..ptr+size` (the range's own device
@@ -151,12 +170,22 @@ pub(super) fn grant(
 
 /// Unmaps and frees the address range of a mapping made by [`reserve_and_map`].
 fn unmap(ptr: CUdeviceptr, size: usize) {
+    unmap_only(ptr, size);
+    free_range(ptr, size);
+}
+
+/// Unmaps `ptr..ptr+size`, a range this module mapped; the reservation stays.
+fn unmap_only(ptr: CUdeviceptr, size: usize) {
     // SAFETY: `ptr..ptr+size` is a range this module reserved and mapped; nothing in this
     // process uses it afterwards (its owner is being dropped).
     if let Err(e) = unsafe { sys::cuMemUnmap(ptr, size) }.result() {
         tracing::warn!(error = %e, "cuMemUnmap failed");
     }
-    // SAFETY: as above; the reservation is released once.
+}
+
+/// Frees the reservation `ptr..ptr+size`, unmapped by now.
+fn free_range(ptr: CUdeviceptr, size: usize) {
+    // SAFETY: a reservation this module made, released once, with nothing mapped in it.
     if let Err(e) = unsafe { sys::cuMemAddressFree(ptr, size) }.result() {
         tracing::warn!(error = %e, "cuMemAddressFree failed");
     }
@@ -265,18 +294,65 @@ impl VmmAlloc {
     }
 }
 
-/// Another process's VMM allocation, imported from its file descriptor and mapped read-only
-/// on one device; unmapped and released on drop.
+/// Address space reserved in this process, `size` bytes on one device, freed when dropped:
+/// where an allocation not yet received will be mapped ([`VmmImport::open_in`]), so that its
+/// address is known before the import. Each mapping in it holds it.
 #[derive(Debug)]
-pub struct VmmImport {
+pub struct AddressRange {
     ctx: Arc<CudaContext>,
-    handle: CUmemGenericAllocationHandle,
     ptr: CUdeviceptr,
     size: usize,
 }
 
-// SAFETY: a device address and an allocation handle, plain numbers used with the context
-// bound (every method binds it); the driver serialises access.
+// SAFETY: a device address range, plain numbers used with the context bound; the driver
+// serialises access.
+unsafe impl Send for AddressRange {}
+// SAFETY: as above; no method mutates `self`.
+unsafe impl Sync for AddressRange {}
+
+impl AddressRange {
+    /// Reserves room for an allocation of `size` bytes (a multiple of the granularity) in `ctx`.
+    pub fn reserve(ctx: &Arc<CudaContext>, size: u64) -> Result<Self> {
+        let size = checked_size(ctx.ordinal(), size)?;
+        bind(ctx)?;
+        let ptr = reserve(size)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            ptr,
+            size,
+        })
+    }
+
+    /// The range's first address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// The context (and so the device) it is reserved in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Drop for AddressRange {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            free_range(self.ptr, self.size);
+        }
+    }
+}
+
+/// Another process's VMM allocation, imported from its file descriptor and mapped read-only
+/// in an [`AddressRange`] on one device; unmapped and released on drop (the range is freed when
+/// its last holder goes).
+#[derive(Debug)]
+pub struct VmmImport {
+    handle: CUmemGenericAllocationHandle,
+    range: Arc<AddressRange>,
+}
+
+// SAFETY: an allocation handle, a plain number used with the context bound (every method
+// binds it); the driver serialises access.
 unsafe impl Send for VmmImport {}
 // SAFETY: as above; no method mutates `self`.
 unsafe impl Sync for VmmImport {}
@@ -316,61 +392,64 @@ fn import_handle(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHandle> {
 
 impl VmmImport {
     /// Imports the allocation `fd` names (`size` bytes, as the exporter said) and maps it
-    /// read-only in `ctx`. The descriptor stays the caller's.
+    /// read-only in `ctx`, at a range of its own. The descriptor stays the caller's.
     pub fn open(ctx: &Arc<CudaContext>, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
+        Self::open_in(Arc::new(AddressRange::reserve(ctx, size)?), fd, size)
+    }
+
+    /// As [`VmmImport::open`], mapped at `range` (reserved for `size` bytes, nothing mapped
+    /// in it yet).
+    pub fn open_in(range: Arc<AddressRange>, fd: BorrowedFd<'_>, size: u64) -> Result<Self> {
+        let ctx = range.ctx.clone();
         let ordinal = ctx.ordinal();
         let size = checked_size(ordinal, size)?;
-        bind(ctx)?;
+        if size != range.size {
+            return Err(DeviceError::BadHandle {
+                reason: format!(
+                    "the allocation ({size} bytes) is not the {} bytes reserved for it",
+                    range.size
+                ),
+            });
+        }
+        bind(&ctx)?;
         let handle = import_handle(fd)?;
         let id = i32::try_from(ordinal).unwrap_or(0);
-        let ptr = match reserve_and_map(
-            handle,
-            size,
-            id,
-            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
-        ) {
-            Ok(ptr) => ptr,
-            Err(e) => {
-                release(handle);
-                return Err(e);
-            }
-        };
-        Ok(Self {
-            ctx: ctx.clone(),
-            handle,
-            ptr,
-            size,
-        })
+        let read = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ;
+        if let Err(e) = map_at(range.ptr, handle, size, id, read) {
+            release(handle);
+            return Err(e);
+        }
+        Ok(Self { handle, range })
     }
 
     /// The address in this process.
     pub fn ptr(&self) -> CUdeviceptr {
-        self.ptr
+        self.range.ptr
     }
 
     /// The allocation's size.
     pub fn size(&self) -> u64 {
-        self.size as u64
+        self.range.size as u64
     }
 
     /// Synchronous copy from `offset` into `dst`; `total` is the arena's length (at most the
     /// allocation's size).
     pub fn read(&self, offset: u64, dst: &mut [u8], total: u64) -> Result<()> {
-        check("read", offset, dst.len(), total.min(self.size as u64))?;
-        bind(&self.ctx)?;
+        check("read", offset, dst.len(), total.min(self.size()))?;
+        bind(&self.range.ctx)?;
         // SAFETY: the range lies inside the mapped allocation (checked above); reading is
         // allowed by the mapping's access flags.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, self.ptr + offset) }
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, self.ptr() + offset) }
             .map_err(driver("cuMemcpyDtoH"))
     }
 }
 
 impl Drop for VmmImport {
     fn drop(&mut self) {
-        if bind(&self.ctx).is_err() {
+        if bind(&self.range.ctx).is_err() {
             return;
         }
-        unmap(self.ptr, self.size);
+        unmap_only(self.range.ptr, self.range.size);
         release(self.handle);
     }
 }

@@ -1,0 +1,172 @@
+//! `Attaching`: an attach the server has granted whose arena is still being mapped (the SDK's
+//! [`modelshare_worker::Attaching`]), and `ReservedArena`, the DLPack export of the address
+//! space it is being mapped at. `Session.attach` makes the torch views of a loaded version over
+//! CUDA VMM from it while the Rust side redeems and maps the handle without the GIL, instead of
+//! after: torch's own making of hundreds of views is then no longer added to the attach.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use modelshare_proto::v1 as pb;
+use modelshare_worker::Reservation;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::dlpack::DLDataType;
+use crate::errors::{Error, from_worker};
+use crate::export::{self, Asked, Part, Source};
+use crate::lease::Lease;
+use crate::model::{Model, runs_of};
+use crate::runtime::{OnRuntime, seconds, wait};
+
+/// DLPack's `uint8`: `kDLUInt`, 8 bits.
+const U8: DLDataType = DLDataType {
+    code: 1,
+    bits: 8,
+    lanes: 1,
+};
+
+/// An attach granted, its arena being mapped. `finish()` gives the `Model`.
+#[pyclass(module = "modelshare._native", name = "Attaching", frozen)]
+#[derive(Debug)]
+pub(crate) struct Attaching {
+    /// Taken by `finish`.
+    pending: Mutex<Option<modelshare_worker::Attaching>>,
+    manifest: Arc<pb::Manifest>,
+    reservation: Option<Reservation>,
+    loading: bool,
+    /// The lease, once `finish` has it: what the early views' storage holds from then on.
+    lease: Arc<OnceLock<Lease>>,
+}
+
+impl Attaching {
+    pub(crate) fn new(pending: modelshare_worker::Attaching) -> Self {
+        Self {
+            manifest: pending.manifest().clone(),
+            reservation: pending.reservation().cloned(),
+            loading: pending.attached_while_loading(),
+            pending: Mutex::new(Some(pending)),
+            lease: Arc::new(OnceLock::new()),
+        }
+    }
+}
+
+#[pymethods]
+impl Attaching {
+    /// The address space the arena is being mapped at, as one `uint8` DLPack tensor, when its
+    /// views can be made before the mapping ends: a loaded version over CUDA VMM. `None`
+    /// otherwise (host memory, legacy IPC, or a version still loading). The views hold the
+    /// range reserved and, once `finish` has returned, the lease.
+    fn arena(&self) -> Option<ReservedArena> {
+        let reservation = self.reservation.as_ref().filter(|_| !self.loading)?;
+        Some(ReservedArena {
+            reservation: reservation.clone(),
+            length: self.manifest.arena_bytes,
+            lease: self.lease.clone(),
+        })
+    }
+
+    /// `Model.runs()` (the plan of the views) over the granted manifest.
+    #[pyo3(signature = (names=None))]
+    fn runs<'py>(
+        &self,
+        py: Python<'py>,
+        names: Option<Vec<String>>,
+    ) -> PyResult<(Vec<Bound<'py, PyTuple>>, Vec<String>)> {
+        runs_of(py, &self.manifest, names)
+    }
+
+    /// Waits (GIL released) for the mapping, at most `timeout` seconds: the attached `Model`,
+    /// or the SDK's error (the lease is then released; views made of `arena()` must then be
+    /// dropped, being views of nothing). Once only.
+    #[pyo3(signature = (*, timeout=None))]
+    fn finish(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Model> {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::new_err("this attach was already finished"))?;
+        let what = format!("mapping model '{}'", self.manifest.model);
+        let model = wait(py, &what, seconds(timeout)?, pending.finish())?
+            .map_err(|e| from_worker(py, &e))?;
+        let lease: Lease = Arc::new(OnRuntime::new(model));
+        let _ = self.lease.set(lease.clone());
+        Ok(Model::new(lease))
+    }
+}
+
+/// The address space an early attach's arena is being mapped at, exported as one `uint8`
+/// CUDA tensor of the arena's length.
+#[pyclass(module = "modelshare._native", name = "ReservedArena", frozen)]
+#[derive(Debug)]
+pub(crate) struct ReservedArena {
+    reservation: Reservation,
+    length: u64,
+    lease: Arc<OnceLock<Lease>>,
+}
+
+#[pymethods]
+impl ReservedArena {
+    /// Length in bytes.
+    #[getter]
+    fn byte_length(&self) -> u64 {
+        self.length
+    }
+
+    /// The device address the arena starts at.
+    #[getter]
+    fn data_ptr(&self) -> u64 {
+        self.reservation.device_ptr()
+    }
+
+    /// The DLPack device: `(2, ordinal)`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (2, i32::try_from(self.reservation.ordinal()).unwrap_or(-1))
+    }
+
+    /// A DLPack capsule of the range as `uint8`, read-only; its consumer's tensors keep the
+    /// range reserved and the lease held (once there is one).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let length = i64::try_from(self.length)
+            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
+        let asked = Asked {
+            stream,
+            max_version,
+            dl_device,
+            copy,
+        };
+        let part = Part {
+            address: if length == 0 {
+                0
+            } else {
+                self.reservation.device_ptr()
+            },
+            dtype: U8,
+            shape: vec![length],
+            owner: Box::new((self.reservation.clone(), self.lease.clone())),
+        };
+        export::capsule(
+            py,
+            "the arena",
+            Source::Reserved(&self.reservation),
+            asked,
+            part,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<modelshare.ReservedArena of {} bytes at {:#x}>",
+            self.length,
+            self.reservation.device_ptr()
+        )
+    }
+}
