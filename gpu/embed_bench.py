@@ -487,7 +487,8 @@ class Stack:
                 "--model", self.name, "--name", f"bench-{i}",
                 *(["--max-batch-items", str(self.bench.args.max_batch_items)] if self.bench.args.max_batch_items else []),
                 *(["--max-batch-tokens", str(self.bench.args.max_batch_tokens)] if self.bench.args.max_batch_tokens else []),
-                *(["--profile-stages"] if self.bench.args.profile_stages else [])]))
+                *(["--profile-stages"] if self.bench.args.profile_stages else []),
+                *(self.bench.args.baseline_worker_args.split() if self.bin_dir else [])]))
         self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
 
     def close(self):
@@ -835,10 +836,12 @@ class Bench:
 
     def bench_model(self, name, model_dir):
         """sentence-transformers, then modelshare, then the memory comparison, for one model."""
-        st = self.part(f"{name}: sentence-transformers", lambda: self.st_bench(name, model_dir), need_s=40)
+        st = None if self.args.no_anchors else self.part(
+            f"{name}: sentence-transformers", lambda: self.st_bench(name, model_dir), need_s=40)
         tokens, reference = st if st else (None, None)
-        self.part(f"{name}: PyTorch alone", lambda: self.torch_alone(name, model_dir), need_s=40)
-        if self.args.st_device.startswith("cuda"):
+        if not self.args.no_anchors:
+            self.part(f"{name}: PyTorch alone", lambda: self.torch_alone(name, model_dir), need_s=40)
+        if self.args.st_device.startswith("cuda") and not self.args.no_anchors:
             self.part(f"{name}: cuBLAS ceiling", lambda: self.ceiling(name, model_dir), need_s=20)
         self.part(f"{name}: modelshare", lambda: self.modelshare(name, model_dir, reference), need_s=40)
         for run in self.result["runs"]:
@@ -943,6 +946,8 @@ def parse_args():
     ap.add_argument("--max-batch-items", type=int, help="each worker's --max-batch-items (default: the worker's)")
     ap.add_argument("--st-batches", default=",".join(map(str, ST_BATCHES)), type=lambda v: [int(x) for x in v.split(",")],
                     help="sentence-transformers batch sizes")
+    ap.add_argument("--no-anchors", action="store_true",
+                    help="modelshare rows only (no sentence-transformers, PyTorch or cuBLAS rows): an A/B of builds")
     ap.add_argument("--no-memory", action="store_true", help="skip the GPU memory comparison")
     ap.add_argument("--mps", action="store_true",
                     help="then the worker counts again under one MPS daemon (nvidia-cuda-mps-control)")
@@ -951,6 +956,8 @@ def parse_args():
     ap.add_argument("--max-batch-tokens", type=int, help="each worker's --max-batch-tokens (default: the worker's)")
     ap.add_argument("--baseline-bin", help="another build's modelshare and modelshare-embed (or .xz): its rows "
                     "follow this build's, same worker counts (an A/B in one run)")
+    ap.add_argument("--baseline-worker-args", default="", help="flags for the baseline build's workers only "
+                    "(an older build's defaults made explicit)")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
