@@ -334,12 +334,16 @@ def refused_setting(args, stack):
     return (name, ok, time.time() - t0, None if ok else f"exit {p.returncode}: {p.stderr[-500:]}")
 
 
-def profile_logged(log):
-    """The worker stopped with --profile-stages logged where its time went: the compute thread's
-    jobs, busy and idle time, and the batches' tokenization."""
+#: The worker's compute slots in these steps.
+COMPUTE_SLOTS = 2
+
+
+def profile_logged(log, slots):
+    """The worker stopped with --profile-stages logged where its time went: each compute
+    thread's (one per slot) jobs, busy and idle time, and the batches' tokenization."""
     text = open(log, errors="replace").read()
-    compute = re.search(r"profile: compute thread.*jobs=(\d+)", text)
-    ok = bool(compute and int(compute.group(1)) > 0 and "busy_s=" in text and "profile: tokenization" in text)
+    jobs = [int(n) for n in re.findall(r"profile: compute thread.*jobs=(\d+)", text)]
+    ok = len(jobs) == slots and sum(jobs) > 0 and "busy_s=" in text and "profile: tokenization" in text
     return ("--profile-stages logs the compute thread's and tokenization's time", ok, 0.0,
             None if ok else "no profile lines in the worker's log:\n" + text[-1500:])
 
@@ -387,8 +391,9 @@ def main():
         parity = Parity(ref, tokens, min_cosine, src)
         try:
             stack = EmbedStack(args, tmp, model_root, model_path)
-            # --profile-stages changes no answer: the steps run against a worker that times itself.
-            stack.start_embed_worker("--profile-stages")
+            # --profile-stages changes no answer: the steps run against a worker that times itself,
+            # with two compute slots (each with an encoder of its own; concurrent steps use both).
+            stack.start_embed_worker("--profile-stages", "--compute-slots", str(COMPUTE_SLOTS))
             outcomes = run_steps(parity.connect(stack))
             outcomes.append(refused_setting(args, stack))
         except Exception as e:  # noqa: BLE001
@@ -399,7 +404,7 @@ def main():
                 stack.stop_workers()
                 stack.close()
         if stack and stack.workers:
-            outcomes.append(profile_logged(os.path.join(tmp, "worker-embed-0.log")))
+            outcomes.append(profile_logged(os.path.join(tmp, "worker-embed-0.log"), COMPUTE_SLOTS))
         failed = sum(not ok for _, ok, _, _ in outcomes)
         if failed:
             print_logs(tmp)

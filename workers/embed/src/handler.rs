@@ -16,7 +16,7 @@ use modelshare_worker::serve::{
 };
 use modelshare_worker::{Handler, Model};
 
-use crate::compute::{ComputeThread, Encoded};
+use crate::compute::{Encoded, Slots};
 use crate::encoder::EncodeError;
 use crate::tokenize::{Sequence, TextEncoder, TokenizeError};
 
@@ -29,7 +29,7 @@ pub const INPUT_IDS: &str = "input_ids";
 #[derive(Debug)]
 pub struct Embedder {
     text: Arc<TextEncoder>,
-    compute: ComputeThread,
+    compute: Slots,
     /// Held so that the version's lease and mapping live as long as the handler.
     _model: Arc<Model>,
     /// With `--profile-stages`: tokenization's time, logged when the handler goes.
@@ -61,12 +61,7 @@ impl Drop for Embedder {
 impl Embedder {
     /// A handler over a tokenizer and an compute serving `model`.
     /// With `profile`, it logs tokenization's time when dropped.
-    pub fn new(
-        text: Arc<TextEncoder>,
-        compute: ComputeThread,
-        model: Arc<Model>,
-        profile: bool,
-    ) -> Self {
+    pub fn new(text: Arc<TextEncoder>, compute: Slots, model: Arc<Model>, profile: bool) -> Self {
         Self {
             text,
             compute,

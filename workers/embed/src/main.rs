@@ -65,9 +65,16 @@ struct Args {
     /// Worker name shown by `modelshare ps`.
     #[arg(long, default_value = "embed-worker")]
     name: String,
-    /// Batches taken at once (tokenizing one while computing another).
-    #[arg(long, default_value_t = 2)]
-    credits: u32,
+    /// Batches taken at once (tokenizing one while computing another). Default: one more than
+    /// --compute-slots.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    credits: Option<u32>,
+    /// Compute threads, each with an encoder of its own (on CUDA: its own stream, activation
+    /// buffers and cuBLAS handle, so that several batches are on the GPU at once, as several
+    /// workers under MPS would be, in one process). Each slot's buffers take GPU memory (see
+    /// --max-batch-tokens).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    compute_slots: u32,
     /// Most items (inputs) in one batch (more of like length make bigger groups and faster
     /// products: 1024 against 256 was 17-20% faster on an H200).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65_536))]
@@ -131,7 +138,8 @@ fn main() -> ExitCode {
     }
     let stop = Stop::default();
     let config = worker::Config {
-        credits: args.credits,
+        credits: args.credits.unwrap_or(args.compute_slots + 1),
+        compute_slots: args.compute_slots as usize,
         max_batch_items: args.max_batch_items,
         max_batch_bytes: args.max_batch_bytes,
         max_batch_tokens: args.max_batch_tokens as usize,

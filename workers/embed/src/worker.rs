@@ -9,7 +9,7 @@ use modelshare_worker::serve::{ServeOptions, tensor_spec};
 use modelshare_worker::{Model, Tensor, WorkerError};
 use tracing::info;
 
-use crate::compute::ComputeThread;
+use crate::compute::Slots;
 use crate::cpu::CpuEncoder;
 use crate::encoder::Encoder;
 use crate::handler::{Embedder, INPUT_IDS, OUTPUT};
@@ -36,6 +36,9 @@ pub struct Config {
     /// Log, when serving a version ends, where the time went: the compute thread's busy and
     /// idle time, tokenization, and each stage's GPU time (CUDA events between stages).
     pub profile: bool,
+    /// Compute threads, each with an encoder (and on CUDA its stream and buffers) of its own:
+    /// batches in flight on the GPU at once.
+    pub compute_slots: usize,
 }
 
 /// The handler and options for one attached version.
@@ -65,38 +68,31 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         max_seq_len = spec.max_seq_len,
         pooling = ?spec.pooling,
         normalize = spec.normalize,
+        compute_slots = config.compute_slots,
         "model read"
     );
     let max_tokens = config.max_batch_tokens.max(spec.max_seq_len);
     let max_sequences = config.max_batch_items.max(1) as usize;
-    let engine_spec = spec.clone();
     let arena = model.view();
     let stop = config.stop.clone();
-    let on_fatal = Box::new(move |reason| stop.fail(reason));
+    let on_fatal: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |reason| stop.fail(reason));
     let profile = config.profile;
+    let make = |_slot: usize| {
+        let (spec, arena, weights) = (spec.clone(), arena.clone(), weights.clone());
+        move || {
+            let encoder: Box<dyn Encoder> = if on_device {
+                crate::cuda::encoder(spec, &arena, &weights, max_tokens, max_sequences, profile)?
+            } else {
+                Box::new(CpuEncoder::new(spec, &weights, max_tokens, max_sequences)?)
+            };
+            Ok(encoder)
+        }
+    };
     let compute = tokio::task::block_in_place(|| {
-        ComputeThread::start(
+        Slots::start(
+            config.compute_slots,
             "embed-compute",
-            move || {
-                let encoder: Box<dyn Encoder> = if on_device {
-                    crate::cuda::encoder(
-                        engine_spec,
-                        &arena,
-                        &weights,
-                        max_tokens,
-                        max_sequences,
-                        profile,
-                    )?
-                } else {
-                    Box::new(CpuEncoder::new(
-                        engine_spec,
-                        &weights,
-                        max_tokens,
-                        max_sequences,
-                    )?)
-                };
-                Ok(encoder)
-            },
+            make,
             on_fatal,
             profile,
         )

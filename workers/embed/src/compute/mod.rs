@@ -18,6 +18,8 @@
 //! # Layout
 //! - here: the map; what the worker uses is re-exported here.
 //! - `thread`: [`ComputeThread`], the handle: start, encode, join.
+//! - `slots`: [`Slots`], several compute threads of one version (`--compute-slots`), each
+//!   batch sent to the least busy.
 //! - `job`: a job ([`Encoded`] its answer), `OnFatal`, how the thread ends.
 //! - `serve`: the thread's loop, and its end after a panic.
 //! - `run`: one job: groups, cancellation, the rows in order.
@@ -29,9 +31,10 @@ mod panics;
 mod plan;
 mod run;
 mod serve;
+mod slots;
 #[cfg(test)]
 mod tests;
 mod thread;
 
 pub use self::job::Encoded;
-pub use self::thread::ComputeThread;
+pub use self::slots::Slots;

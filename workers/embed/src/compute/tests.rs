@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use modelshare_worker::CancellationToken;
 
+use super::Slots;
 use super::plan::{MIN_GROUP, plan};
 use super::run::run;
-use super::*;
+use super::thread::ComputeThread;
 use crate::encoder::{EncodeError, Encoder};
 use crate::tokenize::Sequence;
 
@@ -296,4 +297,93 @@ fn bounds_padding_once_groups_are_big_enough() {
     assert_eq!(groups.len(), 4, "{groups:?}");
     // Without the bound: one group.
     assert_eq!(plan(&lengths, 1 << 20, 1000, 1.0).len(), 1);
+}
+
+/// Meets the other slots' encoders inside `encode`: each call waits (up to `wait`) until
+/// `expected` calls are inside at once, and fails if they never are.
+struct Meeting {
+    inside: Arc<(Mutex<usize>, std::sync::Condvar)>,
+    expected: usize,
+    wait: Duration,
+}
+
+impl Encoder for Meeting {
+    fn hidden(&self) -> usize {
+        1
+    }
+    fn max_tokens(&self) -> usize {
+        1 << 20
+    }
+    fn max_sequences(&self) -> usize {
+        1 << 10
+    }
+    fn pads(&self) -> bool {
+        false
+    }
+    fn survives_panic(&self) -> bool {
+        true
+    }
+    fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
+        let (count, met) = &*self.inside;
+        let mut inside = count.lock().expect("count");
+        *inside += 1;
+        met.notify_all();
+        let (inside, waited) = met
+            .wait_timeout_while(inside, self.wait, |n| *n < self.expected)
+            .expect("count");
+        drop(inside);
+        if waited.timed_out() {
+            return Err(EncodeError::Device(
+                "the other slot's batch never ran meanwhile".into(),
+            ));
+        }
+        Ok(seqs.iter().map(|s| s.ids[0] as f32).collect())
+    }
+}
+
+/// Slots of `Meeting` encoders that wait up to `wait` for each other.
+fn meeting_slots(n: usize, wait: Duration) -> Slots {
+    let inside = Arc::new((Mutex::new(0), std::sync::Condvar::new()));
+    let make = |_slot: usize| {
+        let inside = inside.clone();
+        move || {
+            let meeting = Meeting {
+                inside,
+                expected: 2,
+                wait,
+            };
+            Ok(Box::new(meeting) as Box<dyn Encoder>)
+        }
+    };
+    Slots::start(
+        n,
+        "test-slots",
+        make,
+        Arc::new(|_| unreachable!("no panic")),
+        false,
+    )
+    .expect("starts")
+}
+
+/// With --compute-slots 2, two batches would run one after the other on one compute thread:
+/// now each slot's encoder takes one, both inside their encode at once, and each batch gets
+/// its own answers. One slot (the check's own control) runs them one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_slots_encode_two_batches_at_once() {
+    let slots = meeting_slots(2, Duration::from_secs(5));
+    assert_eq!(slots.hidden(), 1);
+    let (a, b) = tokio::join!(
+        slots.encode(vec![seq(11, 3), seq(12, 2)], Vec::new()),
+        slots.encode(vec![seq(21, 4)], Vec::new()),
+    );
+    assert_eq!(a.expect("first batch").vectors, vec![11.0, 12.0]);
+    assert_eq!(b.expect("second batch").vectors, vec![21.0]);
+
+    let one = meeting_slots(1, Duration::from_millis(200));
+    let (a, b) = tokio::join!(
+        one.encode(vec![seq(11, 3)], Vec::new()),
+        one.encode(vec![seq(21, 4)], Vec::new()),
+    );
+    assert!(a.is_err(), "one slot runs one batch at a time");
+    assert!(b.is_ok(), "the second meets the first's count once it runs");
 }
