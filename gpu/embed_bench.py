@@ -488,7 +488,7 @@ class Stack:
                 *(["--max-batch-items", str(self.bench.args.max_batch_items)] if self.bench.args.max_batch_items else []),
                 *(["--max-batch-tokens", str(self.bench.args.max_batch_tokens)] if self.bench.args.max_batch_tokens else []),
                 *(["--profile-stages"] if self.bench.args.profile_stages else []),
-                *(self.bench.args.baseline_worker_args.split() if self.bin_dir else [])]))
+                *(self.bench.args.baseline_worker_args if self.bin_dir else self.bench.args.worker_args).split()]))
         self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
 
     def close(self):
@@ -778,7 +778,9 @@ class Bench:
                "tokens_per_s": run["prompt_tokens"] / run["seconds"], "prompt_tokens": run["prompt_tokens"],
                "errors": run["errors"], "first_errors": run["first_errors"], "path": path}
         row.update(self.verify(vectors, reference))
-        self.add_run(name, f"modelshare {self.args.backend}", f"{n} worker{'s' if n > 1 else ''}{setup_suffix}", row)
+        flags = self.args.baseline_worker_args if stack.bin_dir else self.args.worker_args
+        setup = f"{n} worker{'s' if n > 1 else ''}{setup_suffix}" + (f" ({flags})" if flags else "")
+        self.add_run(name, f"modelshare {self.args.backend}", setup, row)
         log(f"   {n} worker(s): {row['sentences_per_s']:.0f} sentences/s, {row['tokens_per_s']:.0f} tokens/s, "
             f"{run['errors']} errors, cosine min {row.get('cosine_min')}; path {json.dumps(path)}")
 
@@ -956,6 +958,8 @@ def parse_args():
     ap.add_argument("--max-batch-tokens", type=int, help="each worker's --max-batch-tokens (default: the worker's)")
     ap.add_argument("--baseline-bin", help="another build's modelshare and modelshare-embed (or .xz): its rows "
                     "follow this build's, same worker counts (an A/B in one run)")
+    ap.add_argument("--worker-args", default="", help="flags for this build's workers (e.g. --compute-slots 2), "
+                    "shown in the rows' setup")
     ap.add_argument("--baseline-worker-args", default="", help="flags for the baseline build's workers only "
                     "(an older build's defaults made explicit)")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
