@@ -118,6 +118,11 @@ class Session:
     def attach(self, model: str, version: int | None = None, *, timeout: float | None = None) -> Model:
         """Attaches to ``version`` of ``model`` (``None``: the latest ready one) and maps it.
 
+        In a process already using CUDA through torch, a loaded version over CUDA VMM is
+        attached in two steps: the views :meth:`Model.torch` gives are made of the address
+        range the arena is being mapped at while the mapping goes on (without the GIL), and the
+        first ``torch()`` call returns them at once.
+
         Raises:
             NotFound: no such model or version (or not visible to this token).
             Unavailable: the server cannot attach now (retried for 5 s first).
@@ -131,7 +136,10 @@ class Session:
         # in advance (CUDA VMM), make Model.torch()'s views while the mapping goes on.
         started = time.monotonic()
         attaching = self._native.attach_early(model, version, timeout=timeout)
-        views = early_views(attaching)
+        try:
+            views = early_views(attaching)
+        except Exception:  # noqa: BLE001 - e.g. a tensor torch cannot view: torch() will say so
+            views = None
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return Model(attaching.finish(timeout=left), views)
 

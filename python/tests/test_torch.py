@@ -200,3 +200,30 @@ def test_early_views_are_given_once():
     assert model.torch() is early
     with pytest.raises(AttributeError):
         model.torch()  # the second call asks the native model for its plan
+
+
+def test_attach_takes_two_steps_where_torch_runs_cuda(server: Server, monkeypatch: pytest.MonkeyPatch):
+    """`Session.attach` in a process running CUDA through torch goes through the two steps (here,
+    host memory: no early views); views that cannot be made early (a dtype torch lacks, say)
+    fail nothing: the attach succeeds and `torch()` makes them, or says why, itself."""
+    import modelshare._session as session_module
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    real = session_module.early_views
+
+    def counting(attaching):
+        calls.append(attaching)
+        return real(attaching)
+
+    monkeypatch.setattr(session_module, "early_views", counting)
+    with modelshare.Session.open(server.address, name=f"two-{uuid.uuid4().hex[:8]}", token=TOKEN_A) as s:
+        tensors = s.attach("mixed").torch()
+        assert len(calls) == 1 and list(tensors) == list(server.expected)
+
+        def failing(attaching):
+            raise modelshare.DtypeError("no such dtype in this torch")
+
+        monkeypatch.setattr(session_module, "early_views", failing)
+        model = s.attach("mixed")
+        assert list(model.torch()) == list(server.expected)
