@@ -137,11 +137,15 @@ class Session:
         started = time.monotonic()
         attaching = self._native.attach_early(model, version, timeout=timeout)
         try:
-            views = early_views(attaching)
+            early = early_views(attaching)
         except Exception:  # noqa: BLE001 - e.g. a tensor torch cannot view: torch() will say so
-            views = None
+            early = None
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        return Model(attaching.finish(timeout=left), views)
+        try:
+            native = attaching.finish(timeout=left)
+        except Timeout:
+            raise Timeout(f"attaching to model {model!r} did not finish within {timeout:.3f} s") from None
+        return Model(native, early)
 
     def serve(
         self,
@@ -255,9 +259,13 @@ class Model:
 
     __slots__ = ("_early", "_native")
 
-    def __init__(self, native: _native.Model, early: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self, native: _native.Model, early: tuple[int, dict[str, torch.Tensor]] | None = None
+    ) -> None:
         self._native = native
-        # Every tensor's torch view, made during the attach; given by the first torch().
+        # Every tensor's torch view, made during the attach, and the address they view; given
+        # by the first torch() if the model is still mapped there (a reconnection re-attaches
+        # it elsewhere: the views stay valid, of the old mapping, but are no longer the model's).
         self._early = early
 
     @property
@@ -352,8 +360,9 @@ class Model:
         one of host memory kills the process (SIGSEGV: the mapping is read-only); clone first.
         """
         if names is None and self._early is not None:
-            views, self._early = self._early, None
-            return views
+            (address, views), self._early = self._early, None
+            if address == self._native.arena().data_ptr:
+                return views
         if names is not None:
             names = [names] if isinstance(names, str) else list(names)
         runs, order = self._native.runs(names)

@@ -93,18 +93,18 @@ def arena_views(arena: Arena, runs: list[Run], order: list[str]) -> dict[str, to
     return views_of(base, runs, order)
 
 
-def early_views(attaching: Attaching) -> dict[str, torch.Tensor] | None:
-    """The views ``Model.torch()`` gives, made of where an attach's arena is being mapped
-    (a loaded version over CUDA VMM) while the mapping goes on without the GIL; ``None`` where
-    that cannot be (other handle kinds, a version still loading). Use them only once
-    ``attaching.finish()`` has returned: until then the memory is not mapped."""
+def early_views(attaching: Attaching) -> tuple[int, dict[str, torch.Tensor]] | None:
+    """The address of where an attach's arena is being mapped (a loaded version over CUDA
+    VMM), and the views ``Model.torch()`` gives, made of it while the mapping goes on without
+    the GIL; ``None`` where that cannot be (other handle kinds, a version still loading). Use
+    them only once ``attaching.finish()`` has returned: until then the memory is not mapped."""
     import torch
 
     arena = attaching.arena()
     if arena is None:
         return None
     base = torch.utils.dlpack.from_dlpack(arena.__dlpack__())
-    return views_of(base, *attaching.runs())
+    return arena.data_ptr, views_of(base, *attaching.runs())
 
 
 def views_of(base: torch.Tensor, runs: list[Run], order: list[str]) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use modelshare_proto::v1 as pb;
-use modelshare_worker::Reservation;
+use modelshare_worker::{Mapping, Reservation};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -29,14 +29,20 @@ const U8: DLDataType = DLDataType {
 #[pyclass(module = "modelshare._native", name = "Attaching", frozen)]
 #[derive(Debug)]
 pub(crate) struct Attaching {
-    /// Taken by `finish`.
-    pending: Mutex<Option<modelshare_worker::Attaching>>,
+    /// Taken by `finish`. Dropped on the runtime otherwise: a mapping that ended meanwhile
+    /// leaves its `Model` in the task's handle, whose drop releases the lease only there.
+    pending: Mutex<Option<OnRuntime<modelshare_worker::Attaching>>>,
     manifest: Arc<pb::Manifest>,
     reservation: Option<Reservation>,
     loading: bool,
-    /// The lease, once `finish` has it: what the early views' storage holds from then on.
-    lease: Arc<OnceLock<Lease>>,
+    /// What the early views' storage holds from then on, once `finish` has it.
+    held: Arc<OnceLock<Held>>,
 }
+
+/// What an early view keeps, once mapped: the lease, and the mapping itself. The lease alone
+/// would not do: after a reconnection the SDK re-attaches the model to a new mapping, and the
+/// old one (these views' memory) would be unmapped with nothing else holding it.
+type Held = (Lease, Mapping);
 
 impl Attaching {
     pub(crate) fn new(pending: modelshare_worker::Attaching) -> Self {
@@ -44,8 +50,8 @@ impl Attaching {
             manifest: pending.manifest().clone(),
             reservation: pending.reservation().cloned(),
             loading: pending.attached_while_loading(),
-            pending: Mutex::new(Some(pending)),
-            lease: Arc::new(OnceLock::new()),
+            pending: Mutex::new(Some(OnRuntime::new(pending))),
+            held: Arc::new(OnceLock::new()),
         }
     }
 }
@@ -55,13 +61,13 @@ impl Attaching {
     /// The address space the arena is being mapped at, as one `uint8` DLPack tensor, when its
     /// views can be made before the mapping ends: a loaded version over CUDA VMM. `None`
     /// otherwise (host memory, legacy IPC, or a version still loading). The views hold the
-    /// range reserved and, once `finish` has returned, the lease.
+    /// range reserved and, once `finish` has returned, the lease and the mapping.
     fn arena(&self) -> Option<ReservedArena> {
         let reservation = self.reservation.as_ref().filter(|_| !self.loading)?;
         Some(ReservedArena {
             reservation: reservation.clone(),
             length: self.manifest.arena_bytes,
-            lease: self.lease.clone(),
+            held: self.held.clone(),
         })
     }
 
@@ -85,12 +91,14 @@ impl Attaching {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+            .and_then(OnRuntime::take)
             .ok_or_else(|| Error::new_err("this attach was already finished"))?;
         let what = format!("mapping model '{}'", self.manifest.model);
         let model = wait(py, &what, seconds(timeout)?, pending.finish())?
             .map_err(|e| from_worker(py, &e))?;
+        let mapping = model.view();
         let lease: Lease = Arc::new(OnRuntime::new(model));
-        let _ = self.lease.set(lease.clone());
+        let _ = self.held.set((lease.clone(), mapping));
         Ok(Model::new(lease))
     }
 }
@@ -102,7 +110,7 @@ impl Attaching {
 pub(crate) struct ReservedArena {
     reservation: Reservation,
     length: u64,
-    lease: Arc<OnceLock<Lease>>,
+    held: Arc<OnceLock<Held>>,
 }
 
 #[pymethods]
@@ -125,7 +133,7 @@ impl ReservedArena {
     }
 
     /// A DLPack capsule of the range as `uint8`, read-only; its consumer's tensors keep the
-    /// range reserved and the lease held (once there is one).
+    /// range reserved and, once there are, the lease and the mapping.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -151,7 +159,7 @@ impl ReservedArena {
             },
             dtype: U8,
             shape: vec![length],
-            owner: Box::new((self.reservation.clone(), self.lease.clone())),
+            owner: Box::new((self.reservation.clone(), self.held.clone())),
         };
         export::capsule(
             py,

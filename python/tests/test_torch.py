@@ -193,13 +193,36 @@ def test_attach_in_two_steps(server: Server):
 
 
 def test_early_views_are_given_once():
-    """A model attached with its views made early gives them on the first `torch()` only (a
-    second call makes new ones, as without them)."""
+    """A model attached with its views made early gives them on the first `torch()` only, and
+    only while it is still mapped where they were made (after a reconnection re-attached it
+    elsewhere, `torch()` makes views of the new mapping, as without them)."""
+
+    class Arena:
+        def __init__(self, address):
+            self.data_ptr = address
+
+    class Native:
+        def __init__(self, address):
+            self.address, self.planned = address, 0
+
+        def arena(self):
+            return Arena(self.address)
+
+        def runs(self, names):
+            self.planned += 1
+            raise LookupError("planned anew")
+
     early = {"w": torch.zeros(2)}
-    model = modelshare.Model(object(), early)  # type: ignore[arg-type]
-    assert model.torch() is early
-    with pytest.raises(AttributeError):
-        model.torch()  # the second call asks the native model for its plan
+    native = Native(0x7000)
+    model = modelshare.Model(native, (0x7000, early))  # type: ignore[arg-type]
+    assert model.torch() is early and native.planned == 0
+    with pytest.raises(LookupError, match="planned anew"):
+        model.torch()  # the second call makes views of its own
+    moved = Native(0x9000)
+    model = modelshare.Model(moved, (0x7000, early))  # type: ignore[arg-type]
+    with pytest.raises(LookupError, match="planned anew"):
+        model.torch()
+    assert moved.planned == 1
 
 
 def test_attach_takes_two_steps_where_torch_runs_cuda(server: Server, monkeypatch: pytest.MonkeyPatch):

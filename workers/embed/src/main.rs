@@ -72,7 +72,7 @@ struct Args {
     /// Compute threads, each with an encoder of its own (on CUDA: its own stream, activation
     /// buffers and cuBLAS handle, so that several batches are on the GPU at once, as several
     /// workers under MPS would be, in one process). Each slot's buffers take GPU memory (see
-    /// --max-batch-tokens).
+    /// --max-batch-tokens); on the CPU, each slot widens its own f32 copy of f16/bf16 weights.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     compute_slots: u32,
     /// Most items (inputs) in one batch (more of like length make bigger groups and faster
