@@ -127,3 +127,92 @@ async fn worker_mapping_is_shared_and_read_only() {
     drop(model);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// The two-step attach (`Session::attach_early`, what the Python package uses to make its torch
+/// views while mapping): the grant gives the manifest before the mapping (host memory: no
+/// address reserved in advance), `finish` a model whose bytes are the one-step attach's; an
+/// `Attaching` dropped unfinished still has its lease released; an unknown model fails at the
+/// grant and holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_in_two_steps() {
+    let server = Server::start().await;
+    common::write_safetensors(
+        &server.root.join("two/model.safetensors"),
+        &[
+            t("a", Dtype::F32, &[64, 32], 5),
+            t("b", Dtype::BF16, &[7, 9], 6),
+        ],
+    );
+    let mut admin = server.admin().await;
+    common::load(&mut admin, "two", "two").await.expect("load");
+    let session = modelshare_worker::Session::open(&server.address, "two-steps")
+        .await
+        .expect("session");
+
+    let attaching = session.attach_early("two", 0).await.expect("grant");
+    assert!(
+        attaching.reservation().is_none(),
+        "host memory reserves nothing"
+    );
+    assert!(!attaching.attached_while_loading());
+    let names: Vec<&str> = attaching
+        .manifest()
+        .tensors
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    let early = attaching.finish().await.expect("mapped");
+    let plain = session.attach("two").await.expect("attach");
+    for name in ["a", "b"] {
+        let (x, y) = (
+            early.tensor(name).expect("early"),
+            plain.tensor(name).expect("plain"),
+        );
+        assert_eq!(x.bytes(), y.bytes(), "{name}");
+    }
+    assert!(early.verify().is_empty());
+
+    assert_eq!(leases_of(&admin, "two-steps").await, 2);
+    drop(session.attach_early("two", 0).await.expect("grant"));
+    let error = session
+        .attach_early("none", 0)
+        .await
+        .expect_err("no such model");
+    assert_eq!(error.code(), Some(tonic::Code::NotFound), "{error}");
+    common::eventually(
+        Duration::from_secs(5),
+        "the unfinished attach's lease released",
+        || {
+            let admin = admin.clone();
+            async move { leases_of(&admin, "two-steps").await == 2 }
+        },
+    )
+    .await;
+    drop((early, plain));
+    common::eventually(Duration::from_secs(5), "every lease released", || {
+        let admin = admin.clone();
+        async move { leases_of(&admin, "two-steps").await == 0 }
+    })
+    .await;
+}
+
+/// Leases held by the sessions of worker `name`, as `ListSessions` shows them.
+async fn leases_of(
+    admin: &modelshare_proto::v1::admin_service_client::AdminServiceClient<
+        tonic::transport::Channel,
+    >,
+    name: &str,
+) -> usize {
+    let ps = admin
+        .clone()
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("ps")
+        .into_inner();
+    ps.sessions
+        .iter()
+        .filter(|s| s.worker_name == name)
+        .map(|s| s.leases.len())
+        .sum()
+}
