@@ -11,6 +11,9 @@
               stream waits on the device for the ready event) and the values read are the file's
   attach      attach p50 from Python (the call to a ready dict of torch tensors) against the
               Rust SDK's (gpu_worker attach-bench), 256 tensors over CUDA VMM, alternated
+  restart     a worker holding the views the two-step attach made while the server is killed
+              and restarted: after the re-attach its views still read the same (their mapping
+              kept alive by them) and torch() gives views of the new mapping
   parity      workers/python/encoder_worker.py on all-MiniLM-L6-v2 (f16) through /v1/embeddings
               against sentence-transformers on the same folder, mixed sentences
   throughput  that worker through the front door (8 client processes x 64 mixed sentences per
@@ -53,7 +56,7 @@ from check import lib_path  # noqa: E402
 #: The server's backend: cuda here; host for a dry run of the encoder rows on a machine without
 #: a GPU (--backend host --bin target/debug).
 BACKEND = ["cuda"]
-ROWS = ("memory", "pointers", "write", "attach", "loading", "parity", "throughput")
+ROWS = ("memory", "pointers", "write", "attach", "loading", "restart", "parity", "throughput")
 WORKERS = 4
 BIG_TENSORS = 256
 BIG_BYTES = 2 << 30
@@ -97,18 +100,29 @@ class Server:
         self.address = f"unix:{self.sock}"
         self.http = f"http://127.0.0.1:{free_port()}"
         self.metrics = f"http://127.0.0.1:{free_port()}"
-        self.log = open(os.path.join(out, f"server-{tag}.log"), "w")
+        self.out, self.tag = out, tag
+        self.argv = [f"{bin_dir}/modelshare", "serve", "--backend", BACKEND[0], "--model-root", root,
+                     "--unix-socket", self.sock, "--handle-socket", os.path.join(self.tmp, "h.sock"),
+                     "--http-listen", self.http.removeprefix("http://"),
+                     "--metrics-listen", self.metrics.removeprefix("http://"), "--no-worker-wait-ms", "10000", *extra]
+        self.start(f"server-{tag}.log")
+
+    def start(self, log_name: str) -> None:
+        self.log = open(os.path.join(self.out, log_name), "w")
         env = dict(os.environ, LD_LIBRARY_PATH=lib_path())
-        self.proc = subprocess.Popen(
-            [f"{bin_dir}/modelshare", "serve", "--backend", BACKEND[0], "--model-root", root, "--unix-socket", self.sock,
-             "--handle-socket", os.path.join(self.tmp, "h.sock"), "--http-listen", self.http.removeprefix("http://"),
-             "--metrics-listen", self.metrics.removeprefix("http://"),
-             "--no-worker-wait-ms", "10000", *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 60
         while not self.ready():
             if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"the server did not start (see server-{tag}.log)")
+                raise RuntimeError(f"the server did not start (see {log_name})")
             time.sleep(0.1)
+
+    def kill_and_restart(self) -> None:
+        """kill -9, then the same command line again (its workers keep their mappings, and the
+        new server adopts the memory they offer)."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.start(f"server-{self.tag}-restarted.log")
 
     def cli(self, *args: str) -> str:
         return subprocess.run([f"{self.bin}/modelshare", *args, "--server", self.address], capture_output=True,
@@ -309,6 +323,45 @@ def role_loading(args: argparse.Namespace) -> int:
     return 0
 
 
+def role_restart(args: argparse.Namespace) -> int:
+    """Attaches the big model in a process running CUDA through torch (the two-step attach:
+    its views made while mapping), sums its first tensors, says it is ready, then waits for the
+    parent's restart of the server and the session's re-attach: the early views must still read
+    the same (their mapping kept alive by them), and torch() must give views of the model's
+    mapping now."""
+    import torch
+
+    import modelshare
+
+    on_cuda = torch.cuda.is_available()
+    if on_cuda:
+        torch.zeros(1, device="cuda")
+    report: dict = {}
+    with modelshare.Session.open(args.server, name="py-restart") as session:
+        model = session.attach(args.model)
+        report["early"] = model._early is not None
+        views = model.torch()
+        names = list(views)[:16]
+        sums = lambda ts: [float(ts[n].double().sum()) for n in names]  # noqa: E731
+        before, lease = sums(views), model.lease_id
+        report["address_before"] = model._native.arena().data_ptr
+        open(os.path.join(args.out, "restart.ready"), "w").close()
+        deadline = time.time() + 120
+        while model.lease_id == lease and time.time() < deadline:
+            time.sleep(0.05)
+        report["reattached"] = model.lease_id != lease
+        report["old_views_same"] = sums(views) == before
+        fresh = model.torch()
+        report["address_after"] = model._native.arena().data_ptr
+        report["fresh_views_same"] = sums(fresh) == before
+        report["fresh_views_on_new_mapping"] = all(
+            fresh[n].data_ptr() >= report["address_after"] for n in names)
+        if on_cuda:
+            torch.cuda.synchronize()
+    print(json.dumps(report))
+    return 0
+
+
 def spawn(args: argparse.Namespace, role: str, *extra: str, name: str = "", log_filter: str = "info") -> subprocess.Popen:
     log_file = open(os.path.join(args.out, f"{role}-{name or 'x'}-{time.time_ns()}.log"), "w")
     env = dict(os.environ, LD_LIBRARY_PATH=lib_path(), MODELSHARE_LOG=log_filter)
@@ -378,6 +431,31 @@ def attach_row(args: argparse.Namespace, server: "Server", name: str) -> dict:
               "trace_median_us": traced, "handle_kind": rust[0].get("kind"), "tensors": rust[0].get("tensors")}
     log(f"attach: Rust p50 {rust_p50:.3f} ms, Python {py_p50:.3f} ms, ratio {py_p50 / rust_p50:.2f} "
         f"(back to back {result['back_to_back_ratio']:.2f}); stages {traced}")
+    return result
+
+
+def restart_row(args: argparse.Namespace, server: "Server", name: str) -> dict:
+    """A worker holding views made by the two-step attach while the server is killed (-9) and
+    restarted: its views still read the same after the session re-attached (their mapping kept
+    alive by them, not unmapped by the re-attach), and torch() then gives views of the new
+    mapping."""
+    ready = os.path.join(args.out, "restart.ready")
+    if os.path.exists(ready):
+        os.unlink(ready)
+    reader = spawn(args, "restart", "--server", server.address, "--model", name, name="restart")
+    deadline = time.time() + 120
+    while not os.path.exists(ready) and reader.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(3)  # the server's records name the workers holding memory (kept current every 2 s)
+    server.kill_and_restart()
+    reader.wait(180)
+    out = sorted(glob.glob(os.path.join(args.out, "restart-restart-*.log")))[-1]
+    lines = [ln for ln in open(out) if ln.startswith("{")]
+    got = json.loads(lines[-1]) if lines else {"error": f"no report (exit {reader.returncode}); see {out}"}
+    keys = ("reattached", "old_views_same", "fresh_views_same", "fresh_views_on_new_mapping")
+    ok = all(got.get(k) for k in keys) and (got.get("early") or BACKEND[0] != "cuda")
+    result = {"ok": bool(ok), **got}
+    log(f"restart: {result}")
     return result
 
 
@@ -479,6 +557,9 @@ def rows_on_big(args: argparse.Namespace, results: dict) -> None:
                                   "torch_ms": got["torch_ms"], "load_s": load_s, "sums_equal": equal,
                                   "gib": LOADING_BYTES / 2**30}
             log(f"loading: {results['loading']}")
+
+        if "restart" in args.rows:
+            results["restart"] = restart_row(args, server, name)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -772,14 +853,14 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.role != "main":
         return {"worker": role_worker, "writer": role_writer, "attach-bench": role_attach_bench,
-            "loading": role_loading}[args.role](args)
+                "restart": role_restart, "loading": role_loading}[args.role](args)
     args.rows = set(args.only.split(","))
     setup(args)
     smi = shutil.which("nvidia-smi")
     device = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
                             text=True).stdout.strip() if smi else "no GPU (host backend)"
     results: dict = {"device": device, "date": time.strftime("%Y-%m-%d")}
-    if args.rows & {"memory", "pointers", "write", "attach", "loading"}:
+    if args.rows & {"memory", "pointers", "write", "attach", "loading", "restart"}:
         try:
             rows_on_big(args, results)
         except Exception as e:  # noqa: BLE001 - report, go on with the other rows
