@@ -32,6 +32,9 @@ What it measures, per model:
                          the load generator must not be the limit.
   under MPS (--mps)      the worker counts again, server and workers clients of one MPS daemon
                          started for it (pipe and logs under the run's temporary folder).
+  compute slots (--slots 2,4)  one worker of each of these --compute-slots counts (several
+                         batches on the GPU at once in one process, against the same with workers
+                         or MPS).
   GPU memory             nvidia-smi (memory.used, and per process) with the most workers serving,
                          against as many sentence-transformers processes each holding the model
                          (idle after one encode).
@@ -431,8 +434,11 @@ def free_port():
 class Stack:
     """A modelshare server holding one model, and its modelshare-embed workers."""
 
-    def __init__(self, bench, name, model_dir, tag="", bin_dir=None):
+    def __init__(self, bench, name, model_dir, tag="", bin_dir=None, worker_args=None):
         self.bench, self.name, self.workers, self.tag, self.bin_dir = bench, name, [], tag, bin_dir
+        # The workers' own flags: --baseline-worker-args for a baseline build, else --worker-args.
+        self.worker_args = worker_args if worker_args is not None else (
+            bench.args.baseline_worker_args if bin_dir else bench.args.worker_args)
         self.tmp = tempfile.mkdtemp(prefix="embed-bench-")
         config = os.path.join(self.tmp, "modelshare.toml")
         with open(config, "w") as f:
@@ -488,7 +494,7 @@ class Stack:
                 *(["--max-batch-items", str(self.bench.args.max_batch_items)] if self.bench.args.max_batch_items else []),
                 *(["--max-batch-tokens", str(self.bench.args.max_batch_tokens)] if self.bench.args.max_batch_tokens else []),
                 *(["--profile-stages"] if self.bench.args.profile_stages else []),
-                *(self.bench.args.baseline_worker_args if self.bin_dir else self.bench.args.worker_args).split()]))
+                *self.worker_args.split()]))
         self.wait(lambda: self.serving() >= n, f"{n} workers serve", [self.server, *self.workers], 120)
 
     def close(self):
@@ -721,11 +727,26 @@ class Bench:
             if self.args.profile_stages:
                 self.result.setdefault("worker_profiles", {})[name] = worker_profiles(self.logs, name)
                 log(f"   worker profiles: {json.dumps(self.result['worker_profiles'][name], indent=1)}")
+        for slots in self.args.slots:
+            self.part(f"{name}: modelshare, 1 worker of {slots} compute slots",
+                      lambda: self.slots_run(name, model_dir, reference, slots), need_s=30)
         if self.args.baseline_bin:
             self.part(f"{name}: modelshare, baseline build",
                       lambda: self.baseline(name, model_dir, reference), need_s=40)
         if self.args.mps:
             self.part(f"{name}: modelshare under MPS", lambda: self.under_mps(name, model_dir, reference), need_s=60)
+
+    def slots_run(self, name, model_dir, reference, slots):
+        """One worker of `slots` compute slots (its own streams and buffers per slot)."""
+        args = f"{self.args.worker_args} --compute-slots {slots}".strip()
+        stack = Stack(self, name, model_dir, tag=f"slots{slots}", worker_args=args)
+        try:
+            self.modelshare_run(stack, name, 1, reference)
+        finally:
+            stack.close()
+            if self.args.profile_stages:
+                self.result.setdefault("worker_profiles", {})[f"{name} ({slots} slots)"] = worker_profiles(
+                    self.logs, stack.prefix)
 
     def baseline(self, name, model_dir, reference):
         """The worker counts again with --baseline-bin's build (an A/B of two builds in one run)."""
@@ -778,7 +799,7 @@ class Bench:
                "tokens_per_s": run["prompt_tokens"] / run["seconds"], "prompt_tokens": run["prompt_tokens"],
                "errors": run["errors"], "first_errors": run["first_errors"], "path": path}
         row.update(self.verify(vectors, reference))
-        flags = self.args.baseline_worker_args if stack.bin_dir else self.args.worker_args
+        flags = stack.worker_args
         setup = f"{n} worker{'s' if n > 1 else ''}{setup_suffix}" + (f" ({flags})" if flags else "")
         self.add_run(name, f"modelshare {self.args.backend}", setup, row)
         log(f"   {n} worker(s): {row['sentences_per_s']:.0f} sentences/s, {row['tokens_per_s']:.0f} tokens/s, "
@@ -958,6 +979,8 @@ def parse_args():
     ap.add_argument("--max-batch-tokens", type=int, help="each worker's --max-batch-tokens (default: the worker's)")
     ap.add_argument("--baseline-bin", help="another build's modelshare and modelshare-embed (or .xz): its rows "
                     "follow this build's, same worker counts (an A/B in one run)")
+    ap.add_argument("--slots", default="", type=lambda v: [int(x) for x in v.split(",") if x],
+                    help="also one worker of each of these --compute-slots counts (e.g. 2,4)")
     ap.add_argument("--worker-args", default="", help="flags for this build's workers (e.g. --compute-slots 2), "
                     "shown in the rows' setup")
     ap.add_argument("--baseline-worker-args", default="", help="flags for the baseline build's workers only "
