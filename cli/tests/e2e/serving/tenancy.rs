@@ -82,10 +82,12 @@ async fn tenants_reach_only_models_they_see_and_a_payload_never_reaches_a_third_
 
 #[tokio::test]
 async fn a_flooding_tenant_does_not_starve_another() {
-    // a floods at 50x b's rate; b's p99 latency stays within 2x of its p99 alone. The worker
+    // a floods at 50x b's rate; b's p99 latency stays within 3x of its p99 alone. The worker
     // takes one item a batch, 50 ms ± 20% each, four at once: 80 items/s, so a's 100 requests/s
     // fill the queue up to a's quota (64) and the rest are refused; b still gets every other
-    // turn.
+    // turn. Fair turns add up to one batch's time (a slot freeing, ~60 ms) to b's ~60 ms alone,
+    // so its p99 may double by design (2.03x was seen on a loaded 2-core machine); starved
+    // behind a's 64 queued items it would wait ~800 ms, past 10x.
     let tenants = TenantsFile::new(&abc_tenants("[tenants.quota]\nrequests = 64"));
     let server = tn::start(&tenants, &[], &["enc"]).await;
     let mut admin = tn::admin_as(&server, Some(crate::tenants::ADMIN)).await;
@@ -158,7 +160,7 @@ async fn a_flooding_tenant_does_not_starve_another() {
     );
     assert!(a_ok > 0);
     assert!(
-        flooded <= alone * 2,
+        flooded <= alone * 3,
         "b's p99 went from {alone:?} alone to {flooded:?} under a's flood"
     );
     assert_drained_as(&server, Some(crate::tenants::ADMIN)).await;
