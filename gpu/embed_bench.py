@@ -740,27 +740,26 @@ class Bench:
         """One worker of `slots` compute slots (its own streams and buffers per slot)."""
         args = f"{self.args.worker_args} --compute-slots {slots}".strip()
         stack = Stack(self, name, model_dir, tag=f"slots{slots}", worker_args=args)
-        try:
-            self.modelshare_run(stack, name, 1, reference)
-        finally:
-            stack.close()
-            if self.args.profile_stages:
-                self.result.setdefault("worker_profiles", {})[f"{name} ({slots} slots)"] = worker_profiles(
-                    self.logs, stack.prefix)
+        self.stack_runs(stack, name, reference, [1], "", f"{slots} slots")
 
     def baseline(self, name, model_dir, reference):
         """The worker counts again with --baseline-bin's build (an A/B of two builds in one run)."""
         stack = Stack(self, name, model_dir, tag="baseline", bin_dir=self.args.baseline_bin)
+        self.stack_runs(stack, name, reference, self.args.workers, ", baseline build", "baseline")
+
+    def stack_runs(self, stack, name, reference, counts, suffix, label):
+        """Timed passes with each worker count of `counts` on `stack` (closed after), while the
+        budget lasts; its workers' profiles kept under `label` with --profile-stages."""
         try:
-            for n in self.args.workers:
+            for n in counts:
                 if self.remaining() < 20:
-                    self.result["skipped"].append(f"{name} baseline {n} workers")
+                    self.result["skipped"].append(f"{name} {label} {n} workers")
                     continue
-                self.modelshare_run(stack, name, n, reference, setup_suffix=", baseline build")
+                self.modelshare_run(stack, name, n, reference, setup_suffix=suffix)
         finally:
             stack.close()
             if self.args.profile_stages:
-                self.result.setdefault("worker_profiles", {})[f"{name} (baseline)"] = worker_profiles(
+                self.result.setdefault("worker_profiles", {})[f"{name} ({label})"] = worker_profiles(
                     self.logs, stack.prefix)
 
     def under_mps(self, name, model_dir, reference):

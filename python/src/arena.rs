@@ -6,16 +6,8 @@
 use modelshare_worker::Mapping;
 use pyo3::prelude::*;
 
-use crate::dlpack::DLDataType;
-use crate::export::{self, Asked, Part, Source};
+use crate::export::{self, Asked, Source};
 use crate::lease::Lease;
-
-/// DLPack's `uint8`: `kDLUInt`, 8 bits.
-const U8: DLDataType = DLDataType {
-    code: 1,
-    bits: 8,
-    lanes: 1,
-};
 
 /// A model's whole mapping, exported as one `uint8` tensor. Holds the lease while it (or a
 /// consumer's tensor of it) lives.
@@ -88,20 +80,14 @@ impl Arena {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let length = i64::try_from(self.mapping.len())
-            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
         let asked = Asked {
             stream,
             max_version,
             dl_device,
             copy,
         };
-        let part = Part {
-            address: if length == 0 { 0 } else { self.address() },
-            dtype: U8,
-            shape: vec![length],
-            owner: Box::new((self.mapping.clone(), self.lease.clone())),
-        };
+        let owner = Box::new((self.mapping.clone(), self.lease.clone()));
+        let part = export::whole_arena(self.mapping.len(), self.address(), owner)?;
         export::capsule(py, "the arena", Source::Mapped(&self.mapping), asked, part)
     }
 

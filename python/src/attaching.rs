@@ -11,19 +11,11 @@ use modelshare_worker::{Mapping, Reservation};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::dlpack::DLDataType;
 use crate::errors::{Error, from_worker};
-use crate::export::{self, Asked, Part, Source};
+use crate::export::{self, Asked, Source};
 use crate::lease::Lease;
 use crate::model::{Model, runs_of};
 use crate::runtime::{OnRuntime, seconds, wait};
-
-/// DLPack's `uint8`: `kDLUInt`, 8 bits.
-const U8: DLDataType = DLDataType {
-    code: 1,
-    bits: 8,
-    lanes: 1,
-};
 
 /// An attach granted, its arena being mapped. `finish()` gives the `Model`.
 #[pyclass(module = "modelshare._native", name = "Attaching", frozen)]
@@ -128,8 +120,9 @@ impl ReservedArena {
     }
 
     /// The DLPack device: `(2, ordinal)`.
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        (2, i32::try_from(self.reservation.ordinal()).unwrap_or(-1))
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        let d = export::cuda_device(self.reservation.ordinal())?;
+        Ok((d.device_type, d.device_id))
     }
 
     /// A DLPack capsule of the range as `uint8`, read-only; its consumer's tensors keep the
@@ -143,24 +136,14 @@ impl ReservedArena {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let length = i64::try_from(self.length)
-            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
         let asked = Asked {
             stream,
             max_version,
             dl_device,
             copy,
         };
-        let part = Part {
-            address: if length == 0 {
-                0
-            } else {
-                self.reservation.device_ptr()
-            },
-            dtype: U8,
-            shape: vec![length],
-            owner: Box::new((self.reservation.clone(), self.held.clone())),
-        };
+        let owner = Box::new((self.reservation.clone(), self.held.clone()));
+        let part = export::whole_arena(self.length, self.reservation.device_ptr(), owner)?;
         export::capsule(
             py,
             "the arena",

@@ -39,6 +39,26 @@ pub(crate) enum Source<'a> {
     Reserved(&'a Reservation),
 }
 
+/// DLPack's `uint8`: `kDLUInt`, 8 bits.
+const U8: DLDataType = DLDataType {
+    code: 1,
+    bits: 8,
+    lanes: 1,
+};
+
+/// A whole arena of `len` bytes at `address` as one `uint8` part, `owner` kept alive by the
+/// consumer's tensor (the arena's address is 0 when it has no bytes).
+pub(crate) fn whole_arena(len: u64, address: u64, owner: Box<dyn Send>) -> PyResult<Part> {
+    let length = i64::try_from(len)
+        .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("an arena past i64"))?;
+    Ok(Part {
+        address: if length == 0 { 0 } else { address },
+        dtype: U8,
+        shape: vec![length],
+        owner,
+    })
+}
+
 /// A DLPack capsule of `part` of `source` (`what` names it in errors), with no copy: a
 /// consumer asking for DLPack 1.x gets a versioned tensor, flagged read-only where the mapping
 /// is; older ones get the legacy `dltensor`. A version attached while loading is ordered after
@@ -94,7 +114,7 @@ pub(crate) fn dl_device(mapping: &Mapping, what: &str) -> PyResult<DLDevice> {
 }
 
 /// The DLPack device of CUDA device `ordinal` (this process's).
-fn cuda_device(ordinal: usize) -> PyResult<DLDevice> {
+pub(crate) fn cuda_device(ordinal: usize) -> PyResult<DLDevice> {
     Ok(DLDevice {
         device_type: DL_CUDA,
         device_id: i32::try_from(ordinal)

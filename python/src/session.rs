@@ -180,16 +180,12 @@ impl Session {
         version: Option<u32>,
         timeout: Option<f64>,
     ) -> PyResult<Model> {
-        if version == Some(0) {
-            return Err(PyValueError::new_err(
-                "versions count from 1 (None: the latest)",
-            ));
-        }
+        let version = requested(version)?;
         let entered = std::time::Instant::now();
         let sdk = self.sdk()?;
         let what = format!("attaching to model '{model}'");
         let attached = wait(py, &what, seconds(timeout)?, async move {
-            let attached = sdk.attach_version(&model, version.unwrap_or(0)).await;
+            let attached = sdk.attach_version(&model, version).await;
             // Dropped here, on the runtime: the session lives on in the model.
             drop(sdk);
             attached
@@ -214,15 +210,11 @@ impl Session {
         version: Option<u32>,
         timeout: Option<f64>,
     ) -> PyResult<Attaching> {
-        if version == Some(0) {
-            return Err(PyValueError::new_err(
-                "versions count from 1 (None: the latest)",
-            ));
-        }
+        let version = requested(version)?;
         let sdk = self.sdk()?;
         let what = format!("attaching to model '{model}'");
         let pending = wait(py, &what, seconds(timeout)?, async move {
-            let pending = sdk.attach_early(&model, version.unwrap_or(0)).await;
+            let pending = sdk.attach_early(&model, version).await;
             // Dropped here, on the runtime: the session lives on in the mapping task.
             drop(sdk);
             pending
@@ -249,5 +241,16 @@ impl Session {
             "<modelshare.Session {state} name={:?} server={:?}>",
             self.worker_name, self.address
         )
+    }
+}
+
+/// The SDK's version number for `version` (`None`: the latest, 0); refuses 0, which Python
+/// would otherwise take for a version.
+fn requested(version: Option<u32>) -> PyResult<u32> {
+    match version {
+        Some(0) => Err(PyValueError::new_err(
+            "versions count from 1 (None: the latest)",
+        )),
+        v => Ok(v.unwrap_or(0)),
     }
 }

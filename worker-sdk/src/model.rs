@@ -108,14 +108,7 @@ impl Model {
         version: u32,
     ) -> Result<Granted, WorkerError> {
         let link = session.link()?;
-        let reply = attach_rpc(&link, model, version).await?;
-        let manifest = match checked_manifest(&reply) {
-            Ok(m) => Arc::new(m),
-            Err(e) => {
-                let _ = release(&link, &reply.lease_id).await;
-                return Err(e);
-            }
-        };
+        let (reply, manifest) = granted(&link, model, version).await?;
         let reservation = import::reserve(reply.handle.as_ref()).await;
         Ok(Granted {
             session,
@@ -352,21 +345,31 @@ impl Granted {
 
 /// One attach, the handle redeemed and mapped; releases the lease if anything fails.
 async fn attach_once(link: &Link, model: &str, version: u32) -> Result<Attached, WorkerError> {
+    let (reply, manifest) = granted(link, model, version).await?;
+    map_granted(link, reply, manifest, None).await
+}
+
+/// The Attach call and its reply's manifest, taken out of it and checked; releases the lease
+/// if the manifest is wrong.
+async fn granted(
+    link: &Link,
+    model: &str,
+    version: u32,
+) -> Result<(pb::AttachResponse, Arc<pb::Manifest>), WorkerError> {
     let asked = std::time::Instant::now();
-    let reply = attach_rpc(link, model, version).await?;
+    let mut reply = attach_rpc(link, model, version).await?;
     tracing::trace!(
         model,
         rpc_us = asked.elapsed().as_micros() as u64,
         "attach: granted"
     );
-    let manifest = match checked_manifest(&reply) {
-        Ok(m) => Arc::new(m),
+    match checked_manifest(reply.manifest.take()) {
+        Ok(m) => Ok((reply, Arc::new(m))),
         Err(e) => {
             let _ = release(link, &reply.lease_id).await;
-            return Err(e);
+            Err(e)
         }
-    };
-    map_granted(link, reply, manifest, None).await
+    }
 }
 
 /// The granted `reply`'s arena mapped (at `reserved`, if any) for `manifest`, as an
@@ -403,11 +406,9 @@ async fn map_granted(
 }
 
 /// The reply's manifest, every tensor checked to lie inside the arena.
-fn checked_manifest(reply: &pb::AttachResponse) -> Result<pb::Manifest, WorkerError> {
-    let manifest = reply
-        .manifest
-        .clone()
-        .ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
+fn checked_manifest(manifest: Option<pb::Manifest>) -> Result<pb::Manifest, WorkerError> {
+    let manifest =
+        manifest.ok_or_else(|| WorkerError::Protocol("attach reply without a manifest".into()))?;
     if let Some(t) = manifest.tensors.iter().find(|t| {
         t.offset
             .checked_add(t.byte_length)
