@@ -756,6 +756,9 @@ class Bench:
                     self.result["skipped"].append(f"{name} {label} {n} workers")
                     continue
                 self.modelshare_run(stack, name, n, reference, setup_suffix=suffix)
+            if shutil.which("nvidia-smi") and not self.args.no_memory and stack.workers:
+                self.record_memory(name, f"modelshare ({label}): server + {len(stack.workers)} workers",
+                                   [stack.server.pid] + [p.pid for p in stack.workers])
         finally:
             stack.close()
             if self.args.profile_stages:
@@ -869,7 +872,8 @@ class Bench:
         for run in self.result["runs"]:
             if run["model"] == name and "prompt_tokens" in run and tokens is not None:
                 run["tokens_match_st"] = run["prompt_tokens"] == tokens
-        if shutil.which("nvidia-smi") and self.args.st_device.startswith("cuda") and not self.args.no_memory:
+        if (shutil.which("nvidia-smi") and self.args.st_device.startswith("cuda") and not self.args.no_memory
+                and not self.args.no_anchors):
             n = max(self.args.workers)
             self.part(f"{name}: GPU memory of {n} sentence-transformers processes",
                       lambda: self.st_memory(name, model_dir, n), need_s=40)

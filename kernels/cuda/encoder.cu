@@ -220,12 +220,15 @@ __device__ __forceinline__ void ms_layer_norm_store(float (&v)[MS_ROW_ELEMS / W]
     }
 }
 
-// out[t] = LayerNorm(word[ids[t]] + position[t % seq_len + pos_offset] +
-// token_type[type_ids[t]]); an id out of range contributes zeros, type_ids
-// null means type 0 for every token.
+// out[t] = LayerNorm(word[ids[t]] + position[p + pos_offset] +
+// token_type[type_ids[t]]) with p = position_ids[t], or t % seq_len where
+// position_ids is null (sequences packed without padding give each token's
+// own); an id out of range contributes zeros, type_ids null means type 0 for
+// every token.
 template <class E, int W>
 __device__ __forceinline__ void ms_embed_ln(typename E::T* __restrict__ out, const int* __restrict__ ids,
                                             const int* __restrict__ type_ids,
+                                            const int* __restrict__ position_ids,
                                             const typename E::T* __restrict__ word,
                                             const typename E::T* __restrict__ position,
                                             const typename E::T* __restrict__ token_type,
@@ -246,7 +249,7 @@ __device__ __forceinline__ void ms_embed_ln(typename E::T* __restrict__ out, con
     if (active) {
         const int id = ids[t];
         const int tt = type_ids ? type_ids[t] : 0;
-        const int p = (int)(t % seq_len) + pos_offset;
+        const int p = (position_ids ? position_ids[t] : (int)(t % seq_len)) + pos_offset;
         const T* wrow = (id >= 0 && id < vocab) ? word + (long long)id * hidden : nullptr;
         const T* trow = (tt >= 0 && tt < type_vocab) ? token_type + (long long)tt * hidden : nullptr;
         const T* prow = (p >= 0 && p < positions) ? position + (long long)p * hidden : nullptr;
@@ -397,78 +400,120 @@ __device__ __forceinline__ void ms_bias_gelu(typename E::T* x, const typename E:
     }
 }
 
+// --- packed sequences -------------------------------------------------------
+
+// Where row j of sequence b lies in a [rows, width] tensor: b * seq + j when
+// offsets is null (every sequence padded to seq), else offsets[b] + j, the
+// sequences packed one after the other (offsets i32 [batch + 1], from 0). -1
+// for a row past the sequence's end (offsets[b + 1] - offsets[b], at most seq)
+// or outside the tensor's rows.
+__device__ __forceinline__ long long ms_row_of(const int* __restrict__ offsets, long long b, int j,
+                                               int seq, long long rows) {
+    if (!offsets) return b * seq + j;
+    const long long start = offsets[b];
+    const long long len = (long long)offsets[b + 1] - start;
+    const long long r = start + j;
+    return (j < len && j < seq && start >= 0 && r < rows) ? r : -1;
+}
+
+// The head kernels take one token row of the padded per-head layout per
+// (threadIdx.y, block): row = b * seq + s over batch * seq rows, its width
+// (heads * head_dim) in chunks of W strided over threadIdx.x. The row's index
+// math is done once per thread, the chunks' in 32 bits.
+
 // blockIdx.y picks q, k or v: out[(b * heads + h) * seq + s, d] =
-// (in[b * seq + s, h * head_dim + d] + bias[h * head_dim + d]) * scale, with
-// scale = q_scale for q and 1 for k and v.
+// (in[src, h * head_dim + d] + bias[h * head_dim + d]) * scale, with src =
+// ms_row_of(offsets, b, s, seq, rows) (zeros where it is -1, so that padded
+// keys and values are zeros, never stale memory) and scale = q_scale for q
+// and 1 for k and v. `rows` is in's; the output has batch * seq rows per head.
 template <class E, int W>
 __device__ __forceinline__ void ms_split_heads(
     const typename E::T* __restrict__ q, const typename E::T* __restrict__ k,
     const typename E::T* __restrict__ v, const typename E::T* __restrict__ q_bias,
     const typename E::T* __restrict__ k_bias, const typename E::T* __restrict__ v_bias,
     typename E::T* __restrict__ q_out, typename E::T* __restrict__ k_out,
-    typename E::T* __restrict__ v_out, long long rows, int seq, int heads, int head_dim,
-    float q_scale) {
+    typename E::T* __restrict__ v_out, const int* __restrict__ offsets, long long batch,
+    long long rows, int seq, int heads, int head_dim, float q_scale) {
     typedef typename E::T T;
+    const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= batch * seq) return;
     const T* in = blockIdx.y == 0 ? q : (blockIdx.y == 1 ? k : v);
     const T* bias = blockIdx.y == 0 ? q_bias : (blockIdx.y == 1 ? k_bias : v_bias);
     T* out = blockIdx.y == 0 ? q_out : (blockIdx.y == 1 ? k_out : v_out);
     const float scale = blockIdx.y == 0 ? q_scale : 1.0f;
+    const long long b = row / seq;
+    const int s = (int)(row % seq);
+    const long long src = ms_row_of(offsets, b, s, seq, rows);
     const int width = heads * head_dim;
-    const long long per_row = width / W;
-    const long long chunks = rows * per_row;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / per_row;
-        const int col = (int)(i % per_row) * W;
-        const long long b = row / seq;
-        const long long s = row % seq;
-        const int h = col / head_dim;
-        const int d = col % head_dim;
-        float a[W], bb[W];
-        ms_ld<E, W>(in + i * W, a);
-        ms_ld<E, W>(bias + col, bb);
+    const int per_head = head_dim / W;
+    const T* in_row = in + src * width;
+    T* out_seq = out + (b * heads * seq + s) * (long long)head_dim;
+    for (int c = threadIdx.x; c < width / W; c += blockDim.x) {
+        const int h = c / per_head;
+        const int d = (c - h * per_head) * W;
+        float a[W];
+        if (src >= 0) {
+            float bb[W];
+            ms_ld<E, W>(in_row + h * head_dim + d, a);
+            ms_ld<E, W>(bias + h * head_dim + d, bb);
 #pragma unroll
-        for (int w = 0; w < W; ++w) a[w] = (a[w] + bb[w]) * scale;
-        ms_st<E, W>(out + ((b * heads + h) * seq + s) * head_dim + d, a);
+            for (int w = 0; w < W; ++w) a[w] = (a[w] + bb[w]) * scale;
+        } else {
+#pragma unroll
+            for (int w = 0; w < W; ++w) a[w] = 0.0f;
+        }
+        ms_st<E, W>(out_seq + (long long)h * seq * head_dim + d, a);
     }
 }
 
-// out[b * seq + s, h * head_dim + d] = ctx[(b * heads + h) * seq + s, d].
+// out[dst, h * head_dim + d] = ctx[(b * heads + h) * seq + s, d] with dst =
+// ms_row_of(offsets, b, s, seq, rows), for the rows where it is not -1 (a
+// padded row is not written). `rows` is out's.
 template <class E, int W>
 __device__ __forceinline__ void ms_merge_heads(const typename E::T* __restrict__ ctx,
-                                               typename E::T* __restrict__ out, long long rows,
-                                               int seq, int heads, int head_dim) {
+                                               typename E::T* __restrict__ out,
+                                               const int* __restrict__ offsets, long long batch,
+                                               long long rows, int seq, int heads, int head_dim) {
+    typedef typename E::T T;
+    const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= batch * seq) return;
+    const long long b = row / seq;
+    const int s = (int)(row % seq);
+    const long long dst = ms_row_of(offsets, b, s, seq, rows);
+    if (dst < 0) return;
     const int width = heads * head_dim;
-    const long long per_row = width / W;
-    const long long chunks = rows * per_row;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / per_row;
-        const int col = (int)(i % per_row) * W;
-        const long long b = row / seq;
-        const long long s = row % seq;
-        const int h = col / head_dim;
-        const int d = col % head_dim;
+    const int per_head = head_dim / W;
+    const T* ctx_seq = ctx + (b * heads * seq + s) * (long long)head_dim;
+    T* out_row = out + dst * width;
+    for (int c = threadIdx.x; c < width / W; c += blockDim.x) {
+        const int h = c / per_head;
+        const int d = (c - h * per_head) * W;
         float a[W];
-        ms_ld<E, W>(ctx + ((b * heads + h) * seq + s) * head_dim + d, a);
-        ms_st<E, W>(out + i * W, a);
+        ms_ld<E, W>(ctx_seq + (long long)h * seq * head_dim + d, a);
+        ms_st<E, W>(out_row + h * head_dim + d, a);
     }
 }
 
 // --- pooling -------------------------------------------------------------------
 
-// One block (blockDim.y == 1) per batch row b: out f32 [b, :] from x [b, :len, :]
-// with len = lengths[b] clamped to [0, seq]. mode: 0 mean, 1 cls, 2 max,
+// One block (blockDim.y == 1) per batch row b: out f32 [b, :] from the rows
+// of x of sequence b, from offsets[b] (b * seq where offsets is null), len =
+// lengths[b] of them, clamped to [0, seq] and to x's `rows`. mode: 0 mean, 1 cls, 2 max,
 // 3 sum / sqrt(len); then, if normalize, divided by max(L2 norm, 1e-12).
 template <class E>
 __device__ __forceinline__ void ms_pool(const typename E::T* __restrict__ x,
-                                        const int* __restrict__ lengths, float* __restrict__ out,
-                                        int seq, int hidden, int mode, int normalize) {
+                                        const int* __restrict__ lengths,
+                                        const int* __restrict__ offsets, float* __restrict__ out,
+                                        long long rows, int seq, int hidden, int mode,
+                                        int normalize) {
     typedef typename E::T T;
     const long long b = blockIdx.x;
     int len = lengths[b];
     len = len < 0 ? 0 : (len > seq ? seq : len);
-    const T* xb = x + b * seq * (long long)hidden;
+    long long start = offsets ? (long long)offsets[b] : b * seq;
+    if (start < 0 || start > rows) start = rows;
+    if (start + len > rows) len = (int)(rows - start);
+    const T* xb = x + start * (long long)hidden;
     float* ob = out + b * (long long)hidden;
     const int tokens = mode == 1 ? (len > 0 ? 1 : 0) : len;
     float sq = 0.0f;
@@ -513,12 +558,13 @@ __device__ __forceinline__ void ms_pool(const typename E::T* __restrict__ x,
 
 #define MS_EMBED_LN(NAME, E, W)                                                                    \
     extern "C" __global__ void __launch_bounds__(512) NAME(                                     \
-        E::T* out, const int* ids, const int* type_ids, const E::T* word, const E::T* position,    \
-        const E::T* token_type, const E::T* gamma, const E::T* beta, long long tokens,             \
-        int seq_len, int hidden, int vocab, int positions, int type_vocab, int pos_offset,         \
-        float eps) {                                                                               \
-        ms_embed_ln<E, W>(out, ids, type_ids, word, position, token_type, gamma, beta, tokens,     \
-                          seq_len, hidden, vocab, positions, type_vocab, pos_offset, eps);         \
+        E::T* out, const int* ids, const int* type_ids, const int* position_ids, const E::T* word, \
+        const E::T* position, const E::T* token_type, const E::T* gamma, const E::T* beta,         \
+        long long tokens, int seq_len, int hidden, int vocab, int positions, int type_vocab,       \
+        int pos_offset, float eps) {                                                               \
+        ms_embed_ln<E, W>(out, ids, type_ids, position_ids, word, position, token_type, gamma,     \
+                          beta, tokens, seq_len, hidden, vocab, positions, type_vocab, pos_offset, \
+                          eps);                                                                    \
     }
 
 #define MS_RESIDUAL_LN(NAME, E, W)                                                                 \
@@ -543,24 +589,24 @@ __device__ __forceinline__ void ms_pool(const typename E::T* __restrict__ x,
 #define MS_SPLIT_HEADS(NAME, E, W)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                      \
         const E::T* q, const E::T* k, const E::T* v, const E::T* q_bias, const E::T* k_bias,       \
-        const E::T* v_bias, E::T* q_out, E::T* k_out, E::T* v_out, long long rows, int seq,        \
-        int heads, int head_dim, float q_scale) {                                                  \
-        ms_split_heads<E, W>(q, k, v, q_bias, k_bias, v_bias, q_out, k_out, v_out, rows, seq,      \
-                             heads, head_dim, q_scale);                                            \
+        const E::T* v_bias, E::T* q_out, E::T* k_out, E::T* v_out, const int* offsets,             \
+        long long batch, long long rows, int seq, int heads, int head_dim, float q_scale) {        \
+        ms_split_heads<E, W>(q, k, v, q_bias, k_bias, v_bias, q_out, k_out, v_out, offsets, batch, \
+                             rows, seq, heads, head_dim, q_scale);                                 \
     }
 
 #define MS_MERGE_HEADS(NAME, E, W)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const E::T* ctx, E::T* out,           \
-                                                           long long rows, int seq, int heads,     \
-                                                           int head_dim) {                         \
-        ms_merge_heads<E, W>(ctx, out, rows, seq, heads, head_dim);                                \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                      \
+        const E::T* ctx, E::T* out, const int* offsets, long long batch, long long rows, int seq,  \
+        int heads, int head_dim) {                                                                 \
+        ms_merge_heads<E, W>(ctx, out, offsets, batch, rows, seq, heads, head_dim);                \
     }
 
 #define MS_POOL(NAME, E)                                                                           \
-    extern "C" __global__ void __launch_bounds__(1024) NAME(const E::T* x, const int* lengths,   \
-                                                            float* out, int seq, int hidden,       \
-                                                            int mode, int normalize) {             \
-        ms_pool<E>(x, lengths, out, seq, hidden, mode, normalize);                                 \
+    extern "C" __global__ void __launch_bounds__(1024) NAME(                                     \
+        const E::T* x, const int* lengths, const int* offsets, float* out, long long rows, int seq, \
+        int hidden, int mode, int normalize) {                                                     \
+        ms_pool<E>(x, lengths, offsets, out, rows, seq, hidden, mode, normalize);                  \
     }
 
 #define MS_ALL_WIDTHS(MACRO, OP)                 \

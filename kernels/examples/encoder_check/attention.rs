@@ -1,7 +1,7 @@
 //! The attention kernels: split heads (with bias and the q scale), merge heads, masked
 //! softmax.
 
-use modelshare_kernels::encoder::{self, HeadsArgs};
+use modelshare_kernels::encoder::{self, HeadsArgs, Layout};
 use modelshare_kernels::reference;
 
 use crate::buf::Buf;
@@ -38,6 +38,7 @@ pub fn check_heads(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> R
         q: d_in[0].ptr(st),
         k: d_in[1].ptr(st),
         v: d_in[2].ptr(st),
+        layout: Layout::Padded,
         q_bias: d_b[0].ptr(st),
         k_bias: d_b[1].ptr(st),
         v_bias: d_b[2].ptr(st),
@@ -81,6 +82,7 @@ pub fn check_heads(cx: &Pieces<'_>, rng: &mut Rng, checks: &mut Vec<Check>) -> R
             dtype,
             d_ctx.ptr(st),
             d_merged.ptr(st),
+            Layout::Padded,
             s.batch,
             nh,
             s.seq,

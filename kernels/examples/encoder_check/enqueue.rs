@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
-use modelshare_kernels::encoder::{self, HeadsArgs, ResidualNormArgs};
+use modelshare_kernels::encoder::{self, HeadsArgs, Layout, ResidualNormArgs};
 use modelshare_kernels::{BatchedMatmul, Pooling, WeightDtype};
 
 use crate::buf::Buf;
@@ -88,6 +88,7 @@ pub fn enqueue_attention_scores(
             q: p(&b.qkv[0]),
             k: p(&b.qkv[1]),
             v: p(&b.qkv[2]),
+            layout: Layout::Padded,
             q_bias: p(&b.b[0]),
             k_bias: p(&b.b[1]),
             v_bias: p(&b.b[2]),
@@ -192,6 +193,7 @@ pub fn enqueue_attention_output(
                 dtype,
                 p(&b.ctx),
                 p(&b.merged),
+                Layout::Padded,
                 s.batch,
                 nh,
                 s.seq,
@@ -292,6 +294,7 @@ pub fn enqueue_feed_forward(
                 st,
                 dtype,
                 p(&b.h2),
+                Layout::Padded,
                 p(&b.lengths),
                 p(&b.pooled),
                 s.batch,

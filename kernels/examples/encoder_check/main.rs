@@ -8,7 +8,9 @@
 //! first, so the CPU reference sees exactly what the GPU reads): every kernel of
 //! [`modelshare_kernels::encoder`] and both [`Blas`] calls against the CPU references, over
 //! shapes with odd hidden sizes (100), BERT sizes (384, 1024), padded sequences, a length-0
-//! sequence, batch 1, unaligned pointers (the scalar kernels) and wide rows (4096, 8192).
+//! sequence, batch 1, unaligned pointers (the scalar kernels) and wide rows (4096, 8192);
+//! the kernels that read or write token rows again on the same sequences packed without
+//! padding (`Layout::Packed`), against the reference run padded.
 //! Outputs are poisoned with NaN beforehand and followed by a guard region that must stay
 //! untouched. Then one whole encoder layer (QKV linears, split_heads, Q·Kᵀ, masked softmax,
 //! P·V, merge_heads, output linear, residual LayerNorm in place, FFN with bias_gelu,
@@ -38,6 +40,7 @@
 //! - `gelu.rs`: bias + GELU.
 //! - `attention.rs`: split and merge heads, masked softmax.
 //! - `pooling.rs`: pooling, every mode, with and without normalize.
+//! - `packed.rs`: embeddings, head split and merge, pooling on packed sequences.
 //! - `products.rs`: the cuBLAS linear layer and batched products.
 //! - `layer.rs`: one encoder layer's weights and device buffers.
 //! - `enqueue.rs`: one encoder layer enqueued step by step, with optional timing marks.
@@ -54,6 +57,7 @@ mod gelu;
 mod layer;
 mod layer_check;
 mod norms;
+mod packed;
 mod pooling;
 mod products;
 mod report;
@@ -72,6 +76,7 @@ use crate::env::{Env, Pieces, Res};
 use crate::gelu::check_bias_gelu;
 use crate::layer_check::check_layer;
 use crate::norms::{check_embed_layer_norm, check_residual_layer_norm, check_wide_norm};
+use crate::packed::check_packed;
 use crate::pooling::check_pooling;
 use crate::products::{check_blas_attention, check_blas_linear, check_odd_linear};
 use crate::report::{print_checks, print_summary};
@@ -152,5 +157,6 @@ fn check_pieces(
     check_pooling(&cx, &d_len, rng, checks)?;
     check_blas_linear(&cx, rng, checks)?;
     check_blas_attention(&cx, scale, rng, checks)?;
+    check_packed(&cx, rng, checks)?;
     Ok(())
 }

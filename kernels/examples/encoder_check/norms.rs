@@ -80,6 +80,7 @@ pub fn check_embed_layer_norm(
         out: d_out.ptr(st),
         ids: d_ids.ptr(st),
         type_ids: if s.type_ids { d_types.ptr(st) } else { 0 },
+        position_ids: 0,
         word: d_word.ptr(st),
         position: d_pos.ptr(st),
         token_type: d_tt.ptr(st),

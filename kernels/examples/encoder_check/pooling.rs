@@ -1,6 +1,6 @@
 //! The pooling kernel, every mode, with and without normalize.
 
-use modelshare_kernels::encoder;
+use modelshare_kernels::encoder::{self, Layout};
 use modelshare_kernels::reference;
 use modelshare_kernels::{Pooling, WeightDtype};
 
@@ -45,6 +45,7 @@ pub fn check_pooling(
                     st,
                     dtype,
                     d_x.ptr(st),
+                    Layout::Padded,
                     d_len.ptr(st),
                     d_out.ptr(st),
                     s.batch,

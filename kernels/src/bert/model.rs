@@ -147,7 +147,7 @@ impl CudaBert {
                 offset,
                 sequences: b,
                 tokens: packed.lengths.iter().map(|&l| l as usize).sum(),
-                computed: packed.group.t,
+                computed: packed.group.b * packed.group.s,
                 marks,
             });
             offset += b;

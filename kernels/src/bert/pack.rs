@@ -1,5 +1,6 @@
 //! A call's sequences checked against the limits and the vocabularies, and laid out as the
-//! kernels read them: a [`Group`] of sequences padded to their longest.
+//! kernels read them: a [`Group`] of sequences packed one after the other (padded to their
+//! longest only inside attention).
 
 use super::sizes::{Dims, Limits, padded_len};
 use crate::error::KernelError;
@@ -13,22 +14,24 @@ pub struct Tokens<'a> {
     pub type_ids: &'a [u32],
 }
 
-/// One call's group as launched: `b` sequences padded to `s` tokens, `t = b·s` in all.
+/// One call's group as launched: `b` sequences of `t` tokens in all, packed one after the
+/// other in the token rows (the position-wise steps compute no padding); attention pads
+/// each to `s` (the longest, rounded up), `b·s` rows per head.
 ///
 /// Made only by [`pack`], which checks it against the limits, and the safety of every launch
 /// of a pass rests on that: the pointers are the encoder's own buffers, sized in
 /// [`CudaBert::new`](super::CudaBert::new) for its limits (`b ≤ max_sequences`,
 /// `s ≤ max_seq_len` padded, and `t` within the `max_tokens + 8·max_sequences` tokens the
-/// buffers hold), or weights whose ranges `new` checked inside the arena that `_arena` keeps
+/// buffers hold; `t ≤ b·s`), or weights whose ranges `new` checked inside the arena that `_arena` keeps
 /// alive; all work is on the encoder's stream, in order, and nothing else touches the
 /// buffers; the arena's weights are only read.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Group {
     /// Sequences.
     pub(super) b: usize,
-    /// The padded length of each.
+    /// The padded length of each inside attention.
     pub(super) s: usize,
-    /// Tokens, `b·s`.
+    /// Tokens, the sum of the sequences' lengths.
     pub(super) t: usize,
 }
 
@@ -36,12 +39,16 @@ pub(super) struct Group {
 #[derive(Debug)]
 pub(super) struct Packed {
     pub(super) group: Group,
-    /// `[b, s]` token ids, 0 past each sequence's end.
+    /// `[t]` token ids, the sequences one after the other.
     pub(super) ids: Vec<i32>,
-    /// `[b, s]` token types, likewise.
+    /// `[t]` token types, likewise.
     pub(super) types: Vec<i32>,
-    /// Each sequence's length.
+    /// `[t]` each token's position in its sequence.
+    pub(super) positions: Vec<i32>,
+    /// `[b]` each sequence's length.
     pub(super) lengths: Vec<i32>,
+    /// `[b + 1]` where each sequence starts in the token rows, from 0 (the last: `t`).
+    pub(super) offsets: Vec<i32>,
 }
 
 /// Checks `seqs` against the limits `l` and the vocabularies of `d`, and lays out their ids,
@@ -61,14 +68,17 @@ pub(super) fn pack(d: Dims, l: Limits, seqs: &[Tokens<'_>]) -> Result<Option<Pac
             "a group of {b} sequences of up to {longest} tokens is outside the limits {l:?} (or holds an empty one)"
         )));
     }
-    // Padded to a multiple of 8 (tensor-core friendly strides), within the position table;
-    // the buffers hold max_tokens + 8·max_sequences tokens for it.
+    // Attention pads to a multiple of 8 (tensor-core friendly strides), within the position
+    // table; the buffers hold max_tokens + 8·max_sequences tokens for it.
     let s = padded_len(longest, d.max_positions - d.position_offset);
-    let t = b * s;
-    let mut ids = vec![0i32; t];
-    let mut types = vec![0i32; t];
+    let t: usize = seqs.iter().map(|q| q.ids.len()).sum();
+    let mut ids = Vec::with_capacity(t);
+    let mut types = Vec::with_capacity(t);
+    let mut positions = Vec::with_capacity(t);
     let mut lengths = Vec::with_capacity(b);
-    for (i, q) in seqs.iter().enumerate() {
+    let mut offsets = Vec::with_capacity(b + 1);
+    offsets.push(0);
+    for q in seqs {
         if q.type_ids.len() != q.ids.len() {
             return Err(KernelError::bad(
                 "a sequence's token types and ids differ in length",
@@ -80,15 +90,22 @@ pub(super) fn pack(d: Dims, l: Limits, seqs: &[Tokens<'_>]) -> Result<Option<Pac
                     "token id {id} (type {ty}) is outside the vocabulary"
                 )));
             }
-            ids[i * s + j] = id as i32;
-            types[i * s + j] = ty as i32;
+            ids.push(id as i32);
+            types.push(ty as i32);
+            positions.push(j as i32);
         }
         lengths.push(q.ids.len() as i32);
+        offsets
+            .push(i32::try_from(ids.len()).map_err(|_| {
+                KernelError::bad(format!("{t} tokens do not fit the kernels' i32"))
+            })?);
     }
     Ok(Some(Packed {
         group: Group { b, s, t },
         ids,
         types,
+        positions,
         lengths,
+        offsets,
     }))
 }

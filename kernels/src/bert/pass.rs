@@ -5,19 +5,29 @@ use super::model::CudaBert;
 use super::pack::{Group, Packed};
 use super::weights::{Layer, Linear, Norm};
 use crate::blas::BatchedMatmul;
-use crate::encoder::{self, EmbedArgs, HeadsArgs, ResidualNormArgs};
+use crate::encoder::{self, EmbedArgs, HeadsArgs, Layout, ResidualNormArgs};
 use crate::error::KernelError;
 
 impl CudaBert {
-    /// Copies a group's ids, types and lengths into their device buffers.
+    /// Copies a group's ids, types, positions, lengths and offsets into their device buffers.
     pub(super) fn upload(&mut self, p: &Packed) -> Result<(), KernelError> {
         let Group { b, t, .. } = p.group;
         let st = self.stream.clone();
         let bu = &mut self.buffers;
         st.memcpy_htod(&p.ids, &mut bu.ids.slice.slice_mut(..t))?;
         st.memcpy_htod(&p.types, &mut bu.type_ids.slice.slice_mut(..t))?;
+        st.memcpy_htod(&p.positions, &mut bu.positions.slice.slice_mut(..t))?;
         st.memcpy_htod(&p.lengths, &mut bu.lengths.slice.slice_mut(..b))?;
+        st.memcpy_htod(&p.offsets, &mut bu.offsets.slice.slice_mut(..=b))?;
         Ok(())
+    }
+
+    /// Where the group's sequences lie in the token rows: packed, `t` rows.
+    fn layout(&self, g: Group) -> Layout {
+        Layout::Packed {
+            offsets: self.buffers.offsets.ptr,
+            rows: g.t,
+        }
     }
 
     /// The embedding layer: `x = LayerNorm(word[id] + position + token_type[type])`.
@@ -37,6 +47,7 @@ impl CudaBert {
                     } else {
                         0
                     },
+                    position_ids: bu.positions.ptr,
                     word: e.word,
                     position: e.position,
                     // No table: any valid pointer (type_vocab 0 makes every type a zero row).
@@ -72,7 +83,7 @@ impl CudaBert {
                 let product = BatchedMatmul {
                     a: bu.x.ptr,
                     b: weights[order[0]],
-                    c: bu.qkv.ptr,
+                    c: bu.q,
                     m: g.t,
                     n: h,
                     k: h,
@@ -84,11 +95,11 @@ impl CudaBert {
                     alpha: 1.0,
                 };
                 // SAFETY: as said on `Group`; the three weights are `spacing` elements apart
-                // (each h·h, checked by `place`), the three slots `slot` ≥ t·h apart in `qkv`.
+                // (each h·h, checked by `place`), the three slots `slot` ≥ t·h apart in `work`.
                 unsafe { self.blas.batched_matmul(self.dtype, &product)? };
                 let mut at = [0; 3];
                 for (slot, &which) in order.iter().enumerate() {
-                    at[which] = bu.qkv.ptr + (slot * bu.slot) as u64 * es;
+                    at[which] = bu.q + (slot * bu.slot) as u64 * es;
                 }
                 at
             }
@@ -103,12 +114,13 @@ impl CudaBert {
             q,
             k,
             v,
+            layout: self.layout(g),
             q_bias: layer.query.bias,
             k_bias: layer.key.bias,
             v_bias: layer.value.bias,
-            q_out: bu.qh.ptr,
-            k_out: bu.kh.ptr,
-            v_out: bu.vh.ptr,
+            q_out: bu.qh,
+            k_out: bu.kh,
+            v_out: bu.vh,
             batch: g.b,
             seq: g.s,
             heads,
@@ -134,9 +146,9 @@ impl CudaBert {
             let nb = chunk.min(b - b0);
             let at = |base: u64, per: usize| base + (b0 * per) as u64 * es;
             let scores = BatchedMatmul {
-                a: at(bu.qh.ptr, heads * s * head_dim),
-                b: at(bu.kh.ptr, heads * s * head_dim),
-                c: bu.scores.ptr,
+                a: at(bu.qh, heads * s * head_dim),
+                b: at(bu.kh, heads * s * head_dim),
+                c: bu.scores,
                 m: s,
                 n: s,
                 k: head_dim,
@@ -148,9 +160,9 @@ impl CudaBert {
                 alpha: 1.0,
             };
             let context = BatchedMatmul {
-                a: bu.scores.ptr,
-                b: at(bu.vh.ptr, heads * s * head_dim),
-                c: at(bu.qh.ptr, heads * s * head_dim),
+                a: bu.scores,
+                b: at(bu.vh, heads * s * head_dim),
+                c: at(bu.qh, heads * s * head_dim),
                 m: s,
                 n: head_dim,
                 k: s,
@@ -170,7 +182,7 @@ impl CudaBert {
                     &self.cache,
                     &self.stream,
                     dtype,
-                    bu.scores.ptr,
+                    bu.scores,
                     lengths,
                     nb,
                     heads,
@@ -193,8 +205,9 @@ impl CudaBert {
                 &self.cache,
                 &self.stream,
                 self.dtype,
-                bu.qh.ptr,
+                bu.qh,
                 bu.q,
+                self.layout(g),
                 g.b,
                 heads,
                 g.s,
@@ -205,26 +218,26 @@ impl CudaBert {
         self.add_norm(bu.k, layer.attn_out.bias, &layer.attn_norm, g.t)
     }
 
-    /// The feed-forward: up (into `up`), bias and exact GELU fused, down (into k), then bias,
+    /// The feed-forward: up (into `up`), bias and exact GELU fused, down (into `down`), then bias,
     /// residual and LayerNorm fused into `x`.
     pub(super) fn feed_forward(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
         let (h, inter) = (self.dims.hidden, self.dims.intermediate);
         let bu = &self.buffers;
-        self.linear(bu.x.ptr, &layer.up, bu.up.ptr, g, h, inter)?;
+        self.linear(bu.x.ptr, &layer.up, bu.up, g, h, inter)?;
         // SAFETY: as said on `Group`.
         unsafe {
             encoder::bias_gelu(
                 &self.cache,
                 &self.stream,
                 self.dtype,
-                bu.up.ptr,
+                bu.up,
                 layer.up.bias,
                 g.t,
                 inter,
             )?
         };
-        self.linear(bu.up.ptr, &layer.down, bu.k, g, inter, h)?;
-        self.add_norm(bu.k, layer.down.bias, &layer.out_norm, g.t)
+        self.linear(bu.up, &layer.down, bu.down, g, inter, h)?;
+        self.add_norm(bu.down, layer.down.bias, &layer.out_norm, g.t)
     }
 
     /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then its copy down
@@ -245,6 +258,7 @@ impl CudaBert {
                 &self.stream,
                 self.dtype,
                 bu.x.ptr,
+                self.layout(g),
                 bu.lengths.ptr,
                 bu.pooled.ptr,
                 g.b,

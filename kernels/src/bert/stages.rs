@@ -66,7 +66,8 @@ pub struct StageTimes {
     pub sequences: u64,
     /// Their tokens.
     pub tokens: u64,
-    /// Tokens computed: sequences times their group's padded length.
+    /// Tokens attention computed: sequences times their group's padded length (the other
+    /// stages compute the packed tokens only).
     pub padded_tokens: u64,
     /// Milliseconds per stage, in [`Stage::ALL`]'s order.
     pub ms: [f64; 7],
@@ -87,7 +88,7 @@ impl StageTimes {
             .map(|(s, ms)| format!("{} {ms:.1} ms ({:.0}%)", s.name(), ms / total * 100.0))
             .collect();
         format!(
-            "first group {:.1} ms (kernels loaded); then {} groups, {} sequences, {} tokens ({} computed, {:.0}% padding); GPU {total:.1} ms: {}",
+            "first group {:.1} ms (kernels loaded); then {} groups, {} sequences, {} tokens ({} in attention, {:.0}% padding there); GPU {total:.1} ms: {}",
             self.first_call_ms.unwrap_or(0.0),
             self.calls,
             self.sequences,

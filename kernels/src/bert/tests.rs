@@ -123,3 +123,49 @@ fn padding_and_limits_are_checked() {
     }
     assert!(scores_elems(&dims(2), &limits(), 2) >= 2 * 32 * 32);
 }
+
+/// Packing would pad the token rows, misplace a sequence's start or its positions, or let
+/// an id outside the vocabulary or a group past the limits through.
+#[test]
+fn groups_are_packed_without_padding() {
+    use super::pack::{Tokens, pack};
+    let (a, b, c) = ([5u32, 6, 7], [8u32], [9u32, 10, 11, 12, 13]);
+    let types = [0u32; 5];
+    let seqs = [
+        Tokens {
+            ids: &a,
+            type_ids: &types[..3],
+        },
+        Tokens {
+            ids: &b,
+            type_ids: &types[..1],
+        },
+        Tokens {
+            ids: &c,
+            type_ids: &types[..5],
+        },
+    ];
+    let p = pack(dims(2), limits(), &seqs).expect("fits").expect("some");
+    assert_eq!((p.group.b, p.group.s, p.group.t), (3, 8, 9));
+    assert_eq!(p.ids, [5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    assert_eq!(p.positions, [0, 1, 2, 0, 0, 1, 2, 3, 4]);
+    assert_eq!(p.lengths, [3, 1, 5]);
+    assert_eq!(p.offsets, [0, 3, 4, 9]);
+    assert_eq!(p.types.len(), 9);
+    assert!(pack(dims(2), limits(), &[]).expect("empty").is_none());
+    let bad = [10_000u32];
+    let outside = [Tokens {
+        ids: &bad,
+        type_ids: &types[..1],
+    }];
+    assert!(pack(dims(2), limits(), &outside).is_err());
+    let long = [1u32; 40];
+    let too_long = [Tokens {
+        ids: &long,
+        type_ids: &[0; 40],
+    }];
+    assert!(
+        pack(dims(2), limits(), &too_long).is_err(),
+        "past max_seq_len 30"
+    );
+}

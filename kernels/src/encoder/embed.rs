@@ -21,6 +21,9 @@ pub struct EmbedArgs {
     pub ids: u64,
     /// Token type ids, i32 `[tokens]`; 0: every token has type 0.
     pub type_ids: u64,
+    /// Each token's position in its sequence, i32 `[tokens]` (packed sequences); 0: token
+    /// `t` is at position `t % seq_len` (sequences padded to `seq_len`).
+    pub position_ids: u64,
     /// Word embeddings `[vocab, hidden]`.
     pub word: u64,
     /// Position embeddings `[positions, hidden]`.
@@ -33,7 +36,7 @@ pub struct EmbedArgs {
     pub beta: u64,
     /// Tokens, `batch * seq_len`.
     pub tokens: usize,
-    /// Tokens per sequence: token `t` is at position `t % seq_len`.
+    /// Tokens per sequence, at most: every position is below it.
     pub seq_len: usize,
     /// Hidden size, at most [`MAX_ROW_LEN`](super::MAX_ROW_LEN).
     pub hidden: usize,
@@ -100,6 +103,9 @@ pub(super) fn plan_embed(dtype: WeightDtype, a: &EmbedArgs) -> Result<Option<Pla
     if a.type_ids != 0 {
         inputs.push(buf("type_ids", a.type_ids, a.tokens as u64, 4)?);
     }
+    if a.position_ids != 0 {
+        inputs.push(buf("position_ids", a.position_ids, a.tokens as u64, 4)?);
+    }
     disjoint(&out, &inputs.iter().collect::<Vec<_>>())?;
     let vec = vectorizable(
         dtype,
@@ -110,9 +116,10 @@ pub(super) fn plan_embed(dtype: WeightDtype, a: &EmbedArgs) -> Result<Option<Pla
     row_plan(pick(&EMBED_LN, dtype, vec), a.tokens as u64, h, width).map(Some)
 }
 
-/// Enqueues `out[t, :] = LayerNorm(word[ids[t]] + position[t % seq_len + position_offset] +
-/// token_type[type_ids[t]]) * gamma + beta` for every token `t`. An id (or type id) outside
-/// its table contributes a zero row, never an out-of-bounds read. `tokens == 0` is a no-op.
+/// Enqueues `out[t, :] = LayerNorm(word[ids[t]] + position[p + position_offset] +
+/// token_type[type_ids[t]]) * gamma + beta` for every token `t`, with `p = position_ids[t]`
+/// (or `t % seq_len` without them). An id, type id or position outside its table
+/// contributes a zero row, never an out-of-bounds read. `tokens == 0` is a no-op.
 ///
 /// Fails (enqueuing nothing) on `seq_len + position_offset > positions`, `hidden` outside
 /// `1..=MAX_ROW_LEN`, a non-finite or negative `eps`, null or misaligned pointers, and an
@@ -121,7 +128,7 @@ pub(super) fn plan_embed(dtype: WeightDtype, a: &EmbedArgs) -> Result<Option<Pla
 /// # Safety
 ///
 /// Every pointer must be valid on `stream`'s device for the sizes in [`EmbedArgs`]
-/// (`type_ids` only when non-zero), the inputs readable and `out` writable until the kernel
+/// (`type_ids` and `position_ids` only when non-zero), the inputs readable and `out` writable until the kernel
 /// completes, and nothing else may write the inputs or touch `out` while it runs.
 pub unsafe fn embed_layer_norm(
     cache: &KernelCache,
@@ -143,6 +150,7 @@ pub unsafe fn embed_layer_norm(
         .arg(&a.out)
         .arg(&a.ids)
         .arg(&a.type_ids)
+        .arg(&a.position_ids)
         .arg(&a.word)
         .arg(&a.position)
         .arg(&a.token_type)
@@ -156,7 +164,7 @@ pub unsafe fn embed_layer_norm(
         .arg(&type_vocab)
         .arg(&offset)
         .arg(&a.eps);
-    // SAFETY: the arguments match `MS_EMBED_LN`'s signature (eight pointers, long long, six
+    // SAFETY: the arguments match `MS_EMBED_LN`'s signature (nine pointers, long long, six
     // ints, float); plan_embed checked sizes and pointers, and the caller promised the
     // memory behind them.
     unsafe { launch.launch(plan.config()) }?;

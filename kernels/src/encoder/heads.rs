@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, PushKernelArg};
 
-use super::checks::{buf, count, disjoint, int};
+use super::checks::{Buf, buf, count, disjoint, int};
+use super::layout::Layout;
 use super::names::{MERGE_HEADS, SPLIT_HEADS, pick};
-use super::plan::{Plan, flat_plan, vec_width, vectorizable};
+use super::plan::{Plan, heads_plan, vec_width, vectorizable};
 use crate::compile::{ENCODER_SOURCE, KernelCache};
 use crate::error::KernelError;
 use crate::gemv::WeightDtype;
@@ -15,19 +16,22 @@ use crate::gemv::WeightDtype;
 /// Arguments of [`split_heads`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HeadsArgs {
-    /// Query projection without bias, `[batch * seq, heads * head_dim]`.
+    /// Query projection without bias, `[rows, heads * head_dim]`, its sequences laid out as
+    /// `layout` says.
     pub q: u64,
     /// Key projection without bias, same shape.
     pub k: u64,
     /// Value projection without bias, same shape.
     pub v: u64,
+    /// Where the sequences' rows lie in q, k and v.
+    pub layout: Layout,
     /// Query bias `[heads * head_dim]`.
     pub q_bias: u64,
     /// Key bias.
     pub k_bias: u64,
     /// Value bias.
     pub v_bias: u64,
-    /// Output `[batch * heads, seq, head_dim]`.
+    /// Output `[batch * heads, seq, head_dim]`, zeros past each sequence's end.
     pub q_out: u64,
     /// Output, same shape.
     pub k_out: u64,
@@ -46,11 +50,7 @@ pub struct HeadsArgs {
 }
 
 /// The checked launch of [`split_heads`], `None` for an empty shape.
-pub(super) fn plan_split(
-    dtype: WeightDtype,
-    a: &HeadsArgs,
-    multiprocessors: u32,
-) -> Result<Option<Plan>, KernelError> {
+pub(super) fn plan_split(dtype: WeightDtype, a: &HeadsArgs) -> Result<Option<Plan>, KernelError> {
     let n = count("split_heads", &[a.batch, a.seq, a.heads, a.head_dim])?;
     if n == 0 {
         return Ok(None);
@@ -58,6 +58,9 @@ pub(super) fn plan_split(
     let es = dtype.size_bytes();
     int("seq", a.seq)?;
     int("heads * head_dim", a.heads * a.head_dim)?;
+    let rows = a.layout.rows(a.batch, a.seq)?;
+    let n_in = count("split_heads input", &[rows, a.heads, a.head_dim])?;
+    let (_, offsets) = a.layout.offsets(a.batch)?;
     if !a.q_scale.is_finite() {
         return Err(KernelError::bad(format!(
             "q_scale {} is not finite",
@@ -65,14 +68,15 @@ pub(super) fn plan_split(
         )));
     }
     let width = (a.heads * a.head_dim) as u64;
-    let inputs = [
-        buf("q", a.q, n, es)?,
-        buf("k", a.k, n, es)?,
-        buf("v", a.v, n, es)?,
+    let mut inputs = vec![
+        buf("q", a.q, n_in, es)?,
+        buf("k", a.k, n_in, es)?,
+        buf("v", a.v, n_in, es)?,
         buf("q_bias", a.q_bias, width, es)?,
         buf("k_bias", a.k_bias, width, es)?,
         buf("v_bias", a.v_bias, width, es)?,
     ];
+    inputs.extend(offsets);
     let outs = [
         buf("q_out", a.q_out, n, es)?,
         buf("k_out", a.k_out, n, es)?,
@@ -90,36 +94,34 @@ pub(super) fn plan_split(
         ],
     );
     let w = if vec { vec_width(dtype) } else { 1 };
-    Ok(Some(flat_plan(
-        pick(&SPLIT_HEADS, dtype, vec),
-        n / w as u64,
-        3,
-        multiprocessors,
-    )))
+    let rows = count("split_heads rows", &[a.batch, a.seq])?;
+    heads_plan(pick(&SPLIT_HEADS, dtype, vec), rows, width as usize / w, 3).map(Some)
 }
 
-/// Enqueues, for each of q, k and v: `out[(b·heads + h)·seq + s, d] = (in[b·seq + s,
-/// h·head_dim + d] + bias[h·head_dim + d]) · scale`, with `scale = q_scale` for q and 1 for
-/// k and v: the linear layers' outputs `[batch·seq, heads·head_dim]` (without their bias)
-/// to the per-head layout `[batch·heads, seq, head_dim]` the batched matmuls take. Outputs
-/// must not overlap any input or each other. Empty shapes are a no-op.
+/// Enqueues, for each of q, k and v: `out[(b·heads + h)·seq + s, d] = (in[row(b, s),
+/// h·head_dim + d] + bias[h·head_dim + d]) · scale`, with `row(b, s)` the row of token `s`
+/// of sequence `b` as `layout` says (0 past the sequence's end) and `scale = q_scale` for q
+/// and 1 for k and v: the linear layers' outputs (without their bias) to the padded
+/// per-head layout `[batch·heads, seq, head_dim]` the batched matmuls take. Outputs must not
+/// overlap any input or each other. Empty shapes are a no-op.
 ///
 /// # Safety
 ///
-/// The six activations must be valid for `batch·seq·heads·head_dim` elements and the biases
-/// for `heads·head_dim` on `stream`'s device until the kernel completes; nothing else may
-/// write the inputs or touch the outputs while it runs.
+/// The inputs must be valid for `rows·heads·head_dim` elements (`rows` as `layout` says),
+/// the outputs for `batch·seq·heads·head_dim`, the biases for `heads·head_dim` and a packed
+/// layout's offsets for `batch + 1` i32 on `stream`'s device until the kernel completes;
+/// nothing else may write the inputs or touch the outputs while it runs.
 pub unsafe fn split_heads(
     cache: &KernelCache,
     stream: &Arc<CudaStream>,
     dtype: WeightDtype,
     a: &HeadsArgs,
 ) -> Result<(), KernelError> {
-    let sms = cache.device_info(stream.context())?.multiprocessors;
-    let Some(plan) = plan_split(dtype, a, sms)? else {
+    let Some(plan) = plan_split(dtype, a)? else {
         return Ok(());
     };
-    let rows = (a.batch * a.seq) as i64;
+    let (offsets, _) = a.layout.offsets(a.batch)?;
+    let (batch, rows) = (a.batch as i64, a.layout.rows(a.batch, a.seq)? as i64);
     let (seq, heads, head_dim) = (a.seq as i32, a.heads as i32, a.head_dim as i32);
     let f = cache.function(stream.context(), &ENCODER_SOURCE, plan.kernel)?;
     let mut launch = stream.launch_builder(&f);
@@ -133,13 +135,15 @@ pub unsafe fn split_heads(
         .arg(&a.q_out)
         .arg(&a.k_out)
         .arg(&a.v_out)
+        .arg(&offsets)
+        .arg(&batch)
         .arg(&rows)
         .arg(&seq)
         .arg(&heads)
         .arg(&head_dim)
         .arg(&a.q_scale);
-    // SAFETY: the arguments match `MS_SPLIT_HEADS` (nine pointers, long long, three ints,
-    // float); checked by plan_split, the memory promised by the caller.
+    // SAFETY: the arguments match `MS_SPLIT_HEADS` (ten pointers, two long longs, three
+    // ints, float); checked by plan_split, the memory promised by the caller.
     unsafe { launch.launch(plan.config()) }?;
     Ok(())
 }
@@ -150,11 +154,11 @@ pub(super) fn plan_merge(
     dtype: WeightDtype,
     ctx: u64,
     out: u64,
+    layout: Layout,
     batch: usize,
     heads: usize,
     seq: usize,
     head_dim: usize,
-    multiprocessors: u32,
 ) -> Result<Option<Plan>, KernelError> {
     let n = count("merge_heads", &[batch, seq, heads, head_dim])?;
     if n == 0 {
@@ -163,28 +167,41 @@ pub(super) fn plan_merge(
     let es = dtype.size_bytes();
     int("seq", seq)?;
     int("heads * head_dim", heads * head_dim)?;
+    let rows = layout.rows(batch, seq)?;
     let c = buf("ctx", ctx, n, es)?;
-    let o = buf("merge_heads out", out, n, es)?;
-    disjoint(&o, &[&c])?;
+    let o = buf(
+        "merge_heads out",
+        out,
+        count("merge_heads out", &[rows, heads, head_dim])?,
+        es,
+    )?;
+    let (_, offsets) = layout.offsets(batch)?;
+    let inputs: Vec<&Buf> = std::iter::once(&c).chain(offsets.as_ref()).collect();
+    disjoint(&o, &inputs)?;
     let vec = vectorizable(dtype, head_dim, &[ctx, out]);
     let w = if vec { vec_width(dtype) } else { 1 };
-    Ok(Some(flat_plan(
+    let padded = count("merge_heads rows", &[batch, seq])?;
+    heads_plan(
         pick(&MERGE_HEADS, dtype, vec),
-        n / w as u64,
+        padded,
+        heads * head_dim / w,
         1,
-        multiprocessors,
-    )))
+    )
+    .map(Some)
 }
 
-/// Enqueues `out[b·seq + s, h·head_dim + d] = ctx[(b·heads + h)·seq + s, d]`: the attention
-/// context `[batch·heads, seq, head_dim]` back to `[batch·seq, heads·head_dim]`. `out` must
-/// not overlap `ctx`. Empty shapes are a no-op.
+/// Enqueues `out[row(b, s), h·head_dim + d] = ctx[(b·heads + h)·seq + s, d]`, with
+/// `row(b, s)` the row of token `s` of sequence `b` as `layout` says: the attention context
+/// `[batch·heads, seq, head_dim]` back to token rows `[rows, heads·head_dim]` (a padded
+/// layout's rows past a sequence's end are written too, a packed one's padding is
+/// dropped). `out` must not overlap `ctx`. Empty shapes are a no-op.
 ///
 /// # Safety
 ///
-/// `ctx` and `out` must be valid for `batch·seq·heads·head_dim` elements on `stream`'s
-/// device until the kernel completes; nothing else may write `ctx` or touch `out` while it
-/// runs.
+/// `ctx` must be valid for `batch·seq·heads·head_dim` elements, `out` for
+/// `rows·heads·head_dim` (`rows` as `layout` says) and a packed layout's offsets for
+/// `batch + 1` i32 on `stream`'s device until the kernel completes; nothing else may write
+/// `ctx` or touch `out` while it runs.
 #[allow(clippy::too_many_arguments)] // The operation's own parameters.
 pub unsafe fn merge_heads(
     cache: &KernelCache,
@@ -192,27 +209,32 @@ pub unsafe fn merge_heads(
     dtype: WeightDtype,
     ctx: u64,
     out: u64,
+    layout: Layout,
     batch: usize,
     heads: usize,
     seq: usize,
     head_dim: usize,
 ) -> Result<(), KernelError> {
-    let sms = cache.device_info(stream.context())?.multiprocessors;
-    let Some(plan) = plan_merge(dtype, ctx, out, batch, heads, seq, head_dim, sms)? else {
+    let Some(plan) = plan_merge(dtype, ctx, out, layout, batch, heads, seq, head_dim)? else {
         return Ok(());
     };
-    let rows = (batch * seq) as i64;
+    let (offsets, _) = layout.offsets(batch)?;
+    let rows = layout.rows(batch, seq)? as i64;
+    let batch = batch as i64;
     let (seq, heads, head_dim) = (seq as i32, heads as i32, head_dim as i32);
     let f = cache.function(stream.context(), &ENCODER_SOURCE, plan.kernel)?;
     let mut launch = stream.launch_builder(&f);
     launch
         .arg(&ctx)
         .arg(&out)
+        .arg(&offsets)
+        .arg(&batch)
         .arg(&rows)
         .arg(&seq)
         .arg(&heads)
         .arg(&head_dim);
-    // SAFETY: the arguments match `MS_MERGE_HEADS` (two pointers, long long, three ints);
+    // SAFETY: the arguments match `MS_MERGE_HEADS` (three pointers, two long longs, three
+    // ints);
     // checked by plan_merge, the memory promised by the caller.
     unsafe { launch.launch(plan.config()) }?;
     Ok(())

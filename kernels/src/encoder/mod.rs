@@ -28,6 +28,7 @@
 //! - `residual_norm`: [`bias_residual_layer_norm`] and its [`ResidualNormArgs`].
 //! - `gelu`: [`bias_gelu`].
 //! - `heads`: [`split_heads`] (with its [`HeadsArgs`]) and [`merge_heads`].
+//! - `layout`: [`Layout`], padded or packed sequences in the token-major tensors.
 //! - `softmax`: [`masked_softmax`].
 //! - `pool`: [`pool()`] and [`Pooling`].
 //! - `names`: the kernels' names in `encoder.cu`, [`kernel_names`].
@@ -38,6 +39,7 @@ mod checks;
 mod embed;
 mod gelu;
 mod heads;
+mod layout;
 mod names;
 mod plan;
 mod pool;
@@ -49,6 +51,7 @@ mod tests;
 pub use self::embed::{EmbedArgs, embed_layer_norm};
 pub use self::gelu::bias_gelu;
 pub use self::heads::{HeadsArgs, merge_heads, split_heads};
+pub use self::layout::Layout;
 pub use self::names::kernel_names;
 pub use self::plan::MAX_ROW_LEN;
 pub use self::pool::{Pooling, pool};

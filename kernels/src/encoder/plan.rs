@@ -85,6 +85,34 @@ pub(super) fn row_plan(
     })
 }
 
+/// Most threads along a row of the head kernels (they stride over longer rows).
+const HEAD_ROW_THREADS: usize = 256;
+
+/// The grid of a head kernel (split or merge): `rows` token rows of `chunks` chunks each,
+/// a row per `threadIdx.y`, blocks of at least 128 threads, `y` grid rows.
+pub(super) fn heads_plan(
+    kernel: &'static str,
+    rows: u64,
+    chunks: usize,
+    y: u32,
+) -> Result<Plan, KernelError> {
+    let threads = if chunks < 32 {
+        chunks.max(1).next_power_of_two()
+    } else {
+        chunks.next_multiple_of(32).min(HEAD_ROW_THREADS)
+    };
+    let rows_per_block = (128 / threads).max(1);
+    let blocks = u32::try_from(rows.div_ceil(rows_per_block as u64))
+        .ok()
+        .filter(|b| *b <= i32::MAX as u32)
+        .ok_or_else(|| KernelError::bad(format!("{rows} rows need too many blocks")))?;
+    Ok(Plan {
+        kernel,
+        grid: (blocks, y, 1),
+        block: (threads as u32, rows_per_block as u32, 1),
+    })
+}
+
 /// The grid of an element-wise kernel over `chunks` chunks, `y` grid rows.
 pub(super) fn flat_plan(kernel: &'static str, chunks: u64, y: u32, multiprocessors: u32) -> Plan {
     let cap = u64::from(multiprocessors.max(1)) * FLAT_BLOCKS_PER_SM;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, PushKernelArg};
 
 use super::checks::{buf, count, disjoint, int};
+use super::layout::Layout;
 use super::names::{POOL, dtype_index};
 use super::plan::Plan;
 use crate::compile::{ENCODER_SOURCE, KernelCache};
@@ -45,6 +46,7 @@ impl Pooling {
 pub(super) fn plan_pool(
     dtype: WeightDtype,
     x: u64,
+    layout: Layout,
     lengths: u64,
     out: u64,
     batch: usize,
@@ -57,15 +59,18 @@ pub(super) fn plan_pool(
     let blocks = int("pool batch", batch)? as u32;
     int("seq", seq)?;
     int("hidden", hidden)?;
+    let rows = layout.rows(batch, seq)?;
     let xb = buf(
         "pool x",
         x,
-        count("x", &[batch, seq, hidden])?,
+        count("x", &[rows, hidden])?,
         dtype.size_bytes(),
     )?;
     let lb = buf("lengths", lengths, batch as u64, 4)?;
     let ob = buf("pool out", out, count("out", &[batch, hidden])?, 4)?;
-    disjoint(&ob, &[&xb, &lb])?;
+    let (_, offsets) = layout.offsets(batch)?;
+    let inputs: Vec<_> = [&xb, &lb].into_iter().chain(offsets.as_ref()).collect();
+    disjoint(&ob, &inputs)?;
     let threads = hidden.next_multiple_of(32).min(POOL_THREADS) as u32;
     Ok(Some(Plan {
         kernel: POOL[dtype_index(dtype)],
@@ -74,23 +79,26 @@ pub(super) fn plan_pool(
     }))
 }
 
-/// Enqueues `out` (f32 `[batch, hidden]`) = a pooling of `x [batch, seq, hidden]` over each
-/// sequence's tokens `t < lengths[b]` (i32, clamped to `0..=seq`): see [`Pooling`]. Then, if
+/// Enqueues `out` (f32 `[batch, hidden]`) = a pooling of the token rows `x [rows, hidden]`
+/// over each sequence's tokens `t < lengths[b]` (i32, clamped to `0..=seq` and to the rows
+/// there are), the sequences laid out as `layout` says: see [`Pooling`]. Then, if
 /// `normalize`, each row is divided by `max(‖row‖₂, 1e-12)` (as
 /// `torch.nn.functional.normalize`). A sequence of length 0 gives zeros. `batch == 0` or
 /// `hidden == 0` is a no-op.
 ///
 /// # Safety
 ///
-/// `x` must be valid for `batch·seq·hidden` elements, `lengths` for `batch` i32 and `out`
-/// for `batch·hidden` f32 on `stream`'s device until the kernel completes; nothing else may
-/// write the inputs or touch `out` while it runs.
+/// `x` must be valid for `rows·hidden` elements (`rows` as `layout` says), `lengths` for
+/// `batch` i32, a packed layout's offsets for `batch + 1` i32 and `out` for `batch·hidden`
+/// f32 on `stream`'s device until the kernel completes; nothing else may write the inputs or
+/// touch `out` while it runs.
 #[allow(clippy::too_many_arguments)] // The operation's own parameters.
 pub unsafe fn pool(
     cache: &KernelCache,
     stream: &Arc<CudaStream>,
     dtype: WeightDtype,
     x: u64,
+    layout: Layout,
     lengths: u64,
     out: u64,
     batch: usize,
@@ -99,9 +107,11 @@ pub unsafe fn pool(
     mode: Pooling,
     normalize: bool,
 ) -> Result<(), KernelError> {
-    let Some(plan) = plan_pool(dtype, x, lengths, out, batch, seq, hidden)? else {
+    let Some(plan) = plan_pool(dtype, x, layout, lengths, out, batch, seq, hidden)? else {
         return Ok(());
     };
+    let (offsets, _) = layout.offsets(batch)?;
+    let rows = layout.rows(batch, seq)? as i64;
     let (seq, hidden) = (seq as i32, hidden as i32);
     let (mode, normalize) = (mode.code(), i32::from(normalize));
     let f = cache.function(stream.context(), &ENCODER_SOURCE, plan.kernel)?;
@@ -109,12 +119,14 @@ pub unsafe fn pool(
     launch
         .arg(&x)
         .arg(&lengths)
+        .arg(&offsets)
         .arg(&out)
+        .arg(&rows)
         .arg(&seq)
         .arg(&hidden)
         .arg(&mode)
         .arg(&normalize);
-    // SAFETY: the arguments match `MS_POOL` (three pointers, four ints); checked by
+    // SAFETY: the arguments match `MS_POOL` (four pointers, long long, four ints); checked by
     // plan_pool, the memory promised by the caller.
     unsafe { launch.launch(plan.config()) }?;
     Ok(())

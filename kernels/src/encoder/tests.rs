@@ -27,6 +27,7 @@ fn embed(hidden: usize) -> EmbedArgs {
         out: A,
         ids: B,
         type_ids: C,
+        position_ids: 0,
         word: D,
         position: E,
         token_type: F,
@@ -304,6 +305,7 @@ fn heads_checks() {
         q: A,
         k: B,
         v: C,
+        layout: Layout::Padded,
         q_bias: D,
         k_bias: E,
         v_bias: F,
@@ -316,10 +318,24 @@ fn heads_checks() {
         head_dim: 64,
         q_scale: 0.125,
     };
-    let plan = |a: &HeadsArgs| plan_split(WeightDtype::F32, a, 132);
+    let plan = |a: &HeadsArgs| plan_split(WeightDtype::F32, a);
     let p = plan(&args).expect("plan").expect("some");
     assert_eq!(p.kernel, "ms_split_heads_f32_v");
-    assert_eq!(p.grid.1, 3);
+    // A padded row (b·seq = 10 of them) per threadIdx.y: 192 / 4 = 48 chunks on 64 lanes,
+    // two rows a block; q, k, v along y.
+    assert_eq!((p.grid, p.block), ((5, 3, 1), (64, 2, 1)));
+    let wide = plan(&HeadsArgs {
+        heads: 32,
+        head_dim: 128,
+        ..args
+    })
+    .expect("plan")
+    .expect("some");
+    assert_eq!(
+        (wide.grid, wide.block),
+        ((10, 3, 1), (256, 1, 1)),
+        "strides past 256"
+    );
     // head_dim 6 with f32: 24 bytes a head, not whole chunks.
     assert_eq!(
         plan(&HeadsArgs {
@@ -348,7 +364,18 @@ fn heads_checks() {
     );
     assert_eq!(plan(&HeadsArgs { batch: 0, ..args }).expect("plan"), None);
 
-    let merge = |ctx, out, head_dim| plan_merge(WeightDtype::F16, ctx, out, 2, 3, 5, head_dim, 132);
+    let merge = |ctx, out, head_dim| {
+        plan_merge(
+            WeightDtype::F16,
+            ctx,
+            out,
+            Layout::Padded,
+            2,
+            3,
+            5,
+            head_dim,
+        )
+    };
     assert_eq!(
         merge(A, B, 64).expect("plan").expect("some").kernel,
         "ms_merge_heads_f16_v"
@@ -359,6 +386,94 @@ fn heads_checks() {
     );
     assert!(merge(A, A + 2, 64).is_err());
     assert!(merge(0, B, 64).is_err());
+}
+
+/// Packed sequences: the launchers size the token rows by the layout's rows, check the
+/// offsets like any buffer, and refuse outputs over them.
+#[test]
+fn packed_layout_checks() {
+    let packed = |offsets, rows| Layout::Packed { offsets, rows };
+    let args = HeadsArgs {
+        q: A,
+        k: B,
+        v: C,
+        layout: packed(D + 4096, 7),
+        q_bias: D,
+        k_bias: E,
+        v_bias: F,
+        q_out: G,
+        k_out: H,
+        v_out: I,
+        batch: 2,
+        seq: 8,
+        heads: 3,
+        head_dim: 64,
+        q_scale: 0.125,
+    };
+    let split = |a: &HeadsArgs| plan_split(WeightDtype::F16, a);
+    let p = split(&args).expect("plan").expect("some");
+    // The grid covers the padded outputs (2·3·8·64 elements), not the 7 packed rows.
+    assert_eq!(p.kernel, "ms_split_heads_f16_v");
+    assert!(
+        split(&HeadsArgs {
+            layout: packed(D + 2, 7),
+            ..args
+        })
+        .is_err(),
+        "misaligned offsets"
+    );
+    assert!(
+        split(&HeadsArgs {
+            layout: packed(0, 7),
+            ..args
+        })
+        .is_err(),
+        "null offsets"
+    );
+    // An output over the offsets (which sit inside q_out's padded range).
+    assert!(
+        split(&HeadsArgs {
+            layout: packed(G + 64, 7),
+            ..args
+        })
+        .is_err()
+    );
+    // q_out right after 7 packed rows of q is fine; after 16 padded ones it would overlap.
+    let q_rows = 7 * 3 * 64 * 2;
+    let tight = HeadsArgs {
+        q_out: A + q_rows,
+        ..args
+    };
+    assert!(split(&tight).is_ok());
+    assert!(
+        split(&HeadsArgs {
+            layout: Layout::Padded,
+            ..tight
+        })
+        .is_err()
+    );
+    assert!(
+        split(&HeadsArgs {
+            layout: packed(D + 4096, 1 << 31),
+            ..args
+        })
+        .is_err(),
+        "rows past i32"
+    );
+
+    let merge = |out, layout| plan_merge(WeightDtype::F16, A, out, layout, 2, 3, 8, 64);
+    // ctx holds 2·3·8·64 elements; 7 packed rows of out may follow 7·192 elements later...
+    assert!(merge(A + 2 * 3 * 8 * 64 * 2, packed(B, 7)).is_ok());
+    assert!(
+        merge(C, packed(C + 100, 7)).is_err(),
+        "out over the offsets"
+    );
+    assert!(merge(C, packed(B, 7)).is_ok());
+
+    let pool = |x, layout| plan_pool(WeightDtype::F32, x, layout, B, C, 3, 16, 100);
+    assert!(pool(A, packed(D, 20)).is_ok());
+    assert!(pool(A, packed(C + 8, 20)).is_err(), "offsets inside out");
+    assert!(pool(A, packed(D + 1, 20)).is_err(), "misaligned offsets");
 }
 
 /// Softmax, GELU and pooling accept bad pointers or sizes.
@@ -395,11 +510,21 @@ fn softmax_gelu_pool_checks() {
         .expect("some");
     assert_eq!(big.grid.0 as u64, 132 * FLAT_BLOCKS_PER_SM);
 
-    let pool =
-        |x, lengths, out, batch| plan_pool(WeightDtype::F32, x, lengths, out, batch, 16, 100);
+    let pool = |x, lengths, out, batch| {
+        plan_pool(
+            WeightDtype::F32,
+            x,
+            Layout::Padded,
+            lengths,
+            out,
+            batch,
+            16,
+            100,
+        )
+    };
     let p = pool(A, B, C, 3).expect("plan").expect("some");
     assert_eq!((p.kernel, p.grid.0, p.block.0), ("ms_pool_f32", 3, 128));
-    let wide = plan_pool(WeightDtype::F16, A, B, C, 3, 16, 4096)
+    let wide = plan_pool(WeightDtype::F16, A, Layout::Padded, B, C, 3, 16, 4096)
         .expect("plan")
         .expect("some");
     assert_eq!(wide.block.0, 1024);
