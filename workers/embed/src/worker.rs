@@ -21,8 +21,8 @@ use crate::weights::{Found, find};
 /// How the worker serves.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Batches taken at once.
-    pub credits: u32,
+    /// Batches taken at once (`None`: one more than the compute slots).
+    pub credits: Option<u32>,
     /// Most items in one batch.
     pub max_batch_items: u32,
     /// Most input bytes in one batch.
@@ -37,8 +37,30 @@ pub struct Config {
     /// idle time, tokenization, and each stage's GPU time (CUDA events between stages).
     pub profile: bool,
     /// Compute threads, each with an encoder (and on CUDA its stream and buffers) of its own:
-    /// batches in flight on the GPU at once.
-    pub compute_slots: usize,
+    /// batches in flight on the GPU at once (`None`: [`default_slots`]).
+    pub compute_slots: Option<usize>,
+}
+
+/// Models of at most this many bytes of weights get [`SMALL_MODEL_SLOTS`] compute slots on
+/// CUDA by default, larger ones [`LARGE_MODEL_SLOTS`].
+pub const SMALL_MODEL_BYTES: u64 = 256 << 20;
+/// The default compute slots of a small model on CUDA.
+pub const SMALL_MODEL_SLOTS: usize = 4;
+/// The default compute slots of a larger model on CUDA.
+pub const LARGE_MODEL_SLOTS: usize = 2;
+
+/// The compute slots when the operator names none: on CUDA [`SMALL_MODEL_SLOTS`] for a model
+/// of at most [`SMALL_MODEL_BYTES`] of weights, else [`LARGE_MODEL_SLOTS`]; on the CPU 1 (the
+/// slots would share the cores, each with its own copy of widened weights). A small model's
+/// groups take little GPU time, so one thread's host work between batches (packing, launches,
+/// the copy down, the answer) leaves the GPU idle, and several slots overlap it; a large
+/// model's second slot fills the gaps between one batch and the next.
+pub fn default_slots(on_device: bool, weight_bytes: u64) -> usize {
+    match (on_device, weight_bytes <= SMALL_MODEL_BYTES) {
+        (true, true) => SMALL_MODEL_SLOTS,
+        (true, false) => LARGE_MODEL_SLOTS,
+        (false, _) => 1,
+    }
 }
 
 /// The handler and options for one attached version.
@@ -58,6 +80,11 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let weights =
         find(&spec.encoder, &|name| found(&model, name)).map_err(|e| unservable(e.to_string()))?;
     let on_device = model.view().is_on_device();
+    let weight_bytes = model.tensors().iter().map(|t| t.byte_length()).sum();
+    let compute_slots = config
+        .compute_slots
+        .unwrap_or_else(|| default_slots(on_device, weight_bytes));
+    let credits = config.credits.unwrap_or(compute_slots as u32 + 1);
     info!(
         model = %model.name(),
         version = model.version(),
@@ -68,7 +95,8 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         max_seq_len = spec.max_seq_len,
         pooling = ?spec.pooling,
         normalize = spec.normalize,
-        compute_slots = config.compute_slots,
+        compute_slots,
+        credits,
         "model read"
     );
     let max_tokens = config.max_batch_tokens.max(spec.max_seq_len);
@@ -90,7 +118,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     };
     let compute = tokio::task::block_in_place(|| {
         Slots::start(
-            config.compute_slots,
+            compute_slots,
             "embed-compute",
             make,
             on_fatal,
@@ -99,7 +127,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     })
     .map_err(|e| unservable(e.to_string()))?;
     let options = ServeOptions {
-        credits: config.credits,
+        credits,
         max_batch_items: config.max_batch_items,
         max_batch_bytes: config.max_batch_bytes,
         inputs: vec![
@@ -130,4 +158,23 @@ fn found(model: &Model, name: &str) -> Option<Found<Tensor>> {
         shape: t.shape().to_vec(),
         handle: t,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LARGE_MODEL_SLOTS, SMALL_MODEL_BYTES, SMALL_MODEL_SLOTS, default_slots};
+
+    /// A small model on CUDA would get one slot (its GPU idle between batches), or the CPU
+    /// backend several (sharing its cores, each with its own widened weights).
+    #[test]
+    fn slots_by_backend_and_model_size() {
+        let minilm = 45 << 20;
+        let bert_large = 670 << 20;
+        assert_eq!(default_slots(true, minilm), SMALL_MODEL_SLOTS);
+        assert_eq!(default_slots(true, SMALL_MODEL_BYTES), SMALL_MODEL_SLOTS);
+        assert_eq!(default_slots(true, SMALL_MODEL_BYTES + 1), LARGE_MODEL_SLOTS);
+        assert_eq!(default_slots(true, bert_large), LARGE_MODEL_SLOTS);
+        assert_eq!(default_slots(false, bert_large), 1);
+        assert_eq!(default_slots(false, minilm), 1);
+    }
 }
