@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
+use super::pack::Group;
 use super::sizes::{Dims, Limits, buffer_tokens, scores_elems};
 use crate::error::KernelError;
 
@@ -34,13 +35,9 @@ impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> Buffer<T> 
 /// below `work` lies inside it; which of them may overlap is said on each.
 #[derive(Debug)]
 pub(super) struct Buffers {
-    pub(super) ids: Buffer<i32>,
-    pub(super) type_ids: Buffer<i32>,
-    /// Each token's position in its sequence.
-    pub(super) positions: Buffer<i32>,
-    pub(super) lengths: Buffer<i32>,
-    /// Where each sequence starts in the token rows (`max_sequences + 1`).
-    pub(super) offsets: Buffer<i32>,
+    /// A group's integer inputs, one after the other as one copy up brings them
+    /// ([`Buffers::inputs_of`]): at most [`input_ints`] of them.
+    pub(super) inputs: Buffer<i32>,
     /// The hidden states, `[tokens, hidden]`, live across the whole call.
     pub(super) x: Buffer<u8>,
     /// The other activations (kept alive here; the addresses below point into it).
@@ -97,11 +94,7 @@ impl Buffers {
         let work = act(work_len)?;
         let at = |elems: usize| work.ptr + (elems * es) as u64;
         Ok(Self {
-            ids: Buffer::new(stream, t)?,
-            type_ids: Buffer::new(stream, t)?,
-            positions: Buffer::new(stream, t)?,
-            lengths: Buffer::new(stream, limits.max_sequences)?,
-            offsets: Buffer::new(stream, limits.max_sequences + 1)?,
+            inputs: Buffer::new(stream, input_ints(t, limits.max_sequences))?,
             x: act(th)?,
             q: at(0),
             k: at(th),
@@ -116,5 +109,36 @@ impl Buffers {
             _work: work,
             pooled: Buffer::new(stream, limits.max_sequences * h)?,
         })
+    }
+}
+
+/// The integer inputs of a group of `b` sequences and `t` tokens: ids, types and positions
+/// (`t` each), lengths (`b`) and the sequences' starts (`b + 1`).
+pub(super) const fn input_ints(t: usize, b: usize) -> usize {
+    3 * t + 2 * b + 1
+}
+
+/// Device addresses of a group's integer inputs (i32 arrays) inside [`Buffers::inputs`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Inputs {
+    pub(super) ids: u64,
+    pub(super) types: u64,
+    pub(super) positions: u64,
+    pub(super) lengths: u64,
+    pub(super) offsets: u64,
+}
+
+impl Buffers {
+    /// Where `g`'s inputs lie in `inputs`, in the order [`Packed::write_ints`]
+    /// (super::pack::Packed::write_ints) lays them out.
+    pub(super) fn inputs_of(&self, g: Group) -> Inputs {
+        let at = |ints: usize| self.inputs.ptr + (ints * 4) as u64;
+        Inputs {
+            ids: at(0),
+            types: at(g.t),
+            positions: at(2 * g.t),
+            lengths: at(3 * g.t),
+            offsets: at(3 * g.t + g.b),
+        }
     }
 }

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, PinnedHostSlice};
 use modelshare_device::Mapping;
 
-use super::buffers::Buffers;
+use super::buffers::{Buffers, input_ints};
 use super::pack::{Packed, Tokens, pack};
 use super::placement::{Placed, place};
-use super::sizes::{Dims, Limits, check_dims, scores_elems};
+use super::sizes::{Dims, Limits, buffer_tokens, check_dims, scores_elems};
 use super::stages::{Marks, Stage, StageTimes};
 use super::weights::EncoderWeights;
 use crate::blas::Blas;
@@ -36,7 +36,14 @@ pub struct CudaBert {
     /// Page-locked host memory the pooled vectors are copied into, `[max_sequences, hidden]`
     /// f32: the copies down are queued behind each group's work, and read after one wait.
     pinned: PinnedHostSlice<f32>,
+    /// Page-locked host memory the groups' integer inputs are staged in for their copies up
+    /// (asynchronous, one per group), room for [`STAGED_GROUPS`] full groups between waits.
+    pub(super) staging: PinnedHostSlice<i32>,
 }
+
+/// Full-size groups whose inputs the staging holds at once (a job's groups are mostly far
+/// smaller; when they do not fit, the queued ones are waited for first).
+const STAGED_GROUPS: usize = 4;
 
 /// A group queued on the stream: where its vectors land in the pinned memory, how many, and
 /// its stage marks.
@@ -78,6 +85,15 @@ impl CudaBert {
         // the rows its copies wrote, after waiting for them. Not write-combined: it is read.
         let pinned =
             unsafe { ctx.alloc_pinned_with_flags::<f32>(limits.max_sequences * dims.hidden, 0)? };
+        let group_ints = input_ints(buffer_tokens(&dims, &limits, es)?, limits.max_sequences);
+        // SAFETY: the memory is unset until `upload` writes a group's range, which it then
+        // copies up. Write-combined: the host only writes it, the device only reads it.
+        let staging = unsafe {
+            ctx.alloc_pinned_with_flags::<i32>(
+                STAGED_GROUPS * group_ints,
+                cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
+            )?
+        };
         Ok(Self {
             dims,
             limits,
@@ -91,6 +107,7 @@ impl CudaBert {
             scores_elems: scores_elems(&dims, &limits, es),
             stages: None,
             pinned,
+            staging,
         })
     }
 
@@ -129,20 +146,24 @@ impl CudaBert {
         let h = self.dims.hidden;
         let mut out = Vec::with_capacity(groups.len());
         let mut queued: Vec<Queued> = Vec::new();
-        let mut offset = 0;
+        // Rows of the pinned output and ints of the staging taken by the queued groups.
+        let (mut offset, mut staged) = (0, 0);
         for seqs in groups {
             let Some(packed) = pack(self.dims, self.limits, seqs)? else {
                 self.collect(&mut queued, &mut out)?;
                 out.push(Vec::new());
-                offset = 0;
+                (offset, staged) = (0, 0);
                 continue;
             };
             let b = packed.group.b;
-            if offset + b > self.limits.max_sequences {
+            if offset + b > self.limits.max_sequences
+                || staged + packed.ints() > self.staging.len()
+            {
                 self.collect(&mut queued, &mut out)?;
-                offset = 0;
+                (offset, staged) = (0, 0);
             }
-            let marks = self.queue(&packed, offset * h)?;
+            let marks = self.queue(&packed, offset * h, staged)?;
+            staged += packed.ints();
             queued.push(Queued {
                 offset,
                 sequences: b,
@@ -180,7 +201,12 @@ impl CudaBert {
 
     /// Queues one packed group: its inputs up, the layers, the pooling, and the copy of its
     /// vectors down into the pinned rows from `at` (elements); returns its stage marks.
-    fn queue(&mut self, packed: &Packed, at: usize) -> Result<Option<Marks>, KernelError> {
+    fn queue(
+        &mut self,
+        packed: &Packed,
+        at: usize,
+        staged: usize,
+    ) -> Result<Option<Marks>, KernelError> {
         let g = packed.group;
         let mut marks = match self.stages {
             Some(_) => Some(Marks::start(&self.stream)?),
@@ -191,7 +217,7 @@ impl CudaBert {
             Some(m) => m.mark(&stream, stage),
             None => Ok(()),
         };
-        self.upload(packed)?;
+        self.upload(packed, staged)?;
         mark(Stage::Upload)?;
         self.embed(g)?;
         mark(Stage::Embed)?;

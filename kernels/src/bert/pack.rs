@@ -2,6 +2,7 @@
 //! kernels read them: a [`Group`] of sequences packed one after the other (padded to their
 //! longest only inside attention).
 
+use super::buffers::input_ints;
 use super::sizes::{Dims, Limits, padded_len};
 use crate::error::KernelError;
 
@@ -108,4 +109,22 @@ pub(super) fn pack(d: Dims, l: Limits, seqs: &[Tokens<'_>]) -> Result<Option<Pac
         lengths,
         offsets,
     }))
+}
+
+impl Packed {
+    /// Integers [`Packed::write_ints`] writes.
+    pub(super) fn ints(&self) -> usize {
+        input_ints(self.group.t, self.group.b)
+    }
+
+    /// Lays out ids, types, positions, lengths and offsets one after the other in `dst`
+    /// (at least [`Packed::ints`] long), as [`Buffers::inputs_of`](super::buffers::Buffers::inputs_of)
+    /// finds them on the device.
+    pub(super) fn write_ints(&self, dst: &mut [i32]) {
+        let mut at = 0;
+        for part in [&self.ids, &self.types, &self.positions, &self.lengths, &self.offsets] {
+            dst[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+    }
 }

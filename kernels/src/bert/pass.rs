@@ -9,30 +9,50 @@ use crate::encoder::{self, EmbedArgs, HeadsArgs, Layout, ResidualNormArgs};
 use crate::error::KernelError;
 
 impl CudaBert {
-    /// Copies a group's ids, types, positions, lengths and offsets into their device buffers.
-    pub(super) fn upload(&mut self, p: &Packed) -> Result<(), KernelError> {
-        let Group { b, t, .. } = p.group;
-        let st = self.stream.clone();
-        let bu = &mut self.buffers;
-        st.memcpy_htod(&p.ids, &mut bu.ids.slice.slice_mut(..t))?;
-        st.memcpy_htod(&p.types, &mut bu.type_ids.slice.slice_mut(..t))?;
-        st.memcpy_htod(&p.positions, &mut bu.positions.slice.slice_mut(..t))?;
-        st.memcpy_htod(&p.lengths, &mut bu.lengths.slice.slice_mut(..b))?;
-        st.memcpy_htod(&p.offsets, &mut bu.offsets.slice.slice_mut(..=b))?;
+    /// Copies a group's integer inputs up in one copy, from the page-locked staging at
+    /// `staged` (ints), which [`CudaBert::encode_groups`] hands out so that no queued copy
+    /// reads it until the stream has been waited for.
+    pub(super) fn upload(&mut self, p: &Packed, staged: usize) -> Result<(), KernelError> {
+        let n = p.ints();
+        if staged + n > self.staging.len() || n > self.buffers.inputs.slice.len() {
+            return Err(KernelError::bad(format!(
+                "{n} input ints at {staged} do not fit the staging ({}) or the device buffer",
+                self.staging.len()
+            )));
+        }
+        // The staging's own event is never recorded (only raw copies use it): no wait here.
+        let base = self.staging.as_mut_ptr()?;
+        // SAFETY: `staging` is a live page-locked allocation of `len` i32, and
+        // [staged, staged + n) lies inside it (checked above); encode_groups gives each
+        // queued group its own range until it waits for the stream, so no queued copy reads
+        // it now.
+        let src = unsafe { std::slice::from_raw_parts_mut(base.add(staged), n) };
+        p.write_ints(src);
+        // SAFETY: `inputs` holds at least n i32 (checked above); `src` is page-locked and
+        // untouched until the stream is waited for; the copy is ordered on the stream after
+        // the previous group's kernels that read `inputs`.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                self.buffers.inputs.ptr,
+                src,
+                self.stream.cu_stream(),
+            )?
+        };
         Ok(())
     }
 
     /// Where the group's sequences lie in the token rows: packed, `t` rows.
     fn layout(&self, g: Group) -> Layout {
         Layout::Packed {
-            offsets: self.buffers.offsets.ptr,
+            offsets: self.buffers.inputs_of(g).offsets,
             rows: g.t,
         }
     }
 
     /// The embedding layer: `x = LayerNorm(word[id] + position + token_type[type])`.
     pub(super) fn embed(&self, g: Group) -> Result<(), KernelError> {
-        let (d, bu, e) = (self.dims, &self.buffers, &self.weights.embeddings);
+        let (d, e) = (self.dims, &self.weights.embeddings);
+        let inp = self.buffers.inputs_of(g);
         // SAFETY: as said on `Group`.
         unsafe {
             encoder::embed_layer_norm(
@@ -40,14 +60,14 @@ impl CudaBert {
                 &self.stream,
                 self.dtype,
                 &EmbedArgs {
-                    out: bu.x.ptr,
-                    ids: bu.ids.ptr,
+                    out: self.buffers.x.ptr,
+                    ids: inp.ids,
                     type_ids: if e.token_type.is_some() {
-                        bu.type_ids.ptr
+                        inp.types
                     } else {
                         0
                     },
-                    position_ids: bu.positions.ptr,
+                    position_ids: inp.positions,
                     word: e.word,
                     position: e.position,
                     // No table: any valid pointer (type_vocab 0 makes every type a zero row).
@@ -173,7 +193,7 @@ impl CudaBert {
                 b_transposed: false,
                 alpha: 1.0,
             };
-            let lengths = bu.lengths.ptr + (b0 * 4) as u64;
+            let lengths = bu.inputs_of(g).lengths + (b0 * 4) as u64;
             // SAFETY: as said on `Group`; the sub-batch [b0, b0 + nb) lies inside the
             // group's heads, and its scores (nb·heads·s² ≤ scores_elems) inside `scores`.
             unsafe {
@@ -259,7 +279,7 @@ impl CudaBert {
                 self.dtype,
                 bu.x.ptr,
                 self.layout(g),
-                bu.lengths.ptr,
+                bu.inputs_of(g).lengths,
                 bu.pooled.ptr,
                 g.b,
                 g.s,

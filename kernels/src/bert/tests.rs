@@ -152,6 +152,17 @@ fn groups_are_packed_without_padding() {
     assert_eq!(p.lengths, [3, 1, 5]);
     assert_eq!(p.offsets, [0, 3, 4, 9]);
     assert_eq!(p.types.len(), 9);
+    // One copy up brings them all, in the order Buffers::inputs_of reads them.
+    assert_eq!(p.ints(), 3 * 9 + 2 * 3 + 1);
+    let mut ints = vec![-7; p.ints() + 2];
+    p.write_ints(&mut ints);
+    let want: Vec<i32> = [&p.ids, &p.types, &p.positions, &p.lengths, &p.offsets]
+        .into_iter()
+        .flatten()
+        .copied()
+        .chain([-7, -7])
+        .collect();
+    assert_eq!(ints, want);
     assert!(pack(dims(2), limits(), &[]).expect("empty").is_none());
     let bad = [10_000u32];
     let outside = [Tokens {
