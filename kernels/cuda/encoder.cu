@@ -627,3 +627,225 @@ MS_ALL_WIDTHS(MS_MERGE_HEADS, merge_heads)
 MS_POOL(ms_pool_f32, MsF32)
 MS_POOL(ms_pool_f16, MsF16)
 MS_POOL(ms_pool_bf16, MsBF16)
+
+// --- fused attention ---------------------------------------------------------------
+
+// Attention over the split heads in one pass (FlashAttention-2's loop, on the
+// tensor cores with mma.sync m16n8k16, f32 accumulation), in place: for head
+// bh = b * heads + h, q/k/v [bh, seq, HD] (q already scaled), each query row
+// r < len (len = lengths[b] clamped to [0, seq]) becomes softmax(q_r · kᵀ over
+// the keys j < len) · v, written over q's row r. Rows at or past len are left
+// as they are (the merge drops them). Keys are read only below len, in tiles of
+// MS_ATT_KV; a CTA of four warps takes MS_ATT_Q query rows (16 a warp), so the
+// scores never leave registers. Grid: (batch * heads, ceil(seq / MS_ATT_Q)).
+// The tensor-core instructions need sm_80: older devices get no attention
+// kernel (the launcher then takes the three-step path).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define MS_ATT_Q 64
+#define MS_ATT_KV 32
+#define MS_ATT_PAD 8
+
+struct MsAttF16 {
+    static __device__ __forceinline__ unsigned int pack(float lo, float hi) {
+        unsigned int r;
+        asm("{ cvt.rn.f16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned int (&a)[4],
+                                               unsigned int b0, unsigned int b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+struct MsAttBF16 {
+    static __device__ __forceinline__ unsigned int pack(float lo, float hi) {
+        unsigned int r;
+        asm("{ cvt.rn.bf16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned int (&a)[4],
+                                               unsigned int b0, unsigned int b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Two consecutive 16-bit elements of shared memory as one 32-bit word (the
+// offset is even: every row stride and column used is).
+__device__ __forceinline__ unsigned int ms_att_word(const unsigned short* p) {
+    return *reinterpret_cast<const unsigned int*>(p);
+}
+
+template <class A, int HD>
+__device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
+                                             const unsigned short* __restrict__ k,
+                                             const unsigned short* __restrict__ v,
+                                             const int* __restrict__ lengths, int heads,
+                                             int seq) {
+    constexpr int QS = HD + MS_ATT_PAD;       // row stride of Qs and Ks
+    constexpr int VS = MS_ATT_KV + MS_ATT_PAD; // row stride of Vt (transposed V)
+    constexpr int CH = HD / 8;                 // 16-byte chunks per row
+    __shared__ __align__(16) unsigned short Qs[MS_ATT_Q * QS];
+    __shared__ __align__(16) unsigned short Ks[MS_ATT_KV * QS];
+    __shared__ __align__(16) unsigned short Vt[HD * VS];
+
+    const long long bh = blockIdx.x;
+    const int q0 = blockIdx.y * MS_ATT_Q;
+    int len = lengths[bh / heads];
+    len = len < 0 ? 0 : (len > seq ? seq : len);
+    if (q0 >= len) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    unsigned short* qh = q + bh * seq * HD;
+    const unsigned short* kh = k + bh * seq * HD;
+    const unsigned short* vh = v + bh * seq * HD;
+
+    // The query tile (rows past len as zeros).
+    for (int c = tid; c < MS_ATT_Q * CH; c += blockDim.x) {
+        const int r = c / CH, col = (c % CH) * 8;
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (q0 + r < len) w = *reinterpret_cast<const uint4*>(qh + (long long)(q0 + r) * HD + col);
+        *reinterpret_cast<uint4*>(Qs + r * QS + col) = w;
+    }
+    __syncthreads();
+    unsigned int qf[HD / 16][4];
+    const int r0 = warp * 16;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        qf[kk][0] = ms_att_word(Qs + (r0 + g) * QS + kk * 16 + 2 * t);
+        qf[kk][1] = ms_att_word(Qs + (r0 + g + 8) * QS + kk * 16 + 2 * t);
+        qf[kk][2] = ms_att_word(Qs + (r0 + g) * QS + kk * 16 + 2 * t + 8);
+        qf[kk][3] = ms_att_word(Qs + (r0 + g + 8) * QS + kk * 16 + 2 * t + 8);
+    }
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    // Running max and sum of rows g and g + 8 of this warp (log2 domain).
+    float m0 = MS_NEG_INF, m1 = MS_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    const float LOG2E = 1.4426950408889634f;
+
+    for (int kv0 = 0; kv0 < len; kv0 += MS_ATT_KV) {
+        __syncthreads();  // the previous tile's readers are done
+        for (int c = tid; c < MS_ATT_KV * CH; c += blockDim.x) {
+            const int r = c / CH, col = (c % CH) * 8;
+            uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+            if (kv0 + r < len) {
+                kw = *reinterpret_cast<const uint4*>(kh + (long long)(kv0 + r) * HD + col);
+                vw = *reinterpret_cast<const uint4*>(vh + (long long)(kv0 + r) * HD + col);
+            }
+            *reinterpret_cast<uint4*>(Ks + r * QS + col) = kw;
+            const unsigned short* ve = reinterpret_cast<const unsigned short*>(&vw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) Vt[(col + e) * VS + r] = ve[e];
+        }
+        __syncthreads();
+
+        // Scores of this warp's 16 rows against the tile's keys: 4 tiles of 8.
+        float s[MS_ATT_KV / 8][4];
+#pragma unroll
+        for (int j = 0; j < MS_ATT_KV / 8; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk) {
+                const unsigned short* kr = Ks + (j * 8 + g) * QS + kk * 16 + 2 * t;
+                A::mma(s[j], qf[kk], ms_att_word(kr), ms_att_word(kr + 8));
+            }
+        }
+        // Mask the keys at or past len; the rows' maxima.
+        float mx0 = MS_NEG_INF, mx1 = MS_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < MS_ATT_KV / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool in = kv0 + j * 8 + 2 * t + e < len;
+                s[j][e] = in ? s[j][e] * LOG2E : MS_NEG_INF;
+                s[j][2 + e] = in ? s[j][2 + e] * LOG2E : MS_NEG_INF;
+                mx0 = fmaxf(mx0, s[j][e]);
+                mx1 = fmaxf(mx1, s[j][2 + e]);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(MS_FULL_MASK, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(MS_FULL_MASK, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(MS_FULL_MASK, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(MS_FULL_MASK, mx1, 2));
+        // kv0 < len: every row sees at least one key, so the new maxima are finite.
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MS_ATT_KV / 8; ++j) {
+            s[j][0] = exp2f(s[j][0] - n0);
+            s[j][1] = exp2f(s[j][1] - n0);
+            s[j][2] = exp2f(s[j][2] - n1);
+            s[j][3] = exp2f(s[j][3] - n1);
+            sum0 += s[j][0] + s[j][1];
+            sum1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * a0 + sum0;  // this thread's share; summed over the group at the end
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d) {
+            o[d][0] *= a0;
+            o[d][1] *= a0;
+            o[d][2] *= a1;
+            o[d][3] *= a1;
+        }
+        // P (as the A operand, 16 keys a step) times V (B from the transposed tile).
+#pragma unroll
+        for (int kc = 0; kc < MS_ATT_KV / 16; ++kc) {
+            unsigned int p[4];
+            p[0] = A::pack(s[2 * kc][0], s[2 * kc][1]);
+            p[1] = A::pack(s[2 * kc][2], s[2 * kc][3]);
+            p[2] = A::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            p[3] = A::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+            for (int d = 0; d < HD / 8; ++d) {
+                const unsigned short* vr = Vt + (d * 8 + g) * VS + kc * 16 + 2 * t;
+                A::mma(o[d], p, ms_att_word(vr), ms_att_word(vr + 8));
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(MS_FULL_MASK, l0, 1);
+    l0 += __shfl_xor_sync(MS_FULL_MASK, l0, 2);
+    l1 += __shfl_xor_sync(MS_FULL_MASK, l1, 1);
+    l1 += __shfl_xor_sync(MS_FULL_MASK, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    const int row0 = q0 + r0 + g, row1 = row0 + 8;
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d) {
+        const int col = d * 8 + 2 * t;
+        if (row0 < len)
+            *reinterpret_cast<unsigned int*>(qh + (long long)row0 * HD + col) =
+                A::pack(o[d][0] * inv0, o[d][1] * inv0);
+        if (row1 < len)
+            *reinterpret_cast<unsigned int*>(qh + (long long)row1 * HD + col) =
+                A::pack(o[d][2] * inv1, o[d][3] * inv1);
+    }
+}
+
+#define MS_ATTENTION(NAME, A, HD)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) NAME(unsigned short* q, const unsigned short* k, \
+                                                           const unsigned short* v,                \
+                                                           const int* lengths, int heads, int seq) { \
+        ms_attention<A, HD>(q, k, v, lengths, heads, seq);                                         \
+    }
+
+MS_ATTENTION(ms_attention_f16_32, MsAttF16, 32)
+MS_ATTENTION(ms_attention_f16_64, MsAttF16, 64)
+MS_ATTENTION(ms_attention_f16_80, MsAttF16, 80)
+MS_ATTENTION(ms_attention_f16_128, MsAttF16, 128)
+MS_ATTENTION(ms_attention_bf16_32, MsAttBF16, 32)
+MS_ATTENTION(ms_attention_bf16_64, MsAttBF16, 64)
+MS_ATTENTION(ms_attention_bf16_80, MsAttBF16, 80)
+MS_ATTENTION(ms_attention_bf16_128, MsAttBF16, 128)
+#endif  // __CUDA_ARCH__ >= 800

@@ -40,6 +40,7 @@
 //! - `gelu.rs`: bias + GELU.
 //! - `attention.rs`: split and merge heads, masked softmax.
 //! - `pooling.rs`: pooling, every mode, with and without normalize.
+//! - `fused.rs`: the fused attention against an f64 reference (sm_80+), and its timing.
 //! - `packed.rs`: embeddings, head split and merge, pooling on packed sequences.
 //! - `products.rs`: the cuBLAS linear layer and batched products.
 //! - `layer.rs`: one encoder layer's weights and device buffers.
@@ -53,6 +54,7 @@ mod buf;
 mod compare;
 mod enqueue;
 mod env;
+mod fused;
 mod gelu;
 mod layer;
 mod layer_check;
@@ -68,11 +70,12 @@ mod timing;
 use std::process::ExitCode;
 
 use cudarc::driver::CudaContext;
-use modelshare_kernels::{Blas, KernelCache, WeightDtype, sys};
+use modelshare_kernels::{Blas, KernelCache, WeightDtype, encoder, sys};
 
 use crate::attention::{check_heads, check_masked_softmax};
 use crate::compare::Check;
 use crate::env::{Env, Pieces, Res};
+use crate::fused::check_fused_attention;
 use crate::gelu::check_bias_gelu;
 use crate::layer_check::check_layer;
 use crate::norms::{check_embed_layer_norm, check_residual_layer_norm, check_wide_norm};
@@ -126,6 +129,9 @@ fn run() -> Res<bool> {
             check_wide_norm(&env, dtype, cols, &mut rng, &mut checks)?;
         }
         check_odd_linear(&env, dtype, &mut rng, &mut checks)?;
+        if encoder::attention_supported(dtype, 64, major) {
+            check_fused_attention(&env, dtype, &mut rng, &mut checks)?;
+        }
     }
     print_checks(&checks);
     let all_ok = checks.iter().all(|c| c.ok);

@@ -2,10 +2,11 @@
 //! median of [`TIMED_RUNS`].
 
 use cudarc::driver::sys::CUevent_flags;
-use modelshare_kernels::WeightDtype;
+use modelshare_kernels::{WeightDtype, encoder};
 
 use crate::enqueue::{Marks, enqueue_layer};
 use crate::env::{Env, Res};
+use crate::fused::time_fused;
 use crate::layer::{layer_bufs, layer_weights};
 use crate::rng::Rng;
 use crate::shape::Shape;
@@ -101,6 +102,12 @@ pub fn time_bert_large(env: &Env) -> Res<Vec<Timing>> {
         tflops: Some(total_flops / us / 1e6),
         gbps: None,
     });
+    let major = env.stream.context().compute_capability()?.0;
+    if encoder::attention_supported(dtype, s.head_dim(), major) {
+        let heads = [&bufs.heads[0], &bufs.heads[1], &bufs.heads[2]];
+        let shape = (s.batch, s.heads, s.seq, s.head_dim());
+        out.push(time_fused(env, heads, &bufs.lengths, shape)?);
+    }
     Ok(out)
 }
 

@@ -31,6 +31,9 @@ pub struct CudaBert {
     pub(super) buffers: Buffers,
     /// Elements of the scores buffer.
     pub(super) scores_elems: usize,
+    /// Attention in one kernel ([`crate::encoder::attention`]): f16/bf16, a head size it is
+    /// built for, sm_80 or newer.
+    pub(super) fused_attention: bool,
     /// The stages' GPU time, once [`CudaBert::time_stages`] asked for it.
     stages: Option<StageTimes>,
     /// Page-locked host memory the pooled vectors are copied into, `[max_sequences, hidden]`
@@ -79,6 +82,10 @@ impl CudaBert {
             .wait_ready(&stream)
             .map_err(|e| KernelError::bad(format!("cannot wait for the arena's load: {e}")))?;
         let blas = Blas::new(stream.clone())?;
+        let cache = KernelCache::new();
+        let major = cache.device_info(&ctx)?.major;
+        let fused_attention =
+            crate::encoder::attention_supported(dtype, dims.hidden / dims.heads, major);
         let es = dtype.size_bytes();
         let buffers = Buffers::new(&stream, &dims, &limits, es)?;
         // SAFETY: the memory is unset until a copy down writes it; `encode_groups` reads only
@@ -102,7 +109,8 @@ impl CudaBert {
             _arena: arena.clone(),
             stream,
             blas,
-            cache: KernelCache::new(),
+            cache,
+            fused_attention,
             buffers,
             scores_elems: scores_elems(&dims, &limits, es),
             stages: None,
@@ -156,8 +164,7 @@ impl CudaBert {
                 continue;
             };
             let b = packed.group.b;
-            if offset + b > self.limits.max_sequences
-                || staged + packed.ints() > self.staging.len()
+            if offset + b > self.limits.max_sequences || staged + packed.ints() > self.staging.len()
             {
                 self.collect(&mut queued, &mut out)?;
                 (offset, staged) = (0, 0);

@@ -122,7 +122,13 @@ impl Packed {
     /// finds them on the device.
     pub(super) fn write_ints(&self, dst: &mut [i32]) {
         let mut at = 0;
-        for part in [&self.ids, &self.types, &self.positions, &self.lengths, &self.offsets] {
+        for part in [
+            &self.ids,
+            &self.types,
+            &self.positions,
+            &self.lengths,
+            &self.offsets,
+        ] {
             dst[at..at + part.len()].copy_from_slice(part);
             at += part.len();
         }

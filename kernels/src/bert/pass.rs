@@ -5,7 +5,7 @@ use super::model::CudaBert;
 use super::pack::{Group, Packed};
 use super::weights::{Layer, Linear, Norm};
 use crate::blas::BatchedMatmul;
-use crate::encoder::{self, EmbedArgs, HeadsArgs, Layout, ResidualNormArgs};
+use crate::encoder::{self, AttentionArgs, EmbedArgs, HeadsArgs, Layout, ResidualNormArgs};
 use crate::error::KernelError;
 
 impl CudaBert {
@@ -62,11 +62,7 @@ impl CudaBert {
                 &EmbedArgs {
                     out: self.buffers.x.ptr,
                     ids: inp.ids,
-                    type_ids: if e.token_type.is_some() {
-                        inp.types
-                    } else {
-                        0
-                    },
+                    type_ids: if e.token_type.is_some() { inp.types } else { 0 },
                     position_ids: inp.positions,
                     word: e.word,
                     position: e.position,
@@ -151,14 +147,32 @@ impl CudaBert {
         unsafe { encoder::split_heads(&self.cache, &self.stream, self.dtype, &heads_args) }
     }
 
-    /// Attention over the split heads: the scores `qh·khᵀ` as one strided-batched product, a
-    /// masked softmax, and the context `scores·vh`, in sub-batches of sequences whose scores
-    /// fit the scores buffer. The context goes into qh (free once the scores are made).
+    /// Attention over the split heads, its context into qh: one fused kernel where the device,
+    /// dtype and head size allow ([`encoder::attention_supported`]); else the scores `qh·khᵀ`
+    /// as one strided-batched product, a masked softmax, and the context `scores·vh`, in
+    /// sub-batches of sequences whose scores fit the scores buffer (qh free once the scores
+    /// are made).
     pub(super) fn attend(&self, g: Group) -> Result<(), KernelError> {
         let Group { b, s, .. } = g;
         let (bu, blas, dtype) = (&self.buffers, &self.blas, self.dtype);
         let heads = self.dims.heads;
         let head_dim = self.dims.hidden / heads;
+        if self.fused_attention {
+            let args = AttentionArgs {
+                q: bu.qh,
+                k: bu.kh,
+                v: bu.vh,
+                lengths: bu.inputs_of(g).lengths,
+                batch: b,
+                heads,
+                seq: s,
+                head_dim,
+            };
+            // SAFETY: as said on `Group`; the heads hold b·heads·s·head_dim elements each,
+            // apart in the work region; `fused_attention` was set for this device's
+            // capability, dtype and head size.
+            return unsafe { encoder::attention(&self.cache, &self.stream, dtype, &args) };
+        }
         let per_seq = heads * s * s;
         let chunk = (self.scores_elems / per_seq).clamp(1, b);
         let es = dtype.size_bytes() as u64;

@@ -146,12 +146,18 @@ fn sources_compile_with_nvrtc_when_present() {
     ] {
         assert!(GEMV_SOURCE.code.contains(name), "{name}");
     }
-    // Older architectures too (sm_75 is the oldest CUDA 13's NVRTC takes): the encoder
+    // The fused attention (tensor cores) is built for sm_80 and newer only.
+    let ptx = compile_ptx(&ENCODER_SOURCE, &compile_options(8, 0)).expect("encoder.cu");
+    for name in crate::encoder::ATTENTION {
+        assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
+    }
+    // Older architectures too (sm_75 is the oldest CUDA 13's NVRTC takes): the other encoder
     // kernels use nothing newer.
     let ptx = compile_ptx(&ENCODER_SOURCE, &compile_options(7, 5)).expect("encoder.cu");
     for name in crate::encoder::kernel_names() {
         assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
     }
+    assert!(!ptx.contains("mma.sync"), "no tensor-core code for sm_75");
     let broken = KernelSource {
         name: "broken.cu",
         code: "extern \"C\" __global__ void k() { undeclared(); }",

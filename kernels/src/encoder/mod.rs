@@ -1,6 +1,7 @@
 //! Launchers of the BERT encoder's element-wise and row-wise pieces (`cuda/encoder.cu`):
 //! embeddings + LayerNorm, bias + GELU, bias + residual + LayerNorm, head split and merge,
-//! masked softmax and pooling. The matrix products are cuBLAS ([`crate::blas`]).
+//! masked softmax, fused attention and pooling. The matrix products are cuBLAS
+//! ([`crate::blas`]).
 //!
 //! Activations and weights share one [`WeightDtype`](crate::WeightDtype); the kernels compute in
 //! f32 and round once on store. Every pointer is a raw device address (`u64`), as in
@@ -30,11 +31,14 @@
 //! - `heads`: [`split_heads`] (with its [`HeadsArgs`]) and [`merge_heads`].
 //! - `layout`: [`Layout`], padded or packed sequences in the token-major tensors.
 //! - `softmax`: [`masked_softmax`].
+//! - `attention`: [`attention`] (scores, softmax and context in one kernel, sm_80+) and its
+//!   [`AttentionArgs`].
 //! - `pool`: [`pool()`] and [`Pooling`].
 //! - `names`: the kernels' names in `encoder.cu`, [`kernel_names`].
 //! - `plan`: launch grids of the row and element-wise kernels, [`MAX_ROW_LEN`].
 //! - `checks`: the launchers' checks of sizes and pointers.
 
+mod attention;
 mod checks;
 mod embed;
 mod gelu;
@@ -48,11 +52,12 @@ mod softmax;
 #[cfg(test)]
 mod tests;
 
+pub use self::attention::{ATTENTION_HEAD_DIMS, AttentionArgs, attention, attention_supported};
 pub use self::embed::{EmbedArgs, embed_layer_norm};
 pub use self::gelu::bias_gelu;
 pub use self::heads::{HeadsArgs, merge_heads, split_heads};
 pub use self::layout::Layout;
-pub use self::names::kernel_names;
+pub use self::names::{ATTENTION, kernel_names};
 pub use self::plan::MAX_ROW_LEN;
 pub use self::pool::{Pooling, pool};
 pub use self::residual_norm::{ResidualNormArgs, bias_residual_layer_norm};

@@ -62,6 +62,19 @@ pub(super) const MERGE_HEADS: Names = [
 ];
 pub(super) const POOL: [&str; 3] = ["ms_pool_f32", "ms_pool_f16", "ms_pool_bf16"];
 
+/// The fused attention kernels: f16 then bf16, each for head sizes 32, 64, 80 and 128
+/// (`ATTENTION_HEAD_DIMS`). Built for sm_80 and newer only, so not in [`kernel_names`].
+pub const ATTENTION: [&str; 8] = [
+    "ms_attention_f16_32",
+    "ms_attention_f16_64",
+    "ms_attention_f16_80",
+    "ms_attention_f16_128",
+    "ms_attention_bf16_32",
+    "ms_attention_bf16_64",
+    "ms_attention_bf16_80",
+    "ms_attention_bf16_128",
+];
+
 /// Every kernel name the launchers use, for the NVRTC compile test.
 pub fn kernel_names() -> impl Iterator<Item = &'static str> {
     [
