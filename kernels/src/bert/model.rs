@@ -83,7 +83,7 @@ impl CudaBert {
             .map_err(|e| KernelError::bad(format!("cannot wait for the arena's load: {e}")))?;
         let blas = Blas::new(stream.clone())?;
         let cache = KernelCache::new();
-        let major = cache.device_info(&ctx)?.major;
+        let major = cache.device_info(ctx)?.major;
         let fused_attention =
             crate::encoder::attention_supported(dtype, dims.hidden / dims.heads, major);
         let es = dtype.size_bytes();

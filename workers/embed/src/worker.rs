@@ -117,13 +117,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         }
     };
     let compute = tokio::task::block_in_place(|| {
-        Slots::start(
-            compute_slots,
-            "embed-compute",
-            make,
-            on_fatal,
-            profile,
-        )
+        Slots::start(compute_slots, "embed-compute", make, on_fatal, profile)
     })
     .map_err(|e| unservable(e.to_string()))?;
     let options = ServeOptions {
@@ -172,7 +166,10 @@ mod tests {
         let bert_large = 670 << 20;
         assert_eq!(default_slots(true, minilm), SMALL_MODEL_SLOTS);
         assert_eq!(default_slots(true, SMALL_MODEL_BYTES), SMALL_MODEL_SLOTS);
-        assert_eq!(default_slots(true, SMALL_MODEL_BYTES + 1), LARGE_MODEL_SLOTS);
+        assert_eq!(
+            default_slots(true, SMALL_MODEL_BYTES + 1),
+            LARGE_MODEL_SLOTS
+        );
         assert_eq!(default_slots(true, bert_large), LARGE_MODEL_SLOTS);
         assert_eq!(default_slots(false, bert_large), 1);
         assert_eq!(default_slots(false, minilm), 1);
