@@ -84,8 +84,8 @@ pub fn check_fused_attention(
             let got = d_q.read(st)?;
             // The context rows inside each length; the rows past it must still hold q.
             let (mut want, mut gathered, mut kept) = (Vec::new(), Vec::new(), true);
-            for b in 0..batch {
-                let len = lengths[b].clamp(0, seq as i32) as usize;
+            for (b, &len) in lengths.iter().enumerate() {
+                let len = len.clamp(0, seq as i32) as usize;
                 for h in 0..heads {
                     let at = (b * heads + h) * seq * hd;
                     let head = |x: &[f32]| x[at..at + seq * hd].to_vec();
