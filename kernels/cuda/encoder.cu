@@ -636,13 +636,13 @@ MS_POOL(ms_pool_bf16, MsBF16)
 // r < len (len = lengths[b] clamped to [0, seq]) becomes softmax(q_r · kᵀ over
 // the keys j < len) · v, written over q's row r. Rows at or past len are left
 // as they are (the merge drops them). Keys are read only below len, in tiles of
-// MS_ATT_KV; a CTA of four warps takes MS_ATT_Q query rows (16 a warp), so the
-// scores never leave registers. Grid: (batch * heads, ceil(seq / MS_ATT_Q)).
+// 64 (32 for head sizes over 80); a CTA of four warps takes MS_ATT_Q query rows
+// (16 a warp), so the scores never leave registers. Grid: (batch * heads,
+// ceil(seq / MS_ATT_Q)).
 // The tensor-core instructions need sm_80: older devices get no attention
 // kernel (the launcher then takes the three-step path).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define MS_ATT_Q 64
-#define MS_ATT_KV 32
 #define MS_ATT_PAD 8
 
 struct MsAttF16 {
@@ -683,18 +683,35 @@ __device__ __forceinline__ unsigned int ms_att_word(const unsigned short* p) {
     return *reinterpret_cast<const unsigned int*>(p);
 }
 
+// The shared-space address of a pointer into shared memory (for ldmatrix).
+__device__ __forceinline__ unsigned int ms_att_smem(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Four 8x8 blocks of 16-bit elements from shared memory, transposed (ldmatrix
+// .trans): lanes 8i..8i+7 give the rows of block i; r[i] is this lane's pair
+// of block i's column lane / 4, rows 2 (lane % 4) and 2 (lane % 4) + 1.
+__device__ __forceinline__ void ms_att_ldmatrix_t(unsigned int (&r)[4], unsigned int addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
 template <class A, int HD>
 __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
                                              const unsigned short* __restrict__ k,
                                              const unsigned short* __restrict__ v,
                                              const int* __restrict__ lengths, int heads,
                                              int seq) {
-    constexpr int QS = HD + MS_ATT_PAD;       // row stride of Qs and Ks
-    constexpr int VS = MS_ATT_KV + MS_ATT_PAD; // row stride of Vt (transposed V)
-    constexpr int CH = HD / 8;                 // 16-byte chunks per row
+    // Keys a tile: 64, or 32 for the widest heads (shared memory under 48 KiB).
+    constexpr int KV = HD > 80 ? 32 : 64;
+    constexpr int QS = HD + MS_ATT_PAD;  // row stride of Qs, Ks and Vs
+    constexpr int CH = HD / 8;           // 16-byte chunks per row
     __shared__ __align__(16) unsigned short Qs[MS_ATT_Q * QS];
-    __shared__ __align__(16) unsigned short Ks[MS_ATT_KV * QS];
-    __shared__ __align__(16) unsigned short Vt[HD * VS];
+    __shared__ __align__(16) unsigned short Ks[KV * QS];
+    __shared__ __align__(16) unsigned short Vs[KV * QS];
 
     const long long bh = blockIdx.x;
     const int q0 = blockIdx.y * MS_ATT_Q;
@@ -724,6 +741,11 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
         qf[kk][2] = ms_att_word(Qs + (r0 + g) * QS + kk * 16 + 2 * t + 8);
         qf[kk][3] = ms_att_word(Qs + (r0 + g + 8) * QS + kk * 16 + 2 * t + 8);
     }
+    // This lane's row of the four blocks ldmatrix reads from V: lanes 0-7 and 8-15 give
+    // keys +0..7 and +8..15 at head columns +0, lanes 16-23 and 24-31 the same at +8; so a
+    // load brings b0, b1 of one 8-column tile of the context, then b0, b1 of the next.
+    const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8, vcol = (lane >> 4) * 8;
+    const unsigned int vs_lane = ms_att_smem(Vs + vrow * QS + vcol);
 
     float o[HD / 8][4];
 #pragma unroll
@@ -732,9 +754,9 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
     float m0 = MS_NEG_INF, m1 = MS_NEG_INF, l0 = 0.0f, l1 = 0.0f;
     const float LOG2E = 1.4426950408889634f;
 
-    for (int kv0 = 0; kv0 < len; kv0 += MS_ATT_KV) {
+    for (int kv0 = 0; kv0 < len; kv0 += KV) {
         __syncthreads();  // the previous tile's readers are done
-        for (int c = tid; c < MS_ATT_KV * CH; c += blockDim.x) {
+        for (int c = tid; c < KV * CH; c += blockDim.x) {
             const int r = c / CH, col = (c % CH) * 8;
             uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
             if (kv0 + r < len) {
@@ -742,16 +764,14 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
                 vw = *reinterpret_cast<const uint4*>(vh + (long long)(kv0 + r) * HD + col);
             }
             *reinterpret_cast<uint4*>(Ks + r * QS + col) = kw;
-            const unsigned short* ve = reinterpret_cast<const unsigned short*>(&vw);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) Vt[(col + e) * VS + r] = ve[e];
+            *reinterpret_cast<uint4*>(Vs + r * QS + col) = vw;
         }
         __syncthreads();
 
-        // Scores of this warp's 16 rows against the tile's keys: 4 tiles of 8.
-        float s[MS_ATT_KV / 8][4];
+        // Scores of this warp's 16 rows against the tile's keys, 8 at a time.
+        float s[KV / 8][4];
 #pragma unroll
-        for (int j = 0; j < MS_ATT_KV / 8; ++j) {
+        for (int j = 0; j < KV / 8; ++j) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; ++kk) {
@@ -762,7 +782,7 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
         // Mask the keys at or past len; the rows' maxima.
         float mx0 = MS_NEG_INF, mx1 = MS_NEG_INF;
 #pragma unroll
-        for (int j = 0; j < MS_ATT_KV / 8; ++j) {
+        for (int j = 0; j < KV / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const bool in = kv0 + j * 8 + 2 * t + e < len;
@@ -783,7 +803,7 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
         m1 = n1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < MS_ATT_KV / 8; ++j) {
+        for (int j = 0; j < KV / 8; ++j) {
             s[j][0] = exp2f(s[j][0] - n0);
             s[j][1] = exp2f(s[j][1] - n0);
             s[j][2] = exp2f(s[j][2] - n1);
@@ -800,18 +820,21 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
             o[d][2] *= a1;
             o[d][3] *= a1;
         }
-        // P (as the A operand, 16 keys a step) times V (B from the transposed tile).
+        // P (as the A operand, 16 keys a step) times V: B operands by ldmatrix.trans from
+        // the row-major tile, two head columns of 8 a load.
 #pragma unroll
-        for (int kc = 0; kc < MS_ATT_KV / 16; ++kc) {
+        for (int kc = 0; kc < KV / 16; ++kc) {
             unsigned int p[4];
             p[0] = A::pack(s[2 * kc][0], s[2 * kc][1]);
             p[1] = A::pack(s[2 * kc][2], s[2 * kc][3]);
             p[2] = A::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
             p[3] = A::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
 #pragma unroll
-            for (int d = 0; d < HD / 8; ++d) {
-                const unsigned short* vr = Vt + (d * 8 + g) * VS + kc * 16 + 2 * t;
-                A::mma(o[d], p, ms_att_word(vr), ms_att_word(vr + 8));
+            for (int d = 0; d < HD / 8; d += 2) {
+                unsigned int b[4];
+                ms_att_ldmatrix_t(b, vs_lane + (unsigned int)((kc * 16 * QS + d * 8) * 2));
+                A::mma(o[d], p, b[0], b[1]);
+                A::mma(o[d + 1], p, b[2], b[3]);
             }
         }
     }
