@@ -87,8 +87,9 @@ struct Args {
     #[arg(long, default_value_t = 16 << 20)]
     max_batch_bytes: u64,
     /// Most tokens (sequences × their longest length) in one forward pass; sizes the GPU's
-    /// activation buffers (in f16 about (14 × hidden + 2 × intermediate) bytes per token,
-    /// plus the attention scores: ~1 GiB for BERT-large at 32768, ~0.5 GiB at 16384).
+    /// activation buffers, per compute slot (in f16 about 14 × hidden bytes per token, the
+    /// feed-forward's sharing the attention's, plus up to 64 MiB of attention scores: 560 MiB
+    /// for BERT-large at 32768, ~210 MiB for MiniLM).
     #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
     max_batch_tokens: u64,
     /// Longest input in tokens, special tokens included (default: the model's
