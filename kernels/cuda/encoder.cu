@@ -446,7 +446,6 @@ __device__ __forceinline__ void ms_split_heads(
     const long long src = ms_row_of(offsets, b, s, seq, rows);
     const int width = heads * head_dim;
     const int per_head = head_dim / W;
-    const T* in_row = in + src * width;
     T* out_seq = out + (b * heads * seq + s) * (long long)head_dim;
     for (int c = threadIdx.x; c < width / W; c += blockDim.x) {
         const int h = c / per_head;
@@ -454,7 +453,7 @@ __device__ __forceinline__ void ms_split_heads(
         float a[W];
         if (src >= 0) {
             float bb[W];
-            ms_ld<E, W>(in_row + h * head_dim + d, a);
+            ms_ld<E, W>(in + src * width + h * head_dim + d, a);
             ms_ld<E, W>(bias + h * head_dim + d, bb);
 #pragma unroll
             for (int w = 0; w < W; ++w) a[w] = (a[w] + bb[w]) * scale;

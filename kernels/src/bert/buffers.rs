@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use super::pack::Group;
+use super::pack::{Group, input_ints};
 use super::sizes::{Dims, Limits, buffer_tokens, scores_elems};
 use crate::error::KernelError;
 
@@ -74,18 +74,25 @@ impl Buffers {
     /// `up` at 0 and `down` at t·intermediate. A pass uses them in that order on one stream:
     /// the projections, the split (projections → heads), the scores and context (heads →
     /// scores → qh), the merge (qh → q), the output projection (q → k) into `x`, then the
-    /// feed-forward (x → up → down) into `x`; each step reads only what is still live.
+    /// feed-forward (x → up → down) into `x`; each step reads only what is still live. With
+    /// the `fused` attention (scores in registers) the scores are not allocated, and
+    /// `scores` must not be touched.
     pub(super) fn new(
         stream: &Arc<CudaStream>,
         dims: &Dims,
         limits: &Limits,
         es: usize,
+        fused: bool,
     ) -> Result<Self, KernelError> {
         let h = dims.hidden;
         let t = buffer_tokens(dims, limits, es)?;
         let act = |n: usize| Buffer::<u8>::new(stream, n * es);
         let th = t * h;
-        let scores_len = scores_elems(dims, limits, es);
+        let scores_len = if fused {
+            0
+        } else {
+            scores_elems(dims, limits, es)
+        };
         let scores_at = if scores_len <= 3 * th { 0 } else { 6 * th };
         let up_len = t * dims.intermediate;
         // buffer_tokens checked t·max(h, intermediate)·es; these few multiples of it stay
@@ -110,12 +117,6 @@ impl Buffers {
             pooled: Buffer::new(stream, limits.max_sequences * h)?,
         })
     }
-}
-
-/// The integer inputs of a group of `b` sequences and `t` tokens: ids, types and positions
-/// (`t` each), lengths (`b`) and the sequences' starts (`b + 1`).
-pub(super) const fn input_ints(t: usize, b: usize) -> usize {
-    3 * t + 2 * b + 1
 }
 
 /// Device addresses of a group's integer inputs (i32 arrays) inside [`Buffers::inputs`].

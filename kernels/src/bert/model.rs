@@ -5,8 +5,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, PinnedHostSlice};
 use modelshare_device::Mapping;
 
-use super::buffers::{Buffers, input_ints};
-use super::pack::{Packed, Tokens, pack};
+use super::buffers::Buffers;
+use super::pack::{Packed, Tokens, input_ints, pack};
 use super::placement::{Placed, place};
 use super::sizes::{Dims, Limits, buffer_tokens, check_dims, scores_elems};
 use super::stages::{Marks, Stage, StageTimes};
@@ -82,12 +82,12 @@ impl CudaBert {
             .wait_ready(&stream)
             .map_err(|e| KernelError::bad(format!("cannot wait for the arena's load: {e}")))?;
         let blas = Blas::new(stream.clone())?;
+        let es = dtype.size_bytes();
         let cache = KernelCache::new();
         let major = cache.device_info(ctx)?.major;
         let fused_attention =
             crate::encoder::attention_supported(dtype, dims.hidden / dims.heads, major);
-        let es = dtype.size_bytes();
-        let buffers = Buffers::new(&stream, &dims, &limits, es)?;
+        let buffers = Buffers::new(&stream, &dims, &limits, es, fused_attention)?;
         // SAFETY: the memory is unset until a copy down writes it; `encode_groups` reads only
         // the rows its copies wrote, after waiting for them. Not write-combined: it is read.
         let pinned =
@@ -151,14 +151,30 @@ impl CudaBert {
         &mut self,
         groups: &[&[Tokens<'_>]],
     ) -> Result<Vec<Vec<f32>>, KernelError> {
-        let h = self.dims.hidden;
         let mut out = Vec::with_capacity(groups.len());
+        let result = self.queue_groups(groups, &mut out);
+        if result.is_err() {
+            // Queued copies may still read the staging that the next call writes: wait for
+            // them (their results are dropped with the error).
+            let _ = self.stream.synchronize();
+        }
+        result.map(|()| out)
+    }
+
+    /// The body of [`CudaBert::encode_groups`], its vectors appended to `out`; on an error,
+    /// groups may still be queued.
+    fn queue_groups(
+        &mut self,
+        groups: &[&[Tokens<'_>]],
+        out: &mut Vec<Vec<f32>>,
+    ) -> Result<(), KernelError> {
+        let h = self.dims.hidden;
         let mut queued: Vec<Queued> = Vec::new();
         // Rows of the pinned output and ints of the staging taken by the queued groups.
         let (mut offset, mut staged) = (0, 0);
         for seqs in groups {
             let Some(packed) = pack(self.dims, self.limits, seqs)? else {
-                self.collect(&mut queued, &mut out)?;
+                self.collect(&mut queued, out)?;
                 out.push(Vec::new());
                 (offset, staged) = (0, 0);
                 continue;
@@ -166,7 +182,7 @@ impl CudaBert {
             let b = packed.group.b;
             if offset + b > self.limits.max_sequences || staged + packed.ints() > self.staging.len()
             {
-                self.collect(&mut queued, &mut out)?;
+                self.collect(&mut queued, out)?;
                 (offset, staged) = (0, 0);
             }
             let marks = self.queue(&packed, offset * h, staged)?;
@@ -180,8 +196,7 @@ impl CudaBert {
             });
             offset += b;
         }
-        self.collect(&mut queued, &mut out)?;
-        Ok(out)
+        self.collect(&mut queued, out)
     }
 
     /// Waits for the queued groups and appends their vectors to `out`, in order.

@@ -2,7 +2,6 @@
 //! kernels read them: a [`Group`] of sequences packed one after the other (padded to their
 //! longest only inside attention).
 
-use super::buffers::input_ints;
 use super::sizes::{Dims, Limits, padded_len};
 use crate::error::KernelError;
 
@@ -109,6 +108,12 @@ pub(super) fn pack(d: Dims, l: Limits, seqs: &[Tokens<'_>]) -> Result<Option<Pac
         lengths,
         offsets,
     }))
+}
+
+/// The integer inputs of a group of `b` sequences and `t` tokens: ids, types and positions
+/// (`t` each), lengths (`b`) and the sequences' starts (`b + 1`).
+pub(super) const fn input_ints(t: usize, b: usize) -> usize {
+    3 * t + 2 * b + 1
 }
 
 impl Packed {

@@ -24,8 +24,8 @@ impl CudaBert {
         let base = self.staging.as_mut_ptr()?;
         // SAFETY: `staging` is a live page-locked allocation of `len` i32, and
         // [staged, staged + n) lies inside it (checked above); encode_groups gives each
-        // queued group its own range until it waits for the stream, so no queued copy reads
-        // it now.
+        // queued group its own range until it waits for the stream, and waits for it before
+        // returning, on success or error, so no queued copy reads it now.
         let src = unsafe { std::slice::from_raw_parts_mut(base.add(staged), n) };
         p.write_ints(src);
         // SAFETY: `inputs` holds at least n i32 (checked above); `src` is page-locked and

@@ -532,3 +532,56 @@ fn softmax_gelu_pool_checks() {
     assert!(pool(A, B, A + 4, 3).is_err());
     assert_eq!(pool(A, B, C, 0).expect("plan"), None);
 }
+
+/// The fused attention's plan: a dtype or head size it is not built for, misaligned rows or
+/// q over another input would launch.
+#[test]
+fn attention_checks() {
+    use super::attention::plan_attention;
+    let args = AttentionArgs {
+        q: A,
+        k: B,
+        v: C,
+        lengths: D,
+        batch: 3,
+        heads: 16,
+        seq: 72,
+        head_dim: 64,
+    };
+    let p = plan_attention(WeightDtype::F16, &args)
+        .expect("plan")
+        .expect("some");
+    assert_eq!(p.kernel, "ms_attention_f16_64");
+    assert_eq!(
+        (p.grid, p.block),
+        ((48, 2, 1), (128, 1, 1)),
+        "a block per head and 64 query rows"
+    );
+    let bad = |a: AttentionArgs, dtype| plan_attention(dtype, &a).is_err();
+    assert!(bad(args, WeightDtype::F32));
+    assert!(bad(
+        AttentionArgs {
+            head_dim: 96,
+            ..args
+        },
+        WeightDtype::F16
+    ));
+    assert!(
+        bad(AttentionArgs { k: B + 8, ..args }, WeightDtype::F16),
+        "misaligned"
+    );
+    assert!(
+        bad(AttentionArgs { k: A + 64, ..args }, WeightDtype::BF16),
+        "q over k"
+    );
+    assert_eq!(
+        plan_attention(WeightDtype::BF16, &AttentionArgs { batch: 0, ..args }).expect("plan"),
+        None
+    );
+    assert!(attention_supported(WeightDtype::BF16, 80, 9));
+    assert!(
+        !attention_supported(WeightDtype::F16, 64, 7),
+        "sm_75 has no such mma"
+    );
+    assert!(!attention_supported(WeightDtype::F32, 64, 9));
+}
