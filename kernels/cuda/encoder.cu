@@ -644,37 +644,26 @@ MS_POOL(ms_pool_bf16, MsBF16)
 #define MS_ATT_Q 64
 #define MS_ATT_PAD 8
 
-struct MsAttF16 {
-    static __device__ __forceinline__ unsigned int pack(float lo, float hi) {
-        unsigned int r;
-        asm("{ cvt.rn.f16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned int (&a)[4],
-                                               unsigned int b0, unsigned int b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+// The tensor-core operations of one 16-bit type (f16 or bf16, as PTX names it):
+// two f32 packed into one register (lo in the low half), and D += A·B.
+#define MS_ATT_TYPE(NAME, PTX)                                                                     \
+    struct NAME {                                                                                  \
+        static __device__ __forceinline__ unsigned int pack(float lo, float hi) {                  \
+            unsigned int r;                                                                        \
+            asm("{ cvt.rn." PTX "x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));              \
+            return r;                                                                              \
+        }                                                                                          \
+        static __device__ __forceinline__ void mma(float (&c)[4], const unsigned int (&a)[4],      \
+                                                   unsigned int b0, unsigned int b1) {             \
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX "." PTX ".f32 "              \
+                         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"         \
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                          \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));          \
+        }                                                                                          \
+    };
 
-struct MsAttBF16 {
-    static __device__ __forceinline__ unsigned int pack(float lo, float hi) {
-        unsigned int r;
-        asm("{ cvt.rn.bf16x2.f32 %0, %1, %2; }" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned int (&a)[4],
-                                               unsigned int b0, unsigned int b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+MS_ATT_TYPE(MsAttF16, "f16")
+MS_ATT_TYPE(MsAttBF16, "bf16")
 
 // Two consecutive 16-bit elements of shared memory as one 32-bit word (the
 // offset is even: every row stride and column used is).
