@@ -712,21 +712,7 @@ class Bench:
         """Throughput with each worker count, answers checked; GPU memory with the most workers;
         then, with --mps, the same counts with the server and workers as clients of one MPS
         daemon."""
-        stack = Stack(self, name, model_dir)
-        try:
-            for n in self.args.workers:
-                if self.remaining() < 20:
-                    self.result["skipped"].append(f"{name} modelshare {n} workers")
-                    continue
-                self.modelshare_run(stack, name, n, reference)
-            if shutil.which("nvidia-smi") and not self.args.no_memory:
-                self.record_memory(name, f"modelshare: server + {len(stack.workers)} workers",
-                                   [stack.server.pid] + [p.pid for p in stack.workers])
-        finally:
-            stack.close()
-            if self.args.profile_stages:
-                self.result.setdefault("worker_profiles", {})[name] = worker_profiles(self.logs, name)
-                log(f"   worker profiles: {json.dumps(self.result['worker_profiles'][name], indent=1)}")
+        self.stack_runs(Stack(self, name, model_dir), name, reference, self.args.workers)
         for slots in self.args.slots:
             self.part(f"{name}: modelshare, 1 worker of {slots} compute slots",
                       lambda: self.slots_run(name, model_dir, reference, slots), need_s=30)
@@ -747,23 +733,26 @@ class Bench:
         stack = Stack(self, name, model_dir, tag="baseline", bin_dir=self.args.baseline_bin)
         self.stack_runs(stack, name, reference, self.args.workers, ", baseline build", "baseline")
 
-    def stack_runs(self, stack, name, reference, counts, suffix, label):
+    def stack_runs(self, stack, name, reference, counts, suffix="", label=None):
         """Timed passes with each worker count of `counts` on `stack` (closed after), while the
-        budget lasts; its workers' profiles kept under `label` with --profile-stages."""
+        budget lasts; then its GPU memory with the most workers, and with --profile-stages its
+        workers' profiles, under `label` (none: the build's own default stack)."""
+        tag = f" ({label})" if label else ""
         try:
             for n in counts:
                 if self.remaining() < 20:
-                    self.result["skipped"].append(f"{name} {label} {n} workers")
+                    self.result["skipped"].append(f"{name} {label or 'modelshare'} {n} workers")
                     continue
                 self.modelshare_run(stack, name, n, reference, setup_suffix=suffix)
             if shutil.which("nvidia-smi") and not self.args.no_memory and stack.workers:
-                self.record_memory(name, f"modelshare ({label}): server + {len(stack.workers)} workers",
+                self.record_memory(name, f"modelshare{tag}: server + {len(stack.workers)} workers",
                                    [stack.server.pid] + [p.pid for p in stack.workers])
         finally:
             stack.close()
             if self.args.profile_stages:
-                self.result.setdefault("worker_profiles", {})[f"{name} ({label})"] = worker_profiles(
-                    self.logs, stack.prefix)
+                profiles = self.result.setdefault("worker_profiles", {})
+                profiles[f"{name}{tag}"] = worker_profiles(self.logs, stack.prefix)
+                log(f"   worker profiles: {json.dumps(profiles[f'{name}{tag}'], indent=1)}")
 
     def under_mps(self, name, model_dir, reference):
         """The worker counts again, server and workers clients of one MPS daemon (its pipe and

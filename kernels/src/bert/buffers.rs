@@ -57,6 +57,9 @@ pub(super) struct Buffers {
     /// The attention scores: over the projections (dead once the heads are split) when they
     /// fit there, else after the heads. Disjoint from the heads.
     pub(super) scores: u64,
+    /// Elements `scores` holds: at least one sequence's of the longest padded length (0 with
+    /// the fused attention, which needs none).
+    pub(super) scores_elems: usize,
     /// The feed-forward's wide activation `[tokens, intermediate]`, over everything above
     /// (all dead by then).
     pub(super) up: u64,
@@ -111,6 +114,7 @@ impl Buffers {
             kh: at(4 * th),
             vh: at(5 * th),
             scores: at(scores_at),
+            scores_elems: scores_len,
             up: at(0),
             down: at(up_len),
             _work: work,

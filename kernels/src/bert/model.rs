@@ -8,7 +8,7 @@ use modelshare_device::Mapping;
 use super::buffers::Buffers;
 use super::pack::{Packed, Tokens, input_ints, pack};
 use super::placement::{Placed, place};
-use super::sizes::{Dims, Limits, buffer_tokens, check_dims, scores_elems};
+use super::sizes::{Dims, Limits, buffer_tokens, check_dims};
 use super::stages::{Marks, Stage, StageTimes};
 use super::weights::EncoderWeights;
 use crate::blas::Blas;
@@ -29,8 +29,6 @@ pub struct CudaBert {
     pub(super) blas: Blas,
     pub(super) cache: KernelCache,
     pub(super) buffers: Buffers,
-    /// Elements of the scores buffer.
-    pub(super) scores_elems: usize,
     /// Attention in one kernel ([`crate::encoder::attention`]): f16/bf16, a head size it is
     /// built for, sm_80 or newer.
     pub(super) fused_attention: bool,
@@ -112,7 +110,6 @@ impl CudaBert {
             cache,
             fused_attention,
             buffers,
-            scores_elems: scores_elems(&dims, &limits, es),
             stages: None,
             pinned,
             staging,

@@ -174,7 +174,7 @@ impl CudaBert {
             return unsafe { encoder::attention(&self.cache, &self.stream, dtype, &args) };
         }
         let per_seq = heads * s * s;
-        let chunk = (self.scores_elems / per_seq).clamp(1, b);
+        let chunk = (bu.scores_elems / per_seq).clamp(1, b);
         let es = dtype.size_bytes() as u64;
         for b0 in (0..b).step_by(chunk) {
             let nb = chunk.min(b - b0);

@@ -298,14 +298,13 @@ fn residual_norm_aliasing() {
     );
 }
 
-/// Head split/merge accept overlapping outputs or vectorize across head boundaries.
-#[test]
-fn heads_checks() {
-    let args = HeadsArgs {
+/// Head split arguments over the buffers A..I: 2 sequences of `seq`, 3 heads of 64.
+fn heads(layout: Layout, seq: usize) -> HeadsArgs {
+    HeadsArgs {
         q: A,
         k: B,
         v: C,
-        layout: Layout::Padded,
+        layout,
         q_bias: D,
         k_bias: E,
         v_bias: F,
@@ -313,11 +312,17 @@ fn heads_checks() {
         k_out: H,
         v_out: I,
         batch: 2,
-        seq: 5,
+        seq,
         heads: 3,
         head_dim: 64,
         q_scale: 0.125,
-    };
+    }
+}
+
+/// Head split/merge accept overlapping outputs or vectorize across head boundaries.
+#[test]
+fn heads_checks() {
+    let args = heads(Layout::Padded, 5);
     let plan = |a: &HeadsArgs| plan_split(WeightDtype::F32, a);
     let p = plan(&args).expect("plan").expect("some");
     assert_eq!(p.kernel, "ms_split_heads_f32_v");
@@ -393,23 +398,7 @@ fn heads_checks() {
 #[test]
 fn packed_layout_checks() {
     let packed = |offsets, rows| Layout::Packed { offsets, rows };
-    let args = HeadsArgs {
-        q: A,
-        k: B,
-        v: C,
-        layout: packed(D + 4096, 7),
-        q_bias: D,
-        k_bias: E,
-        v_bias: F,
-        q_out: G,
-        k_out: H,
-        v_out: I,
-        batch: 2,
-        seq: 8,
-        heads: 3,
-        head_dim: 64,
-        q_scale: 0.125,
-    };
+    let args = heads(packed(D + 4096, 7), 8);
     let split = |a: &HeadsArgs| plan_split(WeightDtype::F16, a);
     let p = split(&args).expect("plan").expect("some");
     // The grid covers the padded outputs (2·3·8·64 elements), not the 7 packed rows.

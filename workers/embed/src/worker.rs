@@ -80,7 +80,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let weights =
         find(&spec.encoder, &|name| found(&model, name)).map_err(|e| unservable(e.to_string()))?;
     let on_device = model.view().is_on_device();
-    let weight_bytes = model.tensors().iter().map(|t| t.byte_length()).sum();
+    let weight_bytes = model.manifest().arena_bytes;
     let compute_slots = config
         .compute_slots
         .unwrap_or_else(|| default_slots(on_device, weight_bytes));
