@@ -687,12 +687,38 @@ __device__ __forceinline__ void ms_att_ldmatrix_t(unsigned int (&r)[4], unsigned
                  : "r"(addr));
 }
 
-template <class A, int HD>
-__device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
-                                             const unsigned short* __restrict__ k,
-                                             const unsigned short* __restrict__ v,
-                                             const int* __restrict__ lengths, int heads,
-                                             int seq) {
+// 8 elements of a row at `p` (16-byte aligned), with `bias` added and scaled
+// when the heads are read straight from the packed projections (the split's
+// math: f32, rounded once), as they are otherwise.
+template <class E, bool PACKED>
+__device__ __forceinline__ uint4 ms_att_load(const unsigned short* p, const unsigned short* bias,
+                                             float scale) {
+    uint4 w = *reinterpret_cast<const uint4*>(p);
+    if (PACKED) {
+        float f[8], bb[8];
+        E::unpack(w, f);
+        E::unpack(*reinterpret_cast<const uint4*>(bias), bb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = (f[e] + bb[e]) * scale;
+        w = E::pack(f);
+    }
+    return w;
+}
+
+// PACKED: q, k, v are the projections [rows, heads * HD] without bias, the
+// sequences packed (sequence b from row offsets[b], offsets[b + 1] - offsets[b]
+// rows, at most seq, never past `rows`); head h is columns h * HD.. of each
+// row, its bias added (and q scaled by q_scale) as it is read, and the context
+// written over q's columns of the head: the split and the merge are gone.
+// Else q, k, v are the split heads [batch * heads, seq, HD] and lengths[b]
+// each sequence's length.
+template <class A, class E, int HD, bool PACKED>
+__device__ __forceinline__ void ms_attention(
+    unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const int* __restrict__ lengths,
+    const unsigned short* __restrict__ q_bias, const unsigned short* __restrict__ k_bias,
+    const unsigned short* __restrict__ v_bias, const int* __restrict__ offsets, long long rows,
+    int heads, int seq, float q_scale) {
     // Keys a tile: 64, or 32 for the widest heads (shared memory under 48 KiB).
     constexpr int KV = HD > 80 ? 32 : 64;
     constexpr int QS = HD + MS_ATT_PAD;  // row stride of Qs, Ks and Vs
@@ -703,20 +729,42 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
 
     const long long bh = blockIdx.x;
     const int q0 = blockIdx.y * MS_ATT_Q;
-    int len = lengths[bh / heads];
-    len = len < 0 ? 0 : (len > seq ? seq : len);
+    // This head's rows: from `at` (elements), `stride` apart, `len` of them.
+    long long at;
+    int len, stride;
+    const unsigned short *qb = q_bias, *kb = k_bias, *vb = v_bias;
+    if (PACKED) {
+        const int h = (int)(bh % heads);
+        const long long b = bh / heads, start = offsets[b];
+        long long n = (long long)offsets[b + 1] - start;
+        n = n < 0 ? 0 : (n > seq ? seq : n);
+        if (start < 0 || start > rows) n = 0;
+        else if (start + n > rows) n = rows - start;
+        len = (int)n;
+        stride = heads * HD;
+        at = start * stride + h * HD;
+        qb += h * HD;
+        kb += h * HD;
+        vb += h * HD;
+    } else {
+        len = lengths[bh / heads];
+        len = len < 0 ? 0 : (len > seq ? seq : len);
+        stride = HD;
+        at = bh * seq * HD;
+    }
     if (q0 >= len) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    unsigned short* qh = q + bh * seq * HD;
-    const unsigned short* kh = k + bh * seq * HD;
-    const unsigned short* vh = v + bh * seq * HD;
+    unsigned short* qh = q + at;
+    const unsigned short* kh = k + at;
+    const unsigned short* vh = v + at;
 
     // The query tile (rows past len as zeros).
     for (int c = tid; c < MS_ATT_Q * CH; c += blockDim.x) {
         const int r = c / CH, col = (c % CH) * 8;
         uint4 w = make_uint4(0, 0, 0, 0);
-        if (q0 + r < len) w = *reinterpret_cast<const uint4*>(qh + (long long)(q0 + r) * HD + col);
+        if (q0 + r < len)
+            w = ms_att_load<E, PACKED>(qh + (long long)(q0 + r) * stride + col, qb + col, q_scale);
         *reinterpret_cast<uint4*>(Qs + r * QS + col) = w;
     }
     __syncthreads();
@@ -748,8 +796,8 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
             const int r = c / CH, col = (c % CH) * 8;
             uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
             if (kv0 + r < len) {
-                kw = *reinterpret_cast<const uint4*>(kh + (long long)(kv0 + r) * HD + col);
-                vw = *reinterpret_cast<const uint4*>(vh + (long long)(kv0 + r) * HD + col);
+                kw = ms_att_load<E, PACKED>(kh + (long long)(kv0 + r) * stride + col, kb + col, 1.0f);
+                vw = ms_att_load<E, PACKED>(vh + (long long)(kv0 + r) * stride + col, vb + col, 1.0f);
             }
             *reinterpret_cast<uint4*>(Ks + r * QS + col) = kw;
             *reinterpret_cast<uint4*>(Vs + r * QS + col) = vw;
@@ -836,27 +884,42 @@ __device__ __forceinline__ void ms_attention(unsigned short* __restrict__ q,
     for (int d = 0; d < HD / 8; ++d) {
         const int col = d * 8 + 2 * t;
         if (row0 < len)
-            *reinterpret_cast<unsigned int*>(qh + (long long)row0 * HD + col) =
+            *reinterpret_cast<unsigned int*>(qh + (long long)row0 * stride + col) =
                 A::pack(o[d][0] * inv0, o[d][1] * inv0);
         if (row1 < len)
-            *reinterpret_cast<unsigned int*>(qh + (long long)row1 * HD + col) =
+            *reinterpret_cast<unsigned int*>(qh + (long long)row1 * stride + col) =
                 A::pack(o[d][2] * inv1, o[d][3] * inv1);
     }
 }
 
-#define MS_ATTENTION(NAME, A, HD)                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) NAME(unsigned short* q, const unsigned short* k, \
-                                                           const unsigned short* v,                \
-                                                           const int* lengths, int heads, int seq) { \
-        ms_attention<A, HD>(q, k, v, lengths, heads, seq);                                         \
+#define MS_ATTENTION(NAME, A, E, HD)                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                              \
+        NAME(unsigned short* q, const unsigned short* k, const unsigned short* v,                  \
+             const int* lengths, int heads, int seq) {                                             \
+        ms_attention<A, E, HD, false>(q, k, v, lengths, nullptr, nullptr, nullptr, nullptr, 0,     \
+                                      heads, seq, 1.0f);                                           \
     }
 
-MS_ATTENTION(ms_attention_f16_32, MsAttF16, 32)
-MS_ATTENTION(ms_attention_f16_64, MsAttF16, 64)
-MS_ATTENTION(ms_attention_f16_80, MsAttF16, 80)
-MS_ATTENTION(ms_attention_f16_128, MsAttF16, 128)
-MS_ATTENTION(ms_attention_bf16_32, MsAttBF16, 32)
-MS_ATTENTION(ms_attention_bf16_64, MsAttBF16, 64)
-MS_ATTENTION(ms_attention_bf16_80, MsAttBF16, 80)
-MS_ATTENTION(ms_attention_bf16_128, MsAttBF16, 128)
+#define MS_ATTENTION_PACKED(NAME, A, E, HD)                                                        \
+    extern "C" __global__ void __launch_bounds__(128)                                              \
+        NAME(unsigned short* q, const unsigned short* k, const unsigned short* v,                  \
+             const unsigned short* q_bias, const unsigned short* k_bias,                           \
+             const unsigned short* v_bias, const int* offsets, long long rows, int heads,          \
+             int seq, float q_scale) {                                                             \
+        ms_attention<A, E, HD, true>(q, k, v, nullptr, q_bias, k_bias, v_bias, offsets, rows,      \
+                                     heads, seq, q_scale);                                         \
+    }
+
+#define MS_ATTENTION_ALL(MACRO, OP)                      \
+    MACRO(ms_##OP##_f16_32, MsAttF16, MsF16, 32)         \
+    MACRO(ms_##OP##_f16_64, MsAttF16, MsF16, 64)         \
+    MACRO(ms_##OP##_f16_80, MsAttF16, MsF16, 80)         \
+    MACRO(ms_##OP##_f16_128, MsAttF16, MsF16, 128)       \
+    MACRO(ms_##OP##_bf16_32, MsAttBF16, MsBF16, 32)      \
+    MACRO(ms_##OP##_bf16_64, MsAttBF16, MsBF16, 64)      \
+    MACRO(ms_##OP##_bf16_80, MsAttBF16, MsBF16, 80)      \
+    MACRO(ms_##OP##_bf16_128, MsAttBF16, MsBF16, 128)
+
+MS_ATTENTION_ALL(MS_ATTENTION, attention)
+MS_ATTENTION_ALL(MS_ATTENTION_PACKED, attention_packed)
 #endif  // __CUDA_ARCH__ >= 800

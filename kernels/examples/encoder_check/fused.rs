@@ -5,9 +5,11 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use modelshare_kernels::WeightDtype;
-use modelshare_kernels::encoder::{self, ATTENTION_HEAD_DIMS, AttentionArgs};
+use modelshare_kernels::encoder::{
+    self, ATTENTION_HEAD_DIMS, AttentionArgs, Layout, PackedAttentionArgs,
+};
 
-use crate::buf::{Buf, Out};
+use crate::buf::{Buf, Out, round};
 use crate::compare::{Check, Tol, compare, unit_tol};
 use crate::env::{Env, Res};
 use crate::rng::Rng;
@@ -100,6 +102,101 @@ pub fn check_fused_attention(
             let out = Out {
                 values: gathered,
                 guard_ok: got.guard_ok && kept,
+            };
+            let tol = Tol {
+                rel: 2.0 * u,
+                abs: 2.0 * u,
+            };
+            checks.push(compare("fused attention", dtype, &label, &out, &want, tol));
+        }
+    }
+    Ok(())
+}
+
+/// The packed variant: the projections `[t, heads·hd]` without bias, sequences packed, the
+/// biases and q's scale applied as they are read, the context over q's rows; against the
+/// reference run on the heads split on the host (rounded to the dtype as the split does).
+pub fn check_fused_packed(
+    env: &Env,
+    dtype: WeightDtype,
+    rng: &mut Rng,
+    checks: &mut Vec<Check>,
+) -> Res<()> {
+    let st = &env.stream;
+    for hd in ATTENTION_HEAD_DIMS {
+        for (batch, heads, seq, lengths) in shapes() {
+            let width = heads * hd;
+            let mut offsets = vec![0i32];
+            for &l in &lengths {
+                offsets.push(offsets.last().copied().unwrap_or(0) + l);
+            }
+            let t = *offsets.last().unwrap_or(&0) as usize;
+            let scale = 1.0 / (hd as f32).sqrt();
+            let (q, k, v) = (
+                rng.values(dtype, t * width, 2.0),
+                rng.values(dtype, t * width, 2.0),
+                rng.values(dtype, t * width, 1.0),
+            );
+            let (bq, bk, bv) = (
+                rng.values(dtype, width, 1.0),
+                rng.values(dtype, width, 1.0),
+                rng.values(dtype, width, 0.5),
+            );
+            let d = |x: &[f32]| Buf::input(st, dtype, x, 0);
+            let (d_q, d_k, d_v) = (d(&q)?, d(&k)?, d(&v)?);
+            let (d_bq, d_bk, d_bv) = (d(&bq)?, d(&bk)?, d(&bv)?);
+            let d_off = Buf::ints(st, &offsets)?;
+            let args = PackedAttentionArgs {
+                q: d_q.ptr(st),
+                k: d_k.ptr(st),
+                v: d_v.ptr(st),
+                q_bias: d_bq.ptr(st),
+                k_bias: d_bk.ptr(st),
+                v_bias: d_bv.ptr(st),
+                layout: Layout::Packed {
+                    offsets: d_off.ptr(st),
+                    rows: t,
+                },
+                batch,
+                heads,
+                seq,
+                head_dim: hd,
+                q_scale: scale,
+            };
+            // SAFETY: q, k, v hold t·width elements, the biases width, the offsets batch + 1.
+            unsafe { encoder::attention_packed(&env.cache, st, dtype, &args) }?;
+            let got = d_q.read(st)?;
+            let mut want = vec![0.0f32; t * width];
+            for (&start, &len) in offsets.iter().zip(&lengths) {
+                let (start, len) = (start as usize, len as usize);
+                for h in 0..heads {
+                    // The head split on the host: bias added (q scaled), rounded once.
+                    let head = |x: &[f32], bias: &[f32], sc: f32| -> Vec<f32> {
+                        (0..len * hd)
+                            .map(|i| {
+                                let (r, c) = (i / hd, h * hd + i % hd);
+                                round(dtype, (x[(start + r) * width + c] + bias[c]) * sc)
+                            })
+                            .collect()
+                    };
+                    let ctx = reference(
+                        &head(&q, &bq, scale),
+                        &head(&k, &bk, 1.0),
+                        &head(&v, &bv, 1.0),
+                        len,
+                        hd,
+                    );
+                    for r in 0..len {
+                        let at = (start + r) * width + h * hd;
+                        want[at..at + hd].copy_from_slice(&ctx[r * hd..(r + 1) * hd]);
+                    }
+                }
+            }
+            let u = unit_tol(dtype).rel;
+            let label = format!("packed b{batch} nh{heads} s{seq} hd{hd} len{lengths:?}");
+            let out = Out {
+                values: got.values,
+                guard_ok: got.guard_ok,
             };
             let tol = Tol {
                 rel: 2.0 * u,

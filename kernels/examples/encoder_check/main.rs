@@ -75,7 +75,7 @@ use modelshare_kernels::{Blas, KernelCache, WeightDtype, encoder, sys};
 use crate::attention::{check_heads, check_masked_softmax};
 use crate::compare::Check;
 use crate::env::{Env, Pieces, Res};
-use crate::fused::check_fused_attention;
+use crate::fused::{check_fused_attention, check_fused_packed};
 use crate::gelu::check_bias_gelu;
 use crate::layer_check::check_layer;
 use crate::norms::{check_embed_layer_norm, check_residual_layer_norm, check_wide_norm};
@@ -131,6 +131,7 @@ fn run() -> Res<bool> {
         check_odd_linear(&env, dtype, &mut rng, &mut checks)?;
         if encoder::attention_supported(dtype, 64, major) {
             check_fused_attention(&env, dtype, &mut rng, &mut checks)?;
+            check_fused_packed(&env, dtype, &mut rng, &mut checks)?;
         }
     }
     print_checks(&checks);

@@ -29,8 +29,9 @@ pub struct CudaBert {
     pub(super) blas: Blas,
     pub(super) cache: KernelCache,
     pub(super) buffers: Buffers,
-    /// Attention in one kernel ([`crate::encoder::attention`]): f16/bf16, a head size it is
-    /// built for, sm_80 or newer.
+    /// Attention in one kernel over the packed projections
+    /// ([`crate::encoder::attention_packed`]): f16/bf16, a head size it is built for, sm_80
+    /// or newer.
     pub(super) fused_attention: bool,
     /// The stages' GPU time, once [`CudaBert::time_stages`] asked for it.
     stages: Option<StageTimes>,
@@ -241,11 +242,20 @@ impl CudaBert {
         self.embed(g)?;
         mark(Stage::Embed)?;
         for layer in &self.weights.layers {
-            self.project_heads(layer, g)?;
-            mark(Stage::Projections)?;
-            self.attend(g)?;
-            mark(Stage::Attention)?;
-            self.attention_output(layer, g)?;
+            let qkv = self.project(layer, g)?;
+            let ctx = if self.fused_attention {
+                mark(Stage::Projections)?;
+                let ctx = self.attend_packed(layer, qkv, g)?;
+                mark(Stage::Attention)?;
+                Some(ctx)
+            } else {
+                self.split(layer, qkv, g)?;
+                mark(Stage::Projections)?;
+                self.attend(g)?;
+                mark(Stage::Attention)?;
+                None
+            };
+            self.attention_output(layer, ctx, g)?;
             mark(Stage::AttentionOutput)?;
             self.feed_forward(layer, g)?;
             mark(Stage::FeedForward)?;

@@ -5,7 +5,7 @@ use super::model::CudaBert;
 use super::pack::{Group, Packed};
 use super::weights::{Layer, Linear, Norm};
 use crate::blas::BatchedMatmul;
-use crate::encoder::{self, AttentionArgs, EmbedArgs, HeadsArgs, Layout, ResidualNormArgs};
+use crate::encoder::{self, EmbedArgs, HeadsArgs, Layout, PackedAttentionArgs, ResidualNormArgs};
 use crate::error::KernelError;
 
 impl CudaBert {
@@ -83,13 +83,13 @@ impl CudaBert {
         }
     }
 
-    /// A layer's query, key and value projections of `x` (into q, k, v), then the heads
-    /// split apart with their biases, q scaled by 1/√d (into qh, kh, vh). The projections
-    /// are one strided-batched product when their weights lie evenly spaced in the arena (a
-    /// safetensors file sorts a layer's key, query and value together), else three.
-    pub(super) fn project_heads(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
-        let (h, heads) = (self.dims.hidden, self.dims.heads);
-        let head_dim = h / heads;
+    /// A layer's query, key and value projections of `x`, without their biases; gives back
+    /// where each landed (q, k, v). They are one strided-batched product when their weights
+    /// lie evenly spaced in the arena (a safetensors file sorts a layer's key, query and value
+    /// together), into the three slots in the order of their weights' addresses; else three,
+    /// into q, k, v.
+    pub(super) fn project(&self, layer: &Layer<u64>, g: Group) -> Result<[u64; 3], KernelError> {
+        let h = self.dims.hidden;
         let bu = &self.buffers;
         let weights = [layer.query.weight, layer.key.weight, layer.value.weight];
         let es = self.dtype.size_bytes() as u64;
@@ -126,6 +126,20 @@ impl CudaBert {
                 [bu.q, bu.k, bu.v]
             }
         };
+        Ok([q, k, v])
+    }
+
+    /// The heads split apart from the projections at `[q, k, v]` with their biases, q scaled
+    /// by 1/√d (into qh, kh, vh, padded to `s`).
+    pub(super) fn split(
+        &self,
+        layer: &Layer<u64>,
+        [q, k, v]: [u64; 3],
+        g: Group,
+    ) -> Result<(), KernelError> {
+        let bu = &self.buffers;
+        let heads = self.dims.heads;
+        let head_dim = self.dims.hidden / heads;
         let heads_args = HeadsArgs {
             q,
             k,
@@ -147,32 +161,15 @@ impl CudaBert {
         unsafe { encoder::split_heads(&self.cache, &self.stream, self.dtype, &heads_args) }
     }
 
-    /// Attention over the split heads, its context into qh: one fused kernel where the device,
-    /// dtype and head size allow ([`encoder::attention_supported`]); else the scores `qh·khᵀ`
-    /// as one strided-batched product, a masked softmax, and the context `scores·vh`, in
-    /// sub-batches of sequences whose scores fit the scores buffer (qh free once the scores
-    /// are made).
+    /// Attention over the split heads, its context into qh: the scores `qh·khᵀ` as one
+    /// strided-batched product, a masked softmax, and the context `scores·vh`, in sub-batches
+    /// of sequences whose scores fit the scores buffer (qh free once the scores are made).
+    /// Where the fused kernel runs, [`CudaBert::attend_packed`] does all of it instead.
     pub(super) fn attend(&self, g: Group) -> Result<(), KernelError> {
         let Group { b, s, .. } = g;
         let (bu, blas, dtype) = (&self.buffers, &self.blas, self.dtype);
         let heads = self.dims.heads;
         let head_dim = self.dims.hidden / heads;
-        if self.fused_attention {
-            let args = AttentionArgs {
-                q: bu.qh,
-                k: bu.kh,
-                v: bu.vh,
-                lengths: bu.inputs_of(g).lengths,
-                batch: b,
-                heads,
-                seq: s,
-                head_dim,
-            };
-            // SAFETY: as said on `Group`; the heads hold b·heads·s·head_dim elements each,
-            // apart in the work region; `fused_attention` was set for this device's
-            // capability, dtype and head size.
-            return unsafe { encoder::attention(&self.cache, &self.stream, dtype, &args) };
-        }
         let per_seq = heads * s * s;
         let chunk = (bu.scores_elems / per_seq).clamp(1, b);
         let es = dtype.size_bytes() as u64;
@@ -228,11 +225,56 @@ impl CudaBert {
         Ok(())
     }
 
-    /// The heads' context merged back (qh into q), the output projection (into k), then
-    /// bias, residual and LayerNorm fused into `x`.
-    pub(super) fn attention_output(&self, layer: &Layer<u64>, g: Group) -> Result<(), KernelError> {
-        let (h, heads) = (self.dims.hidden, self.dims.heads);
+    /// Attention in one kernel straight over the projections at `[q, k, v]`
+    /// ([`encoder::attention_packed`]: biases, q's scale, split, attention and merge): the
+    /// context lands over q's rows, whose address it gives back.
+    pub(super) fn attend_packed(
+        &self,
+        layer: &Layer<u64>,
+        [q, k, v]: [u64; 3],
+        g: Group,
+    ) -> Result<u64, KernelError> {
+        let heads = self.dims.heads;
+        let head_dim = self.dims.hidden / heads;
+        let args = PackedAttentionArgs {
+            q,
+            k,
+            v,
+            q_bias: layer.query.bias,
+            k_bias: layer.key.bias,
+            v_bias: layer.value.bias,
+            layout: self.layout(g),
+            batch: g.b,
+            heads,
+            seq: g.s,
+            head_dim,
+            q_scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        // SAFETY: as said on `Group`; q, k, v are three disjoint slots of `t·hidden` (or
+        // more) elements in the work region; `fused_attention` was set for this device's
+        // capability, dtype and head size.
+        unsafe { encoder::attention_packed(&self.cache, &self.stream, self.dtype, &args)? };
+        Ok(q)
+    }
+
+    /// The output projection of the context at `ctx` (q, or, from the fused kernel, where q
+    /// landed) into another projection slot, then bias, residual and LayerNorm fused into
+    /// `x`; after a three-step attention, the heads' context is first merged back (qh into q).
+    pub(super) fn attention_output(
+        &self,
+        layer: &Layer<u64>,
+        ctx: Option<u64>,
+        g: Group,
+    ) -> Result<(), KernelError> {
+        let h = self.dims.hidden;
         let bu = &self.buffers;
+        if let Some(ctx) = ctx {
+            // Any projection slot but the context's is dead by now.
+            let out = if ctx == bu.q { bu.k } else { bu.q };
+            self.linear(ctx, &layer.attn_out, out, g, h, h)?;
+            return self.add_norm(out, layer.attn_out.bias, &layer.attn_norm, g.t);
+        }
+        let heads = self.dims.heads;
         // SAFETY: as said on `Group`.
         unsafe {
             encoder::merge_heads(

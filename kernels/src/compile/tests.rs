@@ -148,7 +148,10 @@ fn sources_compile_with_nvrtc_when_present() {
     }
     // The fused attention (tensor cores) is built for sm_80 and newer only.
     let ptx = compile_ptx(&ENCODER_SOURCE, &compile_options(8, 0)).expect("encoder.cu");
-    for name in crate::encoder::ATTENTION {
+    for name in crate::encoder::ATTENTION
+        .iter()
+        .chain(&crate::encoder::ATTENTION_PACKED)
+    {
         assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
     }
     // Older architectures too (sm_75 is the oldest CUDA 13's NVRTC takes): the other encoder

@@ -32,7 +32,8 @@
 //! - `layout`: [`Layout`], padded or packed sequences in the token-major tensors.
 //! - `softmax`: [`masked_softmax`].
 //! - `attention`: [`attention`] (scores, softmax and context in one kernel, sm_80+) and its
-//!   [`AttentionArgs`].
+//!   [`AttentionArgs`]; [`attention_packed`], the same over the packed projections with the
+//!   split and merge folded in, and its [`PackedAttentionArgs`].
 //! - `pool`: [`pool()`] and [`Pooling`].
 //! - `names`: the kernels' names in `encoder.cu`, [`kernel_names`].
 //! - `plan`: launch grids of the row and element-wise kernels, [`MAX_ROW_LEN`].
@@ -52,12 +53,15 @@ mod softmax;
 #[cfg(test)]
 mod tests;
 
-pub use self::attention::{ATTENTION_HEAD_DIMS, AttentionArgs, attention, attention_supported};
+pub use self::attention::{
+    ATTENTION_HEAD_DIMS, AttentionArgs, PackedAttentionArgs, attention, attention_packed,
+    attention_supported,
+};
 pub use self::embed::{EmbedArgs, embed_layer_norm};
 pub use self::gelu::bias_gelu;
 pub use self::heads::{HeadsArgs, merge_heads, split_heads};
 pub use self::layout::Layout;
-pub use self::names::{ATTENTION, kernel_names};
+pub use self::names::{ATTENTION, ATTENTION_PACKED, kernel_names};
 pub use self::plan::MAX_ROW_LEN;
 pub use self::pool::{Pooling, pool};
 pub use self::residual_norm::{ResidualNormArgs, bias_residual_layer_norm};

@@ -75,6 +75,19 @@ pub const ATTENTION: [&str; 8] = [
     "ms_attention_bf16_128",
 ];
 
+/// The fused attention kernels over the packed projections (bias, scale, split and merge
+/// folded in), in [`ATTENTION`]'s order.
+pub const ATTENTION_PACKED: [&str; 8] = [
+    "ms_attention_packed_f16_32",
+    "ms_attention_packed_f16_64",
+    "ms_attention_packed_f16_80",
+    "ms_attention_packed_f16_128",
+    "ms_attention_packed_bf16_32",
+    "ms_attention_packed_bf16_64",
+    "ms_attention_packed_bf16_80",
+    "ms_attention_packed_bf16_128",
+];
+
 /// Every kernel name the launchers use, for the NVRTC compile test.
 pub fn kernel_names() -> impl Iterator<Item = &'static str> {
     [

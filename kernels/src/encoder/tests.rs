@@ -522,11 +522,11 @@ fn softmax_gelu_pool_checks() {
     assert_eq!(pool(A, B, C, 0).expect("plan"), None);
 }
 
-/// The fused attention's plan: a dtype or head size it is not built for, misaligned rows or
-/// q over another input would launch.
+/// The fused attention's plans: a dtype or head size it is not built for, misaligned rows or
+/// biases, q over another input, or a padded layout for the packed kernel, would launch.
 #[test]
 fn attention_checks() {
-    use super::attention::plan_attention;
+    use super::attention::{plan_attention, plan_attention_packed};
     let args = AttentionArgs {
         q: A,
         k: B,
@@ -544,7 +544,7 @@ fn attention_checks() {
     assert_eq!(
         (p.grid, p.block),
         ((48, 2, 1), (128, 1, 1)),
-        "a block per head and 64 query rows"
+        "two query tiles of 64"
     );
     let bad = |a: AttentionArgs, dtype| plan_attention(dtype, &a).is_err();
     assert!(bad(args, WeightDtype::F32));
@@ -567,10 +567,61 @@ fn attention_checks() {
         plan_attention(WeightDtype::BF16, &AttentionArgs { batch: 0, ..args }).expect("plan"),
         None
     );
-    assert!(attention_supported(WeightDtype::BF16, 80, 9));
+
+    let packed = PackedAttentionArgs {
+        q: A,
+        k: B,
+        v: C,
+        q_bias: D,
+        k_bias: E,
+        v_bias: F,
+        layout: Layout::Packed {
+            offsets: G,
+            rows: 100,
+        },
+        batch: 3,
+        heads: 12,
+        seq: 40,
+        head_dim: 32,
+        q_scale: 0.125,
+    };
+    let p = plan_attention_packed(WeightDtype::BF16, &packed)
+        .expect("plan")
+        .expect("some");
+    assert_eq!(p.kernel, "ms_attention_packed_bf16_32");
+    assert_eq!(p.grid, (36, 1, 1));
+    let bad = |a: PackedAttentionArgs| plan_attention_packed(WeightDtype::F16, &a).is_err();
+    assert!(bad(PackedAttentionArgs {
+        layout: Layout::Padded,
+        ..packed
+    }));
+    assert!(bad(PackedAttentionArgs {
+        k_bias: E + 2,
+        ..packed
+    }));
     assert!(
-        !attention_supported(WeightDtype::F16, 64, 7),
-        "sm_75 has no such mma"
+        bad(PackedAttentionArgs {
+            layout: Layout::Packed {
+                offsets: A + 1024,
+                rows: 100
+            },
+            ..packed
+        }),
+        "offsets inside q's 100 rows"
     );
-    assert!(!attention_supported(WeightDtype::F32, 64, 9));
+    assert!(bad(PackedAttentionArgs {
+        q_scale: f32::NAN,
+        ..packed
+    }));
+    let empty = PackedAttentionArgs {
+        layout: Layout::Packed {
+            offsets: G,
+            rows: 0,
+        },
+        ..packed
+    };
+    assert_eq!(
+        plan_attention_packed(WeightDtype::F16, &empty).expect("plan"),
+        None
+    );
 }
