@@ -48,6 +48,13 @@ pub enum InferError {
         /// The model.
         model: String,
     },
+    /// The worker streaming an answer went away after it had sent part of it (a streamed
+    /// item is never moved to another worker).
+    #[error("the worker streaming this answer for model '{model}' went away mid-stream")]
+    StreamInterrupted {
+        /// The model.
+        model: String,
+    },
     /// A worker failed an item of the request.
     #[error("input {index}: {message}")]
     Item {
@@ -85,9 +92,11 @@ impl InferError {
             }
             Self::Refused(_) => Kind::ResourceExhausted,
             Self::DeadlineExceeded { .. } => Kind::DeadlineExceeded,
-            Self::NoWorker { .. } | Self::WorkersLost { .. } | Self::ShuttingDown | Self::Busy => {
-                Kind::Unavailable
-            }
+            Self::NoWorker { .. }
+            | Self::WorkersLost { .. }
+            | Self::StreamInterrupted { .. }
+            | Self::ShuttingDown
+            | Self::Busy => Kind::Unavailable,
             Self::Item { code, .. } => *code,
             Self::BadOutput { .. } => Kind::Internal,
         }

@@ -22,6 +22,8 @@ pub(super) struct QueuedItem {
     pub(super) deadline: Instant,
     /// Already requeued once after a lost worker.
     pub(super) requeued: bool,
+    /// The worker has sent part of its answer (a streamed item): it is never requeued.
+    pub(super) started: bool,
 }
 
 /// One tenant's waiting items and its deficit.

@@ -32,6 +32,9 @@ pub enum ItemError {
     DeadlineExceeded,
     /// Two workers were lost while computing it (it is requeued once, not twice).
     Unavailable,
+    /// Its worker was lost after it had sent part of a streamed answer (never requeued: the
+    /// caller has those parts).
+    Interrupted,
     /// No worker served its model within the wait given to
     /// [`super::Scheduler::expire_without_workers`].
     NoWorker,

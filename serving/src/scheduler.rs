@@ -16,7 +16,8 @@
 //! fails items whose deadline has passed instead of sending them. [`Scheduler::complete`]
 //! records the worker's results and returns the requests that are now complete. A worker that
 //! goes away ([`Scheduler::unregister_worker`]) has its items requeued once; an item that loses
-//! a second worker fails with [`ItemError::Unavailable`].
+//! a second worker fails with [`ItemError::Unavailable`], and one whose worker had begun to
+//! stream its answer ([`Scheduler::started`]) with [`ItemError::Interrupted`].
 //!
 //! # Versions
 //! A worker of an older version of a model gets no batch while a worker of the model's newest
@@ -252,6 +253,7 @@ impl<O> Scheduler<O> {
                 arrival,
                 deadline,
                 requeued: false,
+                started: false,
             };
             queue.push_back(&tenant, item);
         }
@@ -277,7 +279,9 @@ impl<O> Scheduler<O> {
 
     /// Removes a worker that left or was lost. Its items in flight go back to the front of
     /// their tenants' queues, once: an item already requeued fails with
-    /// [`ItemError::Unavailable`]. Returns the requests that this completed.
+    /// [`ItemError::Unavailable`], and a started one (part of its answer sent,
+    /// [`Scheduler::started`]) with [`ItemError::Interrupted`]. Returns the requests that this
+    /// completed.
     pub fn unregister_worker(&mut self, id: WorkerId) -> Vec<Completed<O>> {
         let Some(worker) = self.workers.remove(&id) else {
             return Vec::new();
@@ -290,7 +294,11 @@ impl<O> Scheduler<O> {
                 self.requests.settle(item.id);
                 continue;
             };
-            if item.requeued {
+            if item.started {
+                // Its caller has parts of an answer: another worker's would not continue it.
+                let outcome = Outcome::failed(ItemError::Interrupted);
+                completed.extend(self.requests.finish(item.id, outcome));
+            } else if item.requeued {
                 let outcome = Outcome::failed(ItemError::Unavailable);
                 completed.extend(self.requests.finish(item.id, outcome));
             } else {
@@ -307,6 +315,27 @@ impl<O> Scheduler<O> {
             }
         }
         completed
+    }
+
+    /// Marks an item of a worker's batch as started: the worker sent a part of its answer
+    /// (a streamed item), so losing the worker now fails the item instead of requeuing it.
+    /// Returns whether the item is in that batch (false for an unknown worker, batch or item,
+    /// or one already answered: the caller should drop the part).
+    pub fn started(&mut self, worker: WorkerId, batch: BatchId, item: ItemId) -> bool {
+        let Some(items) = self
+            .workers
+            .get_mut(&worker)
+            .and_then(|w| w.in_flight.get_mut(&batch))
+        else {
+            return false;
+        };
+        match items.iter_mut().find(|i| i.id == item) {
+            Some(i) => {
+                i.started = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether a worker of a newer version of the worker's model has a credit left.

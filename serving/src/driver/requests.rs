@@ -202,6 +202,7 @@ impl Driver {
         match error {
             ItemError::DeadlineExceeded => InferError::DeadlineExceeded { model },
             ItemError::Unavailable => InferError::WorkersLost { model },
+            ItemError::Interrupted => InferError::StreamInterrupted { model },
             ItemError::NoWorker => InferError::NoWorker {
                 model,
                 waited: arrival.elapsed(),

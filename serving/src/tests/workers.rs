@@ -175,3 +175,35 @@ fn a_worker_that_serves_one_tenant_takes_only_that_tenants_items() {
     // ...and with nothing of b's queued, no time-based retry is asked for a's items.
     assert_eq!(s.queued_for_tenant(&a), 3);
 }
+
+/// A streamed item whose worker is lost after its first part would be requeued (its caller
+/// would get a second answer's parts after the first's), or an unstarted one failed.
+#[test]
+fn started_items_fail_when_their_worker_is_lost() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(Limits::default());
+    let w1 = register(&mut s, 1, spec(1, 2, 1, u64::MAX));
+    let r = submit(&mut s, &None, &[1, 1], t0);
+    let b0 = s.next_batch(w1, t0).batch.expect("item 0");
+    let b1 = s.next_batch(w1, t0).batch.expect("item 1");
+    let item0 = b0.items[0].id;
+    assert!(s.started(w1, b0.id, item0), "its first part");
+    assert!(s.started(w1, b0.id, item0), "later parts too");
+    assert!(!s.started(w1, b1.id, item0), "not in that batch");
+    assert!(!s.started(WorkerId(9), b0.id, item0), "unknown worker");
+    assert!(s.unregister_worker(w1).is_empty(), "item 1 is requeued");
+    assert_eq!(s.queue_depth(MODEL), 1, "only the unstarted item");
+    let w2 = register(&mut s, 2, spec(1, 1, 1, u64::MAX));
+    let b2 = s.next_batch(w2, t0 + ms(1)).batch.expect("item 1 again");
+    assert_eq!(b2.items[0].id, b1.items[0].id);
+    let done = s.complete(w2, b2.id, ok(1));
+    let request = done.first().expect("complete");
+    assert_eq!(request.id, r);
+    assert_eq!(request.outcomes[0], Outcome::failed(ItemError::Interrupted));
+    assert!(request.outcomes[1].result.is_ok());
+    assert!(
+        !s.started(w2, b2.id, b2.items[0].id),
+        "answered: a late part is dropped"
+    );
+    assert!(s.is_drained());
+}
