@@ -154,6 +154,8 @@ impl ServeOptions {
             accepts: self.accepts.names(),
             inputs: self.inputs.clone(),
             outputs: self.outputs.clone(),
+            // Streaming items are not in this SDK yet (docs/design/streaming.md).
+            streams: 0,
         }
     }
 

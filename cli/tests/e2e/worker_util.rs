@@ -50,6 +50,8 @@ pub struct Offer {
     pub version: u32,
     /// Milliseconds each batch takes, whatever its size (as a GPU batch roughly does).
     pub batch_ms: u64,
+    /// Items streamed at once (ServeOffer.streams; 0: not a streaming worker).
+    pub streams: u32,
 }
 
 impl Default for Offer {
@@ -61,6 +63,7 @@ impl Default for Offer {
             accepts: vec!["text".into(), "tensor".into()],
             version: 0,
             batch_ms: 0,
+            streams: 0,
         }
     }
 }
@@ -136,6 +139,7 @@ pub async fn try_serve(
             accepts: offer.accepts.clone(),
             inputs: Vec::new(),
             outputs: Vec::new(),
+            streams: offer.streams,
         })),
     })
     .await
@@ -312,7 +316,7 @@ async fn run(
             Some(pb::serve_event::Kind::Drain(_)) => {
                 seen.lock().expect("seen").drains += 1;
             }
-            Some(pb::serve_event::Kind::Accepted(_)) | None => {}
+            Some(pb::serve_event::Kind::Accepted(_) | pb::serve_event::Kind::Window(_)) | None => {}
         }
     };
     beats.abort();

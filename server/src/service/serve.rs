@@ -97,6 +97,8 @@ pub async fn open(
         kind: Some(pb::serve_event::Kind::Accepted(pb::ServeAccepted {
             serve_id: serve_id.clone(),
             version,
+            // No streaming workers yet (check_offer refuses them).
+            initial_window: 0,
         })),
     };
     let app2 = app.clone();
@@ -116,6 +118,11 @@ fn check_offer(offer: &pb::ServeOffer) -> Result<(bool, bool), Status> {
     let bad = |m: String| Err(Status::invalid_argument(m));
     if offer.model.is_empty() {
         return bad("the offer names no model".into());
+    }
+    if offer.streams > 0 {
+        return Err(Status::unimplemented(
+            "streaming workers (ServeOffer.streams) are not served yet",
+        ));
     }
     if !(1..=MAX_CREDITS).contains(&offer.credits) {
         return bad(format!(
@@ -178,6 +185,15 @@ async fn read(
                             app.engine.worker_result(id, result).await;
                         }
                         Some(pb::serve_request::Kind::Heartbeat(_)) | None => {}
+                        Some(pb::serve_request::Kind::Part(_)) => {
+                            app.engine
+                                .worker_protocol_error(
+                                    id,
+                                    "a part from a worker that offered no streams".into(),
+                                )
+                                .await;
+                            return StreamEnd::Lost;
+                        }
                         Some(pb::serve_request::Kind::Offer(_)) => {
                             app.engine
                                 .worker_protocol_error(

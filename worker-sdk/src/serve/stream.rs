@@ -294,6 +294,13 @@ impl<H: Handler> Serving<H> {
                 }
             }
             Some(Kind::Accepted(_)) => warn!("a second ServeAccepted on one stream: ignored"),
+            // This SDK offers no streams (ServeOffer.streams 0), so it sends no parts.
+            Some(Kind::Window(window)) => {
+                debug!(
+                    item = window.item_id,
+                    "a window for a worker that streams nothing: ignored"
+                )
+            }
             None => {}
         }
         Ok(())

@@ -298,6 +298,7 @@ impl ServeCalls {
         call.send(pb::serve_event::Kind::Accepted(pb::ServeAccepted {
             serve_id: "serve-1".into(),
             version: offer.version,
+            initial_window: 0,
         }))
         .await;
         (call, offer)
