@@ -53,6 +53,7 @@ fn engine_config(config: &Config, tenants: &TenantStore) -> EngineConfig {
             .collect(),
         no_worker_wait: serving.no_worker_wait,
         mailbox: modelshare_serving::MAILBOX,
+        stream_window: modelshare_serving::STREAM_WINDOW,
     }
 }
 

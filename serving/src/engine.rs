@@ -15,8 +15,8 @@ use super::kind::Kind;
 use super::scheduler::WorkerId;
 use super::stats::VersionStats;
 pub use super::types::{
-    EngineConfig, InferRequest, InferResponse, MAILBOX, ModelServing, ServingSnapshot, StreamEnd,
-    StreamError, WorkerInfo, WorkerOffer,
+    EngineConfig, InferRequest, InferResponse, MAILBOX, ModelServing, Part, STREAM_WINDOW,
+    ServingSnapshot, StreamEnd, StreamError, WorkerInfo, WorkerOffer,
 };
 use modelshare_core::metrics::Metrics;
 
@@ -87,6 +87,7 @@ impl Engine {
             request,
             arrival: Instant::now(),
             reply,
+            parts: None,
         })?;
         let mut guard = CancelOnDrop {
             tx: &self.tx,
@@ -109,6 +110,39 @@ impl Engine {
     }
 
     /// Registers a Serve stream.
+    /// Submits a request of one item whose answer streams: its parts come from
+    /// [`PartStream::next`] as the worker sends them (at most `window` ahead of the reader,
+    /// the stream's back-pressure), then [`PartStream::finish`] gives the final answer.
+    /// Dropping the stream cancels the request at its worker. The deadline bounds the time to
+    /// the answer, as for [`Engine::infer`].
+    pub fn infer_stream(
+        &self,
+        request: InferRequest,
+        window: u32,
+    ) -> Result<PartStream, InferError> {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        let (parts_tx, parts) = mpsc::channel(window.max(1) as usize);
+        let model = request.model.clone();
+        let deadline = request.deadline;
+        self.offer(Command::Submit {
+            ticket,
+            request,
+            arrival: Instant::now(),
+            reply,
+            parts: Some(parts_tx),
+        })?;
+        Ok(PartStream {
+            tx: self.tx.clone(),
+            ticket,
+            parts,
+            answer: Some(answer),
+            model,
+            deadline,
+            done: false,
+        })
+    }
+
     pub fn open_worker(&self, offer: WorkerOffer) -> Result<WorkerStream, InferError> {
         let id = WorkerId(self.workers.fetch_add(1, Ordering::Relaxed) + 1);
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -123,6 +157,12 @@ impl Engine {
     /// A worker's answer to a batch; waits while the mailbox is full.
     pub async fn worker_result(&self, id: WorkerId, result: pb::BatchResult) {
         let _ = self.work.send(Command::Result { id, result }).await;
+    }
+
+    /// Hands in part of a streamed item's answer from worker `id` (waits for room in the
+    /// driver's mailbox, as a result does).
+    pub async fn worker_part(&self, id: WorkerId, part: pb::ItemPart) {
+        let _ = self.work.send(Command::Part { id, part }).await;
     }
 
     /// A worker broke the protocol: its stream ends with INVALID_ARGUMENT and `message`.
@@ -188,6 +228,66 @@ impl Drop for CancelOnDrop<'_> {
             let _ = self.tx.send(Command::Cancel {
                 ticket: self.ticket,
                 why: self.why,
+            });
+        }
+    }
+}
+
+/// A streamed request's parts and its final answer ([`Engine::infer_stream`]). Dropped before
+/// [`PartStream::finish`] has answered, it cancels the request at its worker.
+#[derive(Debug)]
+pub struct PartStream {
+    tx: mpsc::UnboundedSender<Command>,
+    ticket: u64,
+    parts: mpsc::Receiver<Part>,
+    answer: Option<oneshot::Receiver<Result<InferResponse, InferError>>>,
+    model: String,
+    deadline: Instant,
+    done: bool,
+}
+
+impl PartStream {
+    /// The next part, or `None` once the worker has sent its last (then call
+    /// [`PartStream::finish`]). Each part taken lets the worker send one more.
+    pub async fn next(&mut self) -> Option<Part> {
+        let part = self.parts.recv().await?;
+        let _ = self.tx.send(Command::Took {
+            ticket: self.ticket,
+        });
+        Some(part)
+    }
+
+    /// The final answer, after the last part (parts not yet taken are dropped), or why there
+    /// is none: the worker's error, [`InferError::StreamInterrupted`] when it was lost after a
+    /// part, or the deadline.
+    pub async fn finish(mut self) -> Result<InferResponse, InferError> {
+        let Some(answer) = self.answer.take() else {
+            return Err(InferError::ShuttingDown);
+        };
+        let result = match tokio::time::timeout_at(self.deadline.into(), answer).await {
+            Ok(answer) => answer.unwrap_or(Err(InferError::ShuttingDown)),
+            Err(_) => {
+                let _ = self.tx.send(Command::Cancel {
+                    ticket: self.ticket,
+                    why: Kind::DeadlineExceeded,
+                });
+                self.done = true;
+                return Err(InferError::DeadlineExceeded {
+                    model: self.model.clone(),
+                });
+            }
+        };
+        self.done = true;
+        result
+    }
+}
+
+impl Drop for PartStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Cancel {
+                ticket: self.ticket,
+                why: Kind::Cancelled,
             });
         }
     }

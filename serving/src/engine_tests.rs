@@ -570,3 +570,104 @@ async fn statistics_count_what_each_version_computed() {
     assert!(v.last_answer_unix_ms > 0 && v.success.ns > 0);
     assert!(e.stats(Some("other")).await.is_empty());
 }
+
+/// A part of `item` numbered `seq`, holding the byte `b`.
+fn part(batch: &pb::Batch, seq: u64, b: u8) -> pb::ItemPart {
+    pb::ItemPart {
+        batch_id: batch.batch_id,
+        item_id: batch.items[0].item_id,
+        seq,
+        output: Some(pb::ItemOutput {
+            tensors: vec![pb::TensorOutput {
+                name: "part".into(),
+                data: vec![b].into(),
+                ..Default::default()
+            }],
+            parameters: Default::default(),
+        }),
+    }
+}
+
+/// A streamed item's parts would not reach its caller in order, the reader's pace would not
+/// come back to the worker as window, or the final answer would be lost.
+#[tokio::test]
+async fn streamed_parts_reach_the_caller_and_reading_grants_window() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
+    let mut stream = e
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), 2)
+        .expect("submitted");
+    let batch = next_batch(&mut w).await;
+    for seq in 0..2 {
+        e.worker_part(w.id, part(&batch, seq, seq as u8)).await;
+    }
+    for seq in 0..2 {
+        let p = stream.next().await.expect("a part");
+        assert_eq!((p.seq, p.output.tensors[0].data[0]), (seq, seq as u8));
+        match next(&mut w).await {
+            pb::serve_event::Kind::Window(win) => {
+                assert_eq!((win.item_id, win.parts), (batch.items[0].item_id, 1))
+            }
+            other => panic!("expected a window, got {other:?}"),
+        }
+    }
+    e.worker_result(w.id, answer(&batch)).await;
+    let response = stream.finish().await.expect("answered");
+    assert_eq!(lens(&response), vec![3]);
+    drained(&e).await;
+}
+
+/// A worker that sends more parts than the window would make the server buffer without
+/// bound; one lost after a part would have its item sent to another worker.
+#[tokio::test]
+async fn past_the_window_ends_the_worker_and_a_started_item_is_not_requeued() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
+    let stream = e
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), 1)
+        .expect("submitted");
+    let batch = next_batch(&mut w).await;
+    e.worker_part(w.id, part(&batch, 0, 0)).await;
+    e.worker_part(w.id, part(&batch, 1, 1)).await;
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match w.events.recv().await {
+                Some(Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream was ended with an error");
+    e.worker_ended(w.id, StreamEnd::Lost).await;
+    let error = stream.finish().await.expect_err("interrupted");
+    assert!(
+        matches!(error, InferError::StreamInterrupted { .. }),
+        "{error:?}"
+    );
+    drained(&e).await;
+}
+
+/// A caller that goes away mid-stream leaves its item running at the worker.
+#[tokio::test]
+async fn a_dropped_stream_cancels_its_item_at_the_worker() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
+    let mut stream = e
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), 4)
+        .expect("submitted");
+    let batch = next_batch(&mut w).await;
+    e.worker_part(w.id, part(&batch, 0, 0)).await;
+    assert!(stream.next().await.is_some());
+    assert!(matches!(
+        next(&mut w).await,
+        pb::serve_event::Kind::Window(_)
+    ));
+    drop(stream);
+    match next(&mut w).await {
+        pb::serve_event::Kind::Cancel(c) => assert_eq!(c.item_ids, vec![batch.items[0].item_id]),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    e.worker_result(w.id, answer(&batch)).await;
+    drained(&e).await;
+}

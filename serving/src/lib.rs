@@ -43,7 +43,8 @@ mod tests;
 mod types;
 
 pub use self::engine::{
-    Engine, EngineConfig, InferRequest, InferResponse, MAILBOX, StreamError, WorkerStream,
+    Engine, EngineConfig, InferRequest, InferResponse, MAILBOX, Part, PartStream, STREAM_WINDOW,
+    StreamError, WorkerStream,
 };
 pub use self::error::InferError;
 pub use self::kind::Kind;

@@ -47,7 +47,13 @@ pub struct EngineConfig {
     /// driver at once; past it a request is refused at once (UNAVAILABLE, retry after a
     /// second) and a worker's next result waits for room.
     pub mailbox: usize,
+    /// Parts of one streamed item a worker may send before its caller has taken them (the
+    /// stream's window, [`super::Engine::infer_stream`]).
+    pub stream_window: u32,
 }
+
+/// Default of [`EngineConfig::stream_window`].
+pub const STREAM_WINDOW: u32 = 16;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -57,6 +63,7 @@ impl Default for EngineConfig {
             tenant_weights: HashMap::new(),
             no_worker_wait: Duration::from_secs(5),
             mailbox: MAILBOX,
+            stream_window: STREAM_WINDOW,
         }
     }
 }
@@ -88,6 +95,15 @@ pub struct InferResponse {
     pub versions: Vec<u32>,
     /// One output per item, in item order.
     pub outputs: Vec<pb::ItemOutput>,
+}
+
+/// Part of a streamed item's answer, as its worker sent it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// Its number among the item's parts, from 0.
+    pub seq: u64,
+    /// The part.
+    pub output: pb::ItemOutput,
 }
 
 impl InferResponse {

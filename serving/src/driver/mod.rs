@@ -28,7 +28,7 @@ use super::scheduler::{
 };
 use super::stats::{Stats, VersionStats};
 use super::types::{
-    EngineConfig, InferRequest, InferResponse, ModelServing, ServingSnapshot, StreamEnd,
+    EngineConfig, InferRequest, InferResponse, ModelServing, Part, ServingSnapshot, StreamEnd,
     StreamError, WorkerInfo, WorkerOffer,
 };
 use modelshare_core::metrics::Metrics;
@@ -36,6 +36,7 @@ use modelshare_core::metrics::Metrics;
 mod inputs;
 mod report;
 mod requests;
+mod streams;
 mod workers;
 
 /// Statistics by model, then version (`Engine::stats`).
@@ -56,6 +57,17 @@ pub(super) enum Command {
         request: InferRequest,
         arrival: Instant,
         reply: Reply,
+        /// For a streamed item: where its parts go (bounded: the stream's window).
+        parts: Option<mpsc::Sender<Part>>,
+    },
+    /// A worker sent part of a streamed item's answer.
+    Part {
+        id: WorkerId,
+        part: pb::ItemPart,
+    },
+    /// The caller of `ticket` took one part of its stream: the worker may send one more.
+    Took {
+        ticket: u64,
     },
     Cancel {
         ticket: u64,
@@ -98,6 +110,8 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let name = match self {
             Self::Submit { .. } => "Submit",
+            Self::Part { .. } => "Part",
+            Self::Took { .. } => "Took",
             Self::Cancel { .. } => "Cancel",
             Self::OpenWorker { .. } => "OpenWorker",
             Self::Result { .. } => "Result",
@@ -122,6 +136,10 @@ struct Waiter {
     arrival: Instant,
     /// The request's `text_input`.
     text_input: Option<String>,
+    /// A streamed request (one item): where its parts go, and the worker and wire item id
+    /// streaming it once its first part came.
+    parts: Option<mpsc::Sender<Part>>,
+    streaming: Option<(WorkerId, u64)>,
 }
 
 /// A batch sent to a worker: its items in order, and those failed here instead of being sent
@@ -305,7 +323,10 @@ impl Driver {
                 request,
                 arrival,
                 reply,
-            } => self.submit(ticket, request, arrival, reply),
+                parts,
+            } => self.submit(ticket, request, arrival, reply, parts),
+            Command::Part { id, part } => self.part(id, part),
+            Command::Took { ticket } => self.took(ticket),
             Command::Cancel { ticket, why } => self.cancel(ticket, why),
             Command::OpenWorker { id, offer, events } => self.open_worker(id, offer, events),
             Command::Result { id, result } => self.result(id, result),

@@ -28,6 +28,7 @@ impl Driver {
         request: InferRequest,
         arrival: Instant,
         reply: Reply,
+        parts: Option<mpsc::Sender<Part>>,
     ) {
         if self.shutting_down {
             return self.answer_now(&request, reply, InferError::ShuttingDown);
@@ -37,6 +38,10 @@ impl Driver {
                 "a request has at most {} inputs",
                 MAX_ITEMS_PER_REQUEST - 1
             ));
+            return self.answer_now(&request, reply, error);
+        }
+        if parts.is_some() && request.items.len() != 1 {
+            let error = InferError::InvalidInput("a streamed request has one input".into());
             return self.answer_now(&request, reply, error);
         }
         if let Some(index) = request.items.iter().position(|i| i.input.is_none()) {
@@ -87,6 +92,8 @@ impl Driver {
                 items,
                 arrival,
                 text_input: request.text_input,
+                parts,
+                streaming: None,
             },
         );
     }
