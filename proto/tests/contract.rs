@@ -468,6 +468,7 @@ fn serve_messages_round_trip() {
                 deadline_unix_ms: 1_700_000_000_000,
                 request_id: "req-1".into(),
                 traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+                stream: false,
             }],
         })),
     };

@@ -67,11 +67,16 @@ pub async fn open(
         .serve_target(&caller, &offer.session_id, &offer.model, offer.version)
         .map_err(|e| app.refuse(e))?;
     let serve_id = uuid::Uuid::new_v4().to_string();
+    let streams = offer.streams;
     let spec = WorkerSpec {
         model: offer.model.clone(),
         version,
-        credits: offer.credits,
-        max_items: offer.max_batch_items as usize,
+        credits: if streams > 0 { streams } else { offer.credits },
+        max_items: if streams > 0 {
+            1
+        } else {
+            offer.max_batch_items as usize
+        },
         max_bytes: if offer.max_batch_bytes == 0 {
             MAX_BATCH_BYTES
         } else {
@@ -97,14 +102,22 @@ pub async fn open(
         kind: Some(pb::serve_event::Kind::Accepted(pb::ServeAccepted {
             serve_id: serve_id.clone(),
             version,
-            // No streaming workers yet (check_offer refuses them).
-            initial_window: 0,
+            initial_window: if streams > 0 {
+                modelshare_serving::STREAM_WINDOW
+            } else {
+                0
+            },
         })),
     };
     let app2 = app.clone();
     let model = offer.model;
     tokio::spawn(async move {
-        let end = read(&app2, id, &model, version, inbound, live, silence).await;
+        let served = Served {
+            model: &model,
+            version,
+            streaming: streams > 0,
+        };
+        let end = read(&app2, id, served, inbound, live, silence).await;
         debug!(serve = %serve_id, ?end, "serve stream ended");
         app2.engine.worker_ended(id, end).await;
     });
@@ -119,18 +132,22 @@ fn check_offer(offer: &pb::ServeOffer) -> Result<(bool, bool), Status> {
     if offer.model.is_empty() {
         return bad("the offer names no model".into());
     }
-    if offer.streams > 0 {
-        return Err(Status::unimplemented(
-            "streaming workers (ServeOffer.streams) are not served yet",
+    if offer.streams > MAX_CREDITS {
+        return bad(format!(
+            "streams must be at most {MAX_CREDITS}, got {}",
+            offer.streams
         ));
     }
-    if !(1..=MAX_CREDITS).contains(&offer.credits) {
+    // A streaming worker's credits and batch size are ignored (one item a batch, `streams`
+    // batches out).
+    let streaming = offer.streams > 0;
+    if !streaming && !(1..=MAX_CREDITS).contains(&offer.credits) {
         return bad(format!(
             "credits must be between 1 and {MAX_CREDITS}, got {}",
             offer.credits
         ));
     }
-    if !(1..=MAX_BATCH_ITEMS).contains(&offer.max_batch_items) {
+    if !streaming && !(1..=MAX_BATCH_ITEMS).contains(&offer.max_batch_items) {
         return bad(format!(
             "max_batch_items must be between 1 and {MAX_BATCH_ITEMS}, got {}",
             offer.max_batch_items
@@ -161,16 +178,28 @@ fn check_offer(offer: &pb::ServeOffer) -> Result<(bool, bool), Status> {
     Ok((text, tensors))
 }
 
+/// What a Serve stream serves, as its offer was taken.
+struct Served<'a> {
+    model: &'a str,
+    version: u32,
+    /// A streaming worker (its parts are forwarded).
+    streaming: bool,
+}
+
 /// Reads a worker's messages until the stream ends; says how it ended.
 async fn read(
     app: &App,
     id: WorkerId,
-    model: &str,
-    version: u32,
+    served: Served<'_>,
     mut inbound: Streaming<pb::ServeRequest>,
     live: std::sync::Arc<crate::hub::Live>,
     silence: std::time::Duration,
 ) -> StreamEnd {
+    let Served {
+        model,
+        version,
+        streaming,
+    } = served;
     let mut events = app.host.registry.subscribe();
     let mut draining = false;
     loop {
@@ -185,6 +214,9 @@ async fn read(
                             app.engine.worker_result(id, result).await;
                         }
                         Some(pb::serve_request::Kind::Heartbeat(_)) | None => {}
+                        Some(pb::serve_request::Kind::Part(part)) if streaming => {
+                            app.engine.worker_part(id, part).await;
+                        }
                         Some(pb::serve_request::Kind::Part(_)) => {
                             app.engine
                                 .worker_protocol_error(

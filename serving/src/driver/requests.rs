@@ -77,6 +77,7 @@ impl Driver {
             let id = ItemId { request: id, index };
             item.item_id = wire_id(id);
             item.deadline_unix_ms = deadline_unix_ms;
+            item.stream = parts.is_some();
             self.payloads.insert(id, item);
         }
         self.dirty.insert(request.model.clone());

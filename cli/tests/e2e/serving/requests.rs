@@ -55,6 +55,37 @@ async fn a_request_is_computed_by_a_worker_and_the_answer_names_its_version() {
     worker.close().await.expect("clean close");
 }
 
+/// A streaming worker gets one item a batch, at most `streams` out, the stream's window in its
+/// ServeAccepted (its credits and batch size ignored); a request that does not stream gets its
+/// final results from it as from any worker.
+#[tokio::test]
+async fn a_streaming_worker_takes_one_item_a_batch() {
+    let server = server_with(&[], &["enc"]).await;
+    let offer = Offer {
+        streams: 2,
+        credits: 0,
+        max_batch_items: 0,
+        ..Offer::default()
+    };
+    let worker = serve(&server.address, "enc", offer).await;
+    assert_eq!(worker.accepted.initial_window, 16);
+    let mut client = oip_client(&server, None).await;
+    let r = client
+        .model_infer(texts("enc", &["a", "hello world", ""]))
+        .await
+        .expect("infer")
+        .into_inner();
+    assert_eq!(
+        rows(&r),
+        vec![vec![1.0, 1.0], vec![11.0, 1.0], vec![0.0, 1.0]]
+    );
+    let seen = worker.seen();
+    assert_eq!(seen.sizes, vec![1, 1, 1]);
+    assert!(seen.max_held <= 2, "{seen:?}");
+    assert_drained(&server).await;
+    worker.close().await.expect("clean close");
+}
+
 #[tokio::test]
 async fn bad_offers_are_refused_with_the_documented_codes() {
     let server = server_with(&[], &["enc"]).await;
@@ -73,8 +104,7 @@ async fn bad_offers_are_refused_with_the_documented_codes() {
         (bad(|o| o.accepts.clear()), Code::InvalidArgument),
         (bad(|o| o.max_batch_bytes = 1 << 40), Code::InvalidArgument),
         (bad(|o| o.version = 7), Code::NotFound),
-        // Streaming workers are not served yet (issue 30): refused, never half-served.
-        (bad(|o| o.streams = 4), Code::Unimplemented),
+        (bad(|o| o.streams = 2000), Code::InvalidArgument),
     ] {
         let got = try_serve(&server.address, None, "enc", offer.clone()).await;
         let status = got.err().unwrap_or_else(|| panic!("{offer:?} accepted"));
