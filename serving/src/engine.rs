@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use modelshare_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
@@ -109,26 +109,28 @@ impl Engine {
         result
     }
 
-    /// Registers a Serve stream.
     /// Submits a request of one item whose answer streams: its parts come from
-    /// [`PartStream::next`] as the worker sends them (at most `window` ahead of the reader,
-    /// the stream's back-pressure), then [`PartStream::finish`] gives the final answer.
-    /// Dropping the stream cancels the request at its worker. The deadline bounds the time to
-    /// the answer, as for [`Engine::infer`].
+    /// [`PartStream::next`] as the worker sends them (at most `limits.window` ahead of the
+    /// reader, the stream's back-pressure; it must be the window the workers were granted,
+    /// [`EngineConfig::stream_window`]), then [`PartStream::finish`] gives the final answer.
+    /// Dropping the stream cancels the request at its worker. The request's deadline bounds
+    /// the time to the first part (or the answer); after it, `limits.idle` between parts and
+    /// `limits.longest` for the whole stream.
     pub fn infer_stream(
         &self,
         request: InferRequest,
-        window: u32,
+        limits: StreamLimits,
     ) -> Result<PartStream, InferError> {
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
-        let (parts_tx, parts) = mpsc::channel(window.max(1) as usize);
+        let (parts_tx, parts) = mpsc::channel(limits.window.max(1) as usize);
         let model = request.model.clone();
         let deadline = request.deadline;
+        let arrival = Instant::now();
         self.offer(Command::Submit {
             ticket,
             request,
-            arrival: Instant::now(),
+            arrival,
             reply,
             parts: Some(parts_tx),
         })?;
@@ -139,10 +141,14 @@ impl Engine {
             answer: Some(answer),
             model,
             deadline,
+            limits,
+            arrival,
+            last_part: None,
             done: false,
         })
     }
 
+    /// Registers a Serve stream.
     pub fn open_worker(&self, offer: WorkerOffer) -> Result<WorkerStream, InferError> {
         let id = WorkerId(self.workers.fetch_add(1, Ordering::Relaxed) + 1);
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -233,6 +239,32 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
+/// How long a streamed answer may take once its first part came ([`Engine::infer_stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Parts the worker may send ahead of the reader ([`EngineConfig::stream_window`]).
+    pub window: u32,
+    /// The longest wait for the next part (or the final answer) after a part.
+    pub idle: Duration,
+    /// The longest a stream lasts from its arrival.
+    pub longest: Duration,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            window: STREAM_WINDOW,
+            idle: STREAM_IDLE,
+            longest: STREAM_LONGEST,
+        }
+    }
+}
+
+/// Default of [`StreamLimits::idle`]: a minute without a part.
+pub const STREAM_IDLE: Duration = Duration::from_secs(60);
+/// Default of [`StreamLimits::longest`]: an hour.
+pub const STREAM_LONGEST: Duration = Duration::from_secs(3600);
+
 /// A streamed request's parts and its final answer ([`Engine::infer_stream`]). Dropped before
 /// [`PartStream::finish`] has answered, it cancels the request at its worker.
 #[derive(Debug)]
@@ -243,42 +275,81 @@ pub struct PartStream {
     answer: Option<oneshot::Receiver<Result<InferResponse, InferError>>>,
     model: String,
     deadline: Instant,
+    limits: StreamLimits,
+    arrival: Instant,
+    last_part: Option<Instant>,
     done: bool,
 }
 
 impl PartStream {
     /// The next part, or `None` once the worker has sent its last (then call
-    /// [`PartStream::finish`]). Each part taken lets the worker send one more.
-    pub async fn next(&mut self) -> Option<Part> {
-        let part = self.parts.recv().await?;
+    /// [`PartStream::finish`]). Each part taken lets the worker send one more. A part (or the
+    /// end of the parts) later than the stream's limits is an error, and the request is
+    /// cancelled at its worker.
+    pub async fn next(&mut self) -> Result<Option<Part>, InferError> {
+        let by = self.limit();
+        let part = match tokio::time::timeout_at(by.into(), self.parts.recv()).await {
+            Ok(part) => part,
+            Err(_) => return Err(self.expired()),
+        };
+        let Some(part) = part else {
+            return Ok(None);
+        };
+        self.last_part = Some(Instant::now());
         let _ = self.tx.send(Command::Took {
             ticket: self.ticket,
         });
-        Some(part)
+        Ok(Some(part))
     }
 
     /// The final answer, after the last part (parts not yet taken are dropped), or why there
     /// is none: the worker's error, [`InferError::StreamInterrupted`] when it was lost after a
-    /// part, or the deadline.
+    /// part, or a limit of the stream.
     pub async fn finish(mut self) -> Result<InferResponse, InferError> {
         let Some(answer) = self.answer.take() else {
             return Err(InferError::ShuttingDown);
         };
-        let result = match tokio::time::timeout_at(self.deadline.into(), answer).await {
+        let by = self.limit();
+        let result = match tokio::time::timeout_at(by.into(), answer).await {
             Ok(answer) => answer.unwrap_or(Err(InferError::ShuttingDown)),
-            Err(_) => {
-                let _ = self.tx.send(Command::Cancel {
-                    ticket: self.ticket,
-                    why: Kind::DeadlineExceeded,
-                });
-                self.done = true;
-                return Err(InferError::DeadlineExceeded {
-                    model: self.model.clone(),
-                });
-            }
+            Err(_) => return Err(self.expired()),
         };
         self.done = true;
         result
+    }
+
+    /// When the next part must have come: the deadline before the first, then the idle
+    /// limit after the last, never past the longest stream.
+    fn limit(&self) -> Instant {
+        let longest = self.arrival + self.limits.longest;
+        match self.last_part {
+            None => self.deadline.min(longest),
+            Some(last) => (last + self.limits.idle).min(longest),
+        }
+    }
+
+    /// The stream ran past a limit: its request is cancelled, and the error says which.
+    fn expired(&mut self) -> InferError {
+        let _ = self.tx.send(Command::Cancel {
+            ticket: self.ticket,
+            why: Kind::DeadlineExceeded,
+        });
+        self.done = true;
+        let model = self.model.clone();
+        let now = Instant::now();
+        if now >= self.arrival + self.limits.longest {
+            InferError::StreamTooLong {
+                model,
+                longest: self.limits.longest,
+            }
+        } else if self.last_part.is_some() {
+            InferError::StreamStalled {
+                model,
+                idle: self.limits.idle,
+            }
+        } else {
+            InferError::DeadlineExceeded { model }
+        }
     }
 }
 

@@ -588,6 +588,50 @@ fn part(batch: &pb::Batch, seq: u64, b: u8) -> pb::ItemPart {
     }
 }
 
+/// Stream limits of `window` parts, a minute idle and an hour long.
+fn window(window: u32) -> StreamLimits {
+    StreamLimits {
+        window,
+        ..StreamLimits::default()
+    }
+}
+
+/// A worker that stops sending mid-stream would hold its caller (and its slot) for ever; the
+/// deadline, meant for the first part, would cut a long healthy stream.
+#[tokio::test]
+async fn a_stalled_stream_ends_after_its_idle_limit_and_is_cancelled_at_the_worker() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
+    let limits = StreamLimits {
+        window: 4,
+        idle: Duration::from_millis(300),
+        longest: Duration::from_secs(60),
+    };
+    // A deadline shorter than the stream: it bounds the first part only.
+    let mut stream = e
+        .infer_stream(request(None, &["abc"], Duration::from_millis(200)), limits)
+        .expect("submitted");
+    let batch = next_batch(&mut w).await;
+    let mut last = Instant::now();
+    for seq in 0..3 {
+        // Parts 150 ms apart: the whole stream outlives the 200 ms deadline.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        e.worker_part(w.id, part(&batch, seq, 0)).await;
+        assert!(stream.next().await.expect("in time").is_some());
+        last = Instant::now();
+        assert!(matches!(next(&mut w).await, pb::serve_event::Kind::Window(_)));
+    }
+    let error = stream.next().await.expect_err("stalled");
+    assert!(matches!(error, InferError::StreamStalled { .. }), "{error:?}");
+    assert!(last.elapsed() >= Duration::from_millis(290), "{:?}", last.elapsed());
+    match next(&mut w).await {
+        pb::serve_event::Kind::Cancel(c) => assert_eq!(c.item_ids, vec![batch.items[0].item_id]),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    e.worker_result(w.id, answer(&batch)).await;
+    drained(&e).await;
+}
+
 /// A streamed item's parts would not reach its caller in order, the reader's pace would not
 /// come back to the worker as window, or the final answer would be lost.
 #[tokio::test]
@@ -595,14 +639,14 @@ async fn streamed_parts_reach_the_caller_and_reading_grants_window() {
     let e = engine(quick());
     let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
     let mut stream = e
-        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), 2)
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), window(2))
         .expect("submitted");
     let batch = next_batch(&mut w).await;
     for seq in 0..2 {
         e.worker_part(w.id, part(&batch, seq, seq as u8)).await;
     }
     for seq in 0..2 {
-        let p = stream.next().await.expect("a part");
+        let p = stream.next().await.expect("in time").expect("a part");
         assert_eq!((p.seq, p.output.tensors[0].data[0]), (seq, seq as u8));
         match next(&mut w).await {
             pb::serve_event::Kind::Window(win) => {
@@ -624,7 +668,7 @@ async fn past_the_window_ends_the_worker_and_a_started_item_is_not_requeued() {
     let e = engine(quick());
     let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
     let stream = e
-        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), 1)
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), window(1))
         .expect("submitted");
     let batch = next_batch(&mut w).await;
     e.worker_part(w.id, part(&batch, 0, 0)).await;
@@ -654,11 +698,11 @@ async fn a_dropped_stream_cancels_its_item_at_the_worker() {
     let e = engine(quick());
     let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
     let mut stream = e
-        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), 4)
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), window(4))
         .expect("submitted");
     let batch = next_batch(&mut w).await;
     e.worker_part(w.id, part(&batch, 0, 0)).await;
-    assert!(stream.next().await.is_some());
+    assert!(stream.next().await.expect("in time").is_some());
     assert!(matches!(
         next(&mut w).await,
         pb::serve_event::Kind::Window(_)

@@ -55,6 +55,22 @@ pub enum InferError {
         /// The model.
         model: String,
     },
+    /// A streamed answer's worker sent no part for the stream's idle limit.
+    #[error("model '{model}' sent no part of this streamed answer for {} ms", idle.as_millis())]
+    StreamStalled {
+        /// The model.
+        model: String,
+        /// The idle limit.
+        idle: Duration,
+    },
+    /// A streamed answer ran past the longest time a stream may last.
+    #[error("this streamed answer of model '{model}' ran past the longest a stream lasts ({} s)", longest.as_secs())]
+    StreamTooLong {
+        /// The model.
+        model: String,
+        /// The longest a stream lasts.
+        longest: Duration,
+    },
     /// A worker failed an item of the request.
     #[error("input {index}: {message}")]
     Item {
@@ -91,7 +107,9 @@ impl InferError {
                 Kind::InvalidArgument
             }
             Self::Refused(_) => Kind::ResourceExhausted,
-            Self::DeadlineExceeded { .. } => Kind::DeadlineExceeded,
+            Self::DeadlineExceeded { .. }
+            | Self::StreamStalled { .. }
+            | Self::StreamTooLong { .. } => Kind::DeadlineExceeded,
             Self::NoWorker { .. }
             | Self::WorkersLost { .. }
             | Self::StreamInterrupted { .. }

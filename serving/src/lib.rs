@@ -43,7 +43,8 @@ mod tests;
 mod types;
 
 pub use self::engine::{
-    Engine, EngineConfig, InferRequest, InferResponse, MAILBOX, Part, PartStream, STREAM_WINDOW,
+    Engine, EngineConfig, InferRequest, InferResponse, MAILBOX, Part, PartStream, STREAM_IDLE,
+    STREAM_LONGEST, STREAM_WINDOW, StreamLimits,
     StreamError, WorkerStream,
 };
 pub use self::error::InferError;

@@ -15,6 +15,7 @@
 //! - `item`: the typed work ([`Batch`], [`Item`], [`Input`], [`InputTensor`],
 //!   [`Parameter`]; [`Accepts`]), converted from the wire and checked.
 //! - `output`: the answers ([`Output`], [`OutputTensor`], [`Outcome`]) and their wire form.
+//! - `sink`: [`PartSink`], how a streaming handler sends an item's parts within its window.
 //! - `handler`: the [`Handler`] trait.
 //! - `stream`: one stream, from the offer to its end (credits, cancels, heartbeats, drain).
 //! - [`supervise`]: a worker's whole life ([`serve_latest`]: session, attach, serve, attach
@@ -27,6 +28,7 @@ mod failure;
 mod handler;
 mod item;
 mod output;
+mod sink;
 mod stream;
 pub mod supervise;
 
@@ -44,6 +46,7 @@ pub use item::{
     Accepts, Batch, Input, InputTensor, Item, Parameter, element_size, oip_datatype, tensor_spec,
 };
 pub use output::{Outcome, Output, OutputTensor};
+pub use sink::{PartError, PartSink};
 pub use supervise::{Target, run_process, serve_latest, stop_on_signals};
 
 use crate::link::{Link, SessionCore};
@@ -73,6 +76,11 @@ pub struct ServeOptions {
     pub max_batch_bytes: u64,
     /// The input kinds taken. Default both.
     pub accepts: Accepts,
+    /// A streaming worker: how many items it answers at once, each through
+    /// [`Handler::handle_stream`] with its parts before the final output (`credits` and
+    /// `max_batch_items` are then ignored: each item comes alone). At most [`MAX_CREDITS`].
+    /// Default 0: a worker that answers batches through [`Handler::handle`].
+    pub streams: u32,
     /// The model's inputs as this worker runs it, for the OIP's ModelMetadata (see
     /// [`tensor_spec`]).
     pub inputs: Vec<pb::TensorSpec>,
@@ -95,6 +103,7 @@ impl Default for ServeOptions {
             max_batch_items: 32,
             max_batch_bytes: 0,
             accepts: Accepts::default(),
+            streams: 0,
             inputs: Vec::new(),
             outputs: Vec::new(),
             heartbeat_interval: None,
@@ -125,6 +134,9 @@ impl ServeOptions {
             let items = self.max_batch_items.into();
             return over("max_batch_items", items, MAX_BATCH_ITEMS.into());
         }
+        if self.streams > MAX_CREDITS {
+            return over("streams", self.streams.into(), MAX_CREDITS.into());
+        }
         if self.max_batch_bytes > MAX_BATCH_BYTES {
             let bytes = self.max_batch_bytes;
             return over(
@@ -154,15 +166,21 @@ impl ServeOptions {
             accepts: self.accepts.names(),
             inputs: self.inputs.clone(),
             outputs: self.outputs.clone(),
-            // Streaming items are not in this SDK yet (docs/design/streaming.md).
-            streams: 0,
+            streams: self.streams,
         }
     }
 
     fn limits(&self) -> stream::Limits {
+        let streaming = self.streams > 0;
+        let (credits, max_items) = if streaming {
+            (self.streams, 1)
+        } else {
+            (self.credits, self.max_batch_items)
+        };
         stream::Limits {
-            credits: usize::try_from(self.credits).unwrap_or(usize::MAX),
-            max_items: usize::try_from(self.max_batch_items).unwrap_or(usize::MAX),
+            credits: usize::try_from(credits).unwrap_or(usize::MAX),
+            max_items: usize::try_from(max_items).unwrap_or(usize::MAX),
+            streaming,
             max_bytes: self.max_batch_bytes,
             accepts: self.accepts,
         }

@@ -27,6 +27,11 @@ impl ItemFailure {
         Self::new(tonic::Code::InvalidArgument, message)
     }
 
+    /// UNIMPLEMENTED: the worker does not answer this kind of item.
+    pub fn unimplemented(message: impl Into<String>) -> Self {
+        Self::new(tonic::Code::Unimplemented, message)
+    }
+
     /// INTERNAL: the worker failed.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(tonic::Code::Internal, message)

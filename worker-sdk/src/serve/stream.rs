@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use modelshare_proto::v1 as pb;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{Id, JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
@@ -22,6 +22,7 @@ use super::failure::ItemFailure;
 use super::handler::Handler;
 use super::item::{Accepts, Batch, Item, deadline};
 use super::output::{Outcome, item_result};
+use super::sink::{PartSink, grant};
 use crate::WorkerError;
 use crate::link::Link;
 
@@ -51,6 +52,8 @@ pub(super) enum StreamEnd {
 pub(super) struct Limits {
     pub(super) credits: usize,
     pub(super) max_items: usize,
+    /// Items come one a batch and go to `handle_stream` (`credits` is then the streams).
+    pub(super) streaming: bool,
     pub(super) max_bytes: u64,
     pub(super) accepts: Accepts,
 }
@@ -111,6 +114,8 @@ pub(super) async fn run<H: Handler>(
         pending: HashMap::new(),
         queued: VecDeque::new(),
         tokens: HashMap::new(),
+        windows: HashMap::new(),
+        initial_window: accepted.initial_window,
         heartbeat,
         next_beat: Instant::now() + heartbeat,
         warned_over_credit: false,
@@ -214,6 +219,10 @@ struct Serving<H> {
     queued: VecDeque<pb::Batch>,
     /// The cancellation token of every item held (running or queued).
     tokens: HashMap<u64, CancellationToken>,
+    /// The window of every streamed item running: parts it may still send.
+    windows: HashMap<u64, Arc<Semaphore>>,
+    /// Parts a streamed item may send before the server grants more.
+    initial_window: u32,
     heartbeat: Duration,
     next_beat: Instant,
     warned_over_credit: bool,
@@ -294,13 +303,11 @@ impl<H: Handler> Serving<H> {
                 }
             }
             Some(Kind::Accepted(_)) => warn!("a second ServeAccepted on one stream: ignored"),
-            // This SDK offers no streams (ServeOffer.streams 0), so it sends no parts.
-            Some(Kind::Window(window)) => {
-                debug!(
-                    item = window.item_id,
-                    "a window for a worker that streams nothing: ignored"
-                )
-            }
+            // A window of an item already answered is late, not wrong.
+            Some(Kind::Window(window)) => match self.windows.get(&window.item_id) {
+                Some(open) => grant(open, window.parts),
+                None => debug!(item = window.item_id, "a window for no running item: ignored"),
+            },
             None => {}
         }
         Ok(())
@@ -336,6 +343,7 @@ impl<H: Handler> Serving<H> {
             return self.finish(batch.batch_id, &all, results).await;
         }
         let now = SystemTime::now();
+        let streamed = batch.items.iter().any(|i| i.stream);
         let mut answered = Vec::new();
         let mut items = Vec::with_capacity(batch.items.len());
         for item in batch.items {
@@ -360,14 +368,23 @@ impl<H: Handler> Serving<H> {
         }
         let ran = items.iter().map(|i| i.id).collect();
         let handler = self.handler.clone();
-        let typed = Batch {
-            id: batch.batch_id,
-            version: batch.version,
-            items,
+        let task = if self.limits.streaming {
+            // over_limits let one item through: the batch is that item.
+            let Some(item) = items.pop() else {
+                return self.finish(batch.batch_id, &all, answered).await;
+            };
+            let sink = self.sink(batch.batch_id, batch.version, &item, streamed)?;
+            self.running
+                .spawn(async move { vec![handler.handle_stream(item, sink).await] })
+        } else {
+            let typed = Batch {
+                id: batch.batch_id,
+                version: batch.version,
+                items,
+            };
+            self.running
+                .spawn(async move { handler.handle(typed).await })
         };
-        let task = self
-            .running
-            .spawn(async move { handler.handle(typed).await });
         self.pending.insert(
             task.id(),
             Pending {
@@ -378,6 +395,29 @@ impl<H: Handler> Serving<H> {
             },
         );
         Ok(())
+    }
+
+    /// The sink of a streamed item, its window opened at the stream's initial window.
+    fn sink(
+        &mut self,
+        batch_id: u64,
+        version: u32,
+        item: &Item,
+        streamed: bool,
+    ) -> Result<PartSink, Gone> {
+        let tx = self.tx.clone().ok_or(Gone)?;
+        let window = Arc::new(Semaphore::new(0));
+        grant(&window, self.initial_window);
+        self.windows.insert(item.id, window.clone());
+        Ok(PartSink::new(
+            tx,
+            batch_id,
+            item.id,
+            version,
+            window,
+            item.cancellation(),
+            streamed,
+        ))
     }
 
     /// Why a batch breaks the offer's limits, if it does.
@@ -467,6 +507,10 @@ impl<H: Handler> Serving<H> {
         }
         for id in all {
             self.tokens.remove(id);
+            // A part still waiting for room ends with StreamEnded.
+            if let Some(window) = self.windows.remove(id) {
+                window.close();
+            }
         }
         self.answer(batch_id, results).await
     }

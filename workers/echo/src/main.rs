@@ -9,6 +9,7 @@
 //!   after a server drain serves the latest version again.
 //! - [`echo`]: the computation itself (see its docs for the exact rules), tested on fixed
 //!   inputs with no server.
+//! - [`generate`]: its text generation, for a streaming worker (`--streams`), likewise.
 //!
 //! The server is `--server` (or `MODELSHARE_SERVER`), else the one the SDK's rule finds
 //! (`modelshare_worker::discover`: this user's socket, the container socket, then
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod echo;
+mod generate;
 mod worker;
 
 use std::io::IsTerminal;
@@ -52,6 +54,10 @@ struct Args {
     /// Most items in one batch.
     #[arg(long, default_value_t = 32)]
     max_batch_items: u32,
+    /// Serve as a streaming worker answering this many items at once (generation requests
+    /// stream their tokens; other items are answered whole); 0: a batch worker.
+    #[arg(long, default_value_t = 0)]
+    streams: u32,
     /// Most input bytes in one batch.
     #[arg(long, default_value_t = 4 << 20)]
     max_batch_bytes: u64,
@@ -81,6 +87,7 @@ fn main() -> ExitCode {
         credits: args.credits,
         max_batch_items: args.max_batch_items,
         max_batch_bytes: args.max_batch_bytes,
+        streams: args.streams,
         token: args.token,
         token_file: args.token_file,
     };

@@ -7,11 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
-use modelshare_worker::serve::{Batch, ItemFailure, Outcome, ServeOptions, Target, tensor_spec};
+use modelshare_worker::serve::{
+    Batch, Item, ItemFailure, Outcome, PartSink, ServeOptions, Target, tensor_spec,
+};
 use modelshare_worker::{ConnectOptions, Handler, Model, TokenArg, WorkerError};
 use tracing::info;
 
 use crate::echo::{Weights, compute, sleep_ms};
+use crate::generate::{generate, is_generation};
 
 /// What the worker serves, and how.
 #[derive(Debug, Clone)]
@@ -28,6 +31,8 @@ pub struct Config {
     pub max_batch_items: u32,
     /// Most input bytes per batch.
     pub max_batch_bytes: u64,
+    /// Items answered at once as a streaming worker (0: a batch worker).
+    pub streams: u32,
     /// `--token`.
     pub token: Option<TokenArg>,
     /// `--token-file`.
@@ -45,6 +50,7 @@ pub fn serve_options(config: &Config) -> ServeOptions {
         credits: config.credits,
         max_batch_items: config.max_batch_items,
         max_batch_bytes: config.max_batch_bytes,
+        streams: config.streams,
         inputs: vec![
             tensor_spec("text", DtypeBytes, &[-1]),
             tensor_spec("input_ids", DtypeI64, &[-1]),
@@ -120,6 +126,23 @@ impl Handler for Echo {
             .zip(sleeps)
             .map(|(item, slept)| slept.and_then(|_| compute(&w, item)))
             .collect()
+    }
+
+    /// A generation request streams its tokens ([`crate::generate`]); any other item is
+    /// answered whole, as in a batch of its own.
+    async fn handle_stream(&self, item: Item, mut sink: PartSink) -> Outcome {
+        if is_generation(&item) {
+            return generate(&item, &mut sink).await;
+        }
+        let batch = Batch {
+            id: sink.batch_id(),
+            version: sink.version(),
+            items: vec![item],
+        };
+        self.handle(batch)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(ItemFailure::internal("no outcome")))
     }
 }
 
