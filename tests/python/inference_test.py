@@ -108,14 +108,15 @@ class Stack:
     def http(self):
         return f"http://127.0.0.1:{self.http_port}"
 
-    def start_worker(self, kind, token=ADMIN):
+    def start_worker(self, kind, token=ADMIN, extra=()):
+        """Starts a worker of `kind` (rust, python) serving "enc"; `extra`: more of its flags."""
         env = dict(os.environ, MODELSHARE_TOKEN=token, RUST_LOG="info")
         if kind == "rust":
             cmd = [self.args.worker_bin, "--server", f"unix:{self.socket}", "--model", "enc",
-                   "--credits", "2", "--name", "rust-echo"]
+                   "--credits", "2", "--name", "rust-echo", *extra]
         else:
             cmd = [self.args.worker_python, os.path.join(ROOT, "workers", "python", "echo_worker.py"),
-                   "--server", f"unix:{self.socket}", "--model", "enc", "--credits", "2"]
+                   "--server", f"unix:{self.socket}", "--model", "enc", "--credits", "2", *extra]
         log = open(os.path.join(self.tmp, f"worker-{kind}-{len(self.workers)}.log"), "w")
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.workers.append(p)

@@ -7,10 +7,13 @@
 //!   into items, stack of outputs).
 //! - [`cpu`]: the bounded pool a request's heavy parsing and conversion run on, off the async
 //!   runtime.
+//! - [`generation`]: generation items (a prompt or chat messages, sampling parameters, the
+//!   streamed text and its end), as the OpenAI completion doors ask a worker for them.
 //! - [`deadline`]: a request's deadline from `grpc-timeout` or an HTTP timeout header, bounded
 //!   by the server's longest request time.
 
 pub mod deadline;
+pub mod generation;
 pub mod oip;
 pub mod triton;
 

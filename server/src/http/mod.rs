@@ -19,6 +19,7 @@
 //! Like the gRPC services, the handlers are thin: they read the shared state and convert.
 
 pub mod body;
+pub mod completions;
 pub mod door;
 pub mod json;
 pub mod metrics;
@@ -73,6 +74,8 @@ pub fn router(state: HttpState) -> Router {
         .merge(model_routes("/v2/models/{name}/{rest}"))
         .route("/v2/repository/index", post(triton::repository_index))
         .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
         .route("/v1/models/{id}/{rest}", get(openai::model))

@@ -11,14 +11,16 @@
 //! - The tokens are the source's words (Rust's `split_whitespace`), the first as is, each next
 //!   one with one space before it. Generation stops after `max_tokens` (int64 parameter,
 //!   default 16, at least 1) tokens (`finish_reason` `length`, unless that was the last word:
-//!   `stop`), or at the end of the words (`stop`), or where the text so far first contains
-//!   one of the `stop` strings (parameter `stop`, a JSON array of strings): the text is cut
-//!   before it and `finish_reason` is `stop`.
+//!   `stop`), or at the end of the words (`stop`), or at the first token after which the
+//!   text contains one of the `stop` strings (parameter `stop`, a JSON array of strings): the
+//!   text is cut before that string (tokens are cut or dropped: the worker knows its words
+//!   ahead, so it never sends what a stop string later takes back) and `finish_reason` is
+//!   `stop`.
 //! - Streamed (the caller takes a stream), each token is one part with the string parameter
 //!   `text`; the final output's `text` is empty. Not streamed, the final output's `text` is the
 //!   whole text. The final output also carries `finish_reason` (string), `prompt_tokens` (the
-//!   source's word count) and `completion_tokens` (tokens generated, the one cut by a stop
-//!   string included), int64.
+//!   source's word count) and `completion_tokens` (tokens generated, through the one that
+//!   completed a stop string), int64.
 //! - Cancelled, it stops at the next token.
 
 use std::time::Duration;
@@ -80,33 +82,41 @@ impl Request {
         })
     }
 
-    /// The tokens in order with the answer's end: the full text, `finish_reason`, and the
-    /// number of tokens generated.
-    fn tokens(&self) -> (Vec<String>, &'static str) {
+    /// The tokens to send (cut at a stop string), the answer's `finish_reason`, and the
+    /// number of tokens generated (through the one that completed the stop string).
+    fn tokens(&self) -> (Vec<String>, &'static str, usize) {
         let words: Vec<&str> = self.source.split_whitespace().collect();
         let max = usize::try_from(self.max_tokens).unwrap_or(usize::MAX);
         let mut tokens = Vec::new();
         let mut text = String::new();
         for (i, word) in words.iter().enumerate() {
             if i == max {
-                return (tokens, "length");
+                return (tokens, "length", i);
             }
             let token = if i == 0 {
                 (*word).to_owned()
             } else {
                 format!(" {word}")
             };
-            let before = text.len();
             text.push_str(&token);
-            if let Some(at) = self.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-                // Cut before the stop string: what of this token lies before it.
-                let keep = at.saturating_sub(before);
-                tokens.push(token[..keep.min(token.len())].to_owned());
-                return (tokens, "stop");
-            }
             tokens.push(token);
+            if let Some(at) = self.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+                // The text ends before the stop string, which may have begun tokens ago.
+                let generated = tokens.len();
+                let mut kept = Vec::new();
+                let mut length = 0;
+                for t in tokens {
+                    let keep = at.saturating_sub(length).min(t.len());
+                    length += t.len();
+                    if keep > 0 {
+                        kept.push(t[..keep].to_owned());
+                    }
+                }
+                return (kept, "stop", generated);
+            }
         }
-        (tokens, "stop")
+        let generated = tokens.len();
+        (tokens, "stop", generated)
     }
 
     fn prompt_tokens(&self) -> i64 {
@@ -135,8 +145,8 @@ fn last_content(messages: &str) -> Result<String, ItemFailure> {
 /// and returns the final output.
 pub async fn generate(item: &Item, sink: &mut PartSink) -> Outcome {
     let request = Request::of(item)?;
-    let (tokens, finish_reason) = request.tokens();
-    let generated = i64::try_from(tokens.len()).unwrap_or(i64::MAX);
+    let (tokens, finish_reason, generated) = request.tokens();
+    let generated = i64::try_from(generated).unwrap_or(i64::MAX);
     let mut whole = String::new();
     for token in tokens {
         if !request.sleep.is_zero() {
@@ -230,7 +240,7 @@ mod tests {
         let (parts, out) = streamed(item.clone()).await;
         assert_eq!(parts, ["one", " two", " thr"]);
         assert_eq!(text(&out, "finish_reason"), "stop");
-        assert_eq!(int(&out, "completion_tokens"), 3);
+        assert_eq!(int(&out, "completion_tokens"), 4);
         let (mut sink, _rx) = PartSink::collecting(false);
         let out = generate(&item, &mut sink).await.expect("whole");
         assert_eq!(text(&out, "text"), "one two thr");

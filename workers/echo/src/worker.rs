@@ -132,7 +132,11 @@ impl Handler for Echo {
     /// answered whole, as in a batch of its own.
     async fn handle_stream(&self, item: Item, mut sink: PartSink) -> Outcome {
         if is_generation(&item) {
-            return generate(&item, &mut sink).await;
+            let outcome = generate(&item, &mut sink).await;
+            if item.is_cancelled() {
+                info!(item = item.id, parts = sink.sent(), "generation cancelled by the server");
+            }
+            return outcome;
         }
         let batch = Batch {
             id: sink.batch_id(),

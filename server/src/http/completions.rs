@@ -1,0 +1,618 @@
+//! The OpenAI generation routes: `POST /v1/completions` and `POST /v1/chat/completions`, over
+//! a streaming worker's generation items ([`crate::front::generation`]).
+//!
+//! - `stream: true` answers with server-sent events: one `data: {chunk}` per part the worker
+//!   sends, a last chunk with the `finish_reason`, with `stream_options.include_usage` a chunk
+//!   of `usage` and no choices, then `data: [DONE]`. Otherwise one JSON body with the whole
+//!   text and `usage`.
+//! - An error before the first part (a bad request, an unknown model, a full queue, no part
+//!   within the deadline) is a plain JSON error in OpenAI's shape with its status; an error
+//!   after it is a last event `data: {"error": {...}}`, and the stream ends without `[DONE]`.
+//! - The reader's pace is the worker's: a part is taken from the request path only when the
+//!   connection has taken the one before (the stream's window, `Engine::infer_stream`). A
+//!   client that goes away cancels the item at its worker.
+//! - Read: `model`, `prompt` (a string, or a list of one) or `messages` (a non-empty list of
+//!   objects with a string `role`, forwarded to the worker as they came), `max_tokens` (chat:
+//!   or `max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop` (a string or a list of
+//!   at most 4), `n` (1 only), `stream`, `stream_options`. Refused: `echo`, `logprobs`,
+//!   `best_of` above 1, `suffix`, `tools` (not supported, 400). Other fields are ignored, as
+//!   OpenAI's own server ignores fields it does not use.
+
+use std::convert::Infallible;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::door::{self, DoorError};
+use super::openai::error;
+use super::state::HttpState;
+use crate::connections::Connection;
+use crate::front::generation::{self, Finish, Generation, Task, part_text};
+use crate::request_id::RequestTrace;
+use modelshare_serving::{InferError, InferResponse, Part, PartStream};
+
+/// Most chat messages in one request.
+const MAX_MESSAGES: usize = 4096;
+/// Most bytes of text collected for an answer that is not streamed.
+const MAX_COLLECTED: usize = 64 << 20;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `prompt`: one string or a list of one.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields both routes read.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: String,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    n: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    logprobs: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionBody {
+    #[serde(flatten)]
+    common: Common,
+    prompt: Prompt,
+    #[serde(default)]
+    echo: Option<bool>,
+    #[serde(default)]
+    best_of: Option<i64>,
+    #[serde(default)]
+    suffix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatBody {
+    #[serde(flatten)]
+    common: Common,
+    messages: Vec<Value>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+}
+
+/// What a request asks, read and checked.
+#[derive(Debug)]
+pub struct Asked {
+    model: String,
+    generation: Generation,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn unsupported(field: &str) -> DoorError {
+    DoorError::bad_request(format!("'{field}' is not supported by this server"))
+}
+
+fn stops(stop: Option<Stop>) -> Vec<String> {
+    match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    }
+}
+
+/// Reads a request body of `task`. Public for the fuzz target.
+pub fn asked(task: Task, body: &[u8]) -> Result<Asked, DoorError> {
+    let malformed = |e: serde_json::Error| {
+        DoorError::bad_request(format!("malformed request JSON: {e}"))
+    };
+    let (common, input, max_tokens) = match task {
+        Task::Completion => {
+            let super::json::Object(b) =
+                serde_json::from_slice::<super::json::Object<CompletionBody>>(body)
+                    .map_err(malformed)?;
+            if b.echo == Some(true) {
+                return Err(unsupported("echo"));
+            }
+            if b.best_of.is_some_and(|n| n != 1) {
+                return Err(unsupported("best_of"));
+            }
+            if b.suffix.is_some() {
+                return Err(unsupported("suffix"));
+            }
+            let prompt = match b.prompt {
+                Prompt::One(p) => p,
+                Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
+                Prompt::Many(_) => {
+                    return Err(DoorError::bad_request(
+                        "'prompt' must be a string or a list of one string",
+                    ));
+                }
+            };
+            let max = b.common.max_tokens;
+            (b.common, prompt, max)
+        }
+        Task::Chat => {
+            let super::json::Object(b) =
+                serde_json::from_slice::<super::json::Object<ChatBody>>(body)
+                    .map_err(malformed)?;
+            if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+                return Err(unsupported("tools"));
+            }
+            if b.messages.is_empty() {
+                return Err(DoorError::bad_request("'messages' is empty"));
+            }
+            if b.messages.len() > MAX_MESSAGES {
+                return Err(DoorError::bad_request(format!(
+                    "'messages' has {} entries; at most {MAX_MESSAGES}",
+                    b.messages.len()
+                )));
+            }
+            if let Some(i) = b
+                .messages
+                .iter()
+                .position(|m| !m.get("role").is_some_and(Value::is_string))
+            {
+                return Err(DoorError::bad_request(format!(
+                    "'messages[{i}]' is not an object with a string 'role'"
+                )));
+            }
+            let messages = serde_json::to_string(&b.messages).map_err(malformed)?;
+            let max = b.max_completion_tokens.or(b.common.max_tokens);
+            (b.common, messages, max)
+        }
+    };
+    if common.n.is_some_and(|n| n != 1) {
+        return Err(DoorError::bad_request("'n' must be 1"));
+    }
+    if common
+        .logprobs
+        .as_ref()
+        .is_some_and(|l| !l.is_null() && *l != Value::Bool(false))
+    {
+        return Err(unsupported("logprobs"));
+    }
+    let generation = Generation {
+        task,
+        input,
+        max_tokens,
+        temperature: common.temperature,
+        top_p: common.top_p,
+        seed: common.seed,
+        stop: stops(common.stop),
+    };
+    generation.check().map_err(DoorError::from)?;
+    Ok(Asked {
+        model: common.model,
+        generation,
+        stream: common.stream.unwrap_or(false),
+        include_usage: common
+            .stream_options
+            .unwrap_or_default()
+            .include_usage,
+    })
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(state): State<HttpState>,
+    connection: Option<Extension<Connection>>,
+    trace: Option<Extension<RequestTrace>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let connection = connection.map(|Extension(c)| c);
+    let trace = trace.map(|Extension(t)| t);
+    generate(state, connection, trace, headers, body, Task::Completion).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(state): State<HttpState>,
+    connection: Option<Extension<Connection>>,
+    trace: Option<Extension<RequestTrace>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let connection = connection.map(|Extension(c)| c);
+    let trace = trace.map(|Extension(t)| t);
+    generate(state, connection, trace, headers, body, Task::Chat).await
+}
+
+/// Both routes: admitted before the body is read, as `/v1/embeddings`.
+async fn generate(
+    state: HttpState,
+    connection: Option<Connection>,
+    trace: Option<RequestTrace>,
+    headers: HeaderMap,
+    body: Body,
+    task: Task,
+) -> Response {
+    let arrived = Instant::now();
+    let path = match task {
+        Task::Completion => "/v1/completions",
+        Task::Chat => "/v1/chat/completions",
+    };
+    let declared = super::body::declared_length(&headers);
+    let mut body = Some(body);
+    let result = async {
+        let (caller, guard) = door::admit(&state, path, &headers)?;
+        let deadline = door::deadline(&state, &headers, arrived)?;
+        let (bytes, hold) =
+            door::body(&state, connection.as_ref(), &headers, arrived, &mut body).await?;
+        let asked = state
+            .app
+            .cpu
+            .run_sized(bytes.len(), deadline, move || asked(task, &bytes))
+            .await??;
+        drop(hold);
+        let mut item = asked.generation.item();
+        let id = trace.as_ref().map_or_else(
+            || uuid::Uuid::new_v4().simple().to_string(),
+            |t| t.id.clone(),
+        );
+        if let Some(trace) = &trace {
+            trace.stamp(std::slice::from_mut(&mut item));
+        }
+        let mut parts = generation::stream(&state.app, &caller, &asked.model, item, deadline)?;
+        // The first part (or the answer) decides between an error and a stream.
+        let opening = match parts.next().await? {
+            Some(first) => Opening::Part(first, parts),
+            None => Opening::Answer(parts.finish().await?),
+        };
+        let reply = Reply {
+            task,
+            id,
+            model: asked.model,
+            created: unix_now(),
+        };
+        if asked.stream {
+            // The in-flight count lasts as long as the stream.
+            Ok::<_, DoorError>(reply.sse(opening, asked.include_usage, guard))
+        } else {
+            let (text, finish) = collect(opening).await?;
+            drop(guard);
+            Ok(Json(reply.whole(&text, &finish)).into_response())
+        }
+    }
+    .await;
+    door::drain(&state, declared, body);
+    result.unwrap_or_else(error)
+}
+
+/// How a streamed answer began: with its first part, or with its whole answer (a worker that
+/// sent no part, or failed before one).
+enum Opening {
+    Part(Part, PartStream),
+    Answer(InferResponse),
+}
+
+/// The end of the answer, from its final output.
+fn finish_of(r: &InferResponse) -> Result<Finish, InferError> {
+    r.outputs
+        .first()
+        .map(Finish::of)
+        .ok_or_else(|| InferError::BadOutput {
+            model: r.model.clone(),
+            reason: "no output".into(),
+        })
+}
+
+/// Every part's text and the end, for an answer that is not streamed.
+async fn collect(opening: Opening) -> Result<(String, Finish), InferError> {
+    let mut text = String::new();
+    let answer = match opening {
+        Opening::Answer(r) => r,
+        Opening::Part(first, mut parts) => {
+            let mut next = Some(first);
+            while let Some(part) = next {
+                text.push_str(part_text(&part.output));
+                if text.len() > MAX_COLLECTED {
+                    return Err(InferError::InvalidInput(format!(
+                        "the answer is longer than {MAX_COLLECTED} bytes; ask for fewer tokens or stream it"
+                    )));
+                }
+                next = parts.next().await?;
+            }
+            parts.finish().await?
+        }
+    };
+    let finish = finish_of(&answer)?;
+    text.push_str(&finish.text);
+    Ok((text, finish))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What every chunk and answer of one request repeats.
+#[derive(Debug, Clone)]
+struct Reply {
+    task: Task,
+    id: String,
+    model: String,
+    created: u64,
+}
+
+fn usage(f: &Finish) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens.saturating_add(f.completion_tokens),
+    })
+}
+
+impl Reply {
+    fn id(&self) -> String {
+        match self.task {
+            Task::Completion => format!("cmpl-{}", self.id),
+            Task::Chat => format!("chatcmpl-{}", self.id),
+        }
+    }
+
+    /// The answer of a request that is not streamed.
+    fn whole(&self, text: &str, f: &Finish) -> Value {
+        let (object, choice) = match self.task {
+            Task::Completion => (
+                "text_completion",
+                json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": f.reason }),
+            ),
+            Task::Chat => (
+                "chat.completion",
+                json!({
+                    "index": 0,
+                    "message": { "role": "assistant", "content": text },
+                    "logprobs": null,
+                    "finish_reason": f.reason,
+                }),
+            ),
+        };
+        json!({
+            "id": self.id(),
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(f),
+        })
+    }
+
+    /// One chunk: `text` new, `finish` on the last; with usage asked, `usage: null` on each.
+    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, with_usage: bool) -> Value {
+        let choice = match self.task {
+            Task::Completion => json!({
+                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+            }),
+            Task::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+            }
+        };
+        let mut chunk = json!({
+            "id": self.id(),
+            "object": match self.task {
+                Task::Completion => "text_completion",
+                Task::Chat => "chat.completion.chunk",
+            },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if with_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// The usage chunk of a stream that asked for it.
+    fn usage_chunk(&self, f: &Finish) -> Value {
+        let mut chunk = self.chunk(None, false, None, true);
+        chunk["choices"] = json!([]);
+        chunk["usage"] = usage(f);
+        chunk
+    }
+
+    /// The streamed answer: a task forwards each part as an event, one at a time, as the
+    /// connection takes them (a channel of one event), and stops (dropping the stream, which
+    /// cancels the item) when the connection is gone.
+    fn sse<G: Send + 'static>(self, opening: Opening, include_usage: bool, guard: G) -> Response {
+        let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(1);
+        tokio::spawn(async move {
+            let _guard = guard;
+            self.forward(opening, include_usage, &tx).await;
+        });
+        Sse::new(ReceiverStream::new(rx))
+            .keep_alive(KeepAlive::default())
+            .into_response()
+    }
+
+    async fn forward(
+        &self,
+        opening: Opening,
+        include_usage: bool,
+        tx: &mpsc::Sender<Result<Event, Infallible>>,
+    ) {
+        let send = |value: Value| {
+            let event = Event::default().data(value.to_string());
+            async move { tx.send(Ok(event)).await.is_ok() }
+        };
+        let mut opened = false;
+        let answer = match opening {
+            Opening::Answer(r) => Ok(r),
+            Opening::Part(first, mut parts) => {
+                let mut next = Some(first);
+                while let Some(part) = next {
+                    let text = part_text(&part.output);
+                    if !send(self.chunk(Some(text), !opened, None, include_usage)).await {
+                        return;
+                    }
+                    opened = true;
+                    // A connection gone while the worker is slow drops the stream now.
+                    next = tokio::select! {
+                        r = parts.next() => match r {
+                            Ok(n) => n,
+                            Err(e) => {
+                                send(error_event(&e)).await;
+                                return;
+                            }
+                        },
+                        () = tx.closed() => return,
+                    };
+                }
+                tokio::select! {
+                    r = parts.finish() => r,
+                    () = tx.closed() => return,
+                }
+            }
+        };
+        let finish = match answer.and_then(|r| finish_of(&r)) {
+            Ok(f) => f,
+            Err(e) => {
+                send(error_event(&e)).await;
+                return;
+            }
+        };
+        let text = (!finish.text.is_empty() || !opened).then_some(finish.text.as_str());
+        if !send(self.chunk(text, !opened, Some(&finish.reason), include_usage)).await {
+            return;
+        }
+        if include_usage && !send(self.usage_chunk(&finish)).await {
+            return;
+        }
+        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+    }
+}
+
+/// An error after the stream started, as OpenAI sends one: an event of `{"error": {...}}`.
+fn error_event(e: &InferError) -> Value {
+    let status = DoorError::from(e.clone()).status;
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    json!({ "error": { "message": e.to_string(), "type": kind, "param": null, "code": null } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_read_and_bounded() {
+        let a = asked(
+            Task::Completion,
+            br#"{"model":"m","prompt":"hi","max_tokens":3,"stop":"x","stream":true,"stream_options":{"include_usage":true},"presence_penalty":0.5}"#,
+        )
+        .expect("completion");
+        assert!(a.stream && a.include_usage);
+        assert_eq!(a.generation.stop, ["x"]);
+        assert_eq!(a.generation.max_tokens, Some(3));
+        let a = asked(
+            Task::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":2,"max_tokens":9}"#,
+        )
+        .expect("chat");
+        assert_eq!(a.generation.max_tokens, Some(2));
+        assert_eq!(a.generation.input, r#"[{"content":"hi","role":"user"}]"#);
+        for (task, bad) in [
+            (Task::Completion, &br#"{"model":"m"}"#[..]),
+            (Task::Completion, br#"{"model":"m","prompt":["a","b"]}"#),
+            (Task::Completion, br#"{"model":"m","prompt":"a","n":2}"#),
+            (Task::Completion, br#"{"model":"m","prompt":"a","echo":true}"#),
+            (Task::Completion, br#"{"model":"m","prompt":"a","logprobs":2}"#),
+            (Task::Completion, br#"{"model":"m","prompt":"a","max_tokens":0}"#),
+            (Task::Completion, br#"{"model":"m","prompt":"a","stop":["a","b","c","d","e"]}"#),
+            (Task::Completion, br#"["m","a"]"#),
+            (Task::Chat, br#"{"model":"m","messages":[]}"#),
+            (Task::Chat, br#"{"model":"m","messages":[{"content":"x"}]}"#),
+            (Task::Chat, br#"{"model":"m","messages":[1]}"#),
+            (Task::Chat, br#"{"model":"m","messages":[{"role":"user"}],"tools":[{}]}"#),
+            (Task::Chat, br#"{"model":"m","messages":[{"role":"user"}],"temperature":3}"#),
+        ] {
+            let e = asked(task, bad).expect_err("bad");
+            assert_eq!(
+                e.status,
+                axum::http::StatusCode::BAD_REQUEST,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn chunks_and_answers_have_openais_shape() {
+        let r = Reply {
+            task: Task::Chat,
+            id: "abc".into(),
+            model: "m".into(),
+            created: 7,
+        };
+        let c = r.chunk(Some("hi"), true, None, false);
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["choices"][0]["delta"], json!({"role": "assistant", "content": "hi"}));
+        assert!(c.get("usage").is_none());
+        let f = Finish {
+            text: String::new(),
+            reason: "length".into(),
+            prompt_tokens: 2,
+            completion_tokens: 3,
+        };
+        let u = r.usage_chunk(&f);
+        assert_eq!(u["choices"], json!([]));
+        assert_eq!(u["usage"]["total_tokens"], 5);
+        let w = r.whole("hello", &f);
+        assert_eq!(w["id"], "chatcmpl-abc");
+        assert_eq!(w["choices"][0]["message"]["content"], "hello");
+        let r = Reply {
+            task: Task::Completion,
+            ..r
+        };
+        let w = r.whole("hello", &f);
+        assert_eq!((w["object"].as_str(), w["choices"][0]["text"].as_str()), (Some("text_completion"), Some("hello")));
+    }
+}

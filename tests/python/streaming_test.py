@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Streamed answers through the official openai client (issue 30): a real modelshare server and
+the Rust echo worker as a streaming worker (`--streams`, its generation: the prompt's words as
+tokens, docs in workers/echo/src/generate.rs).
+
+- The openai client streams a completion and a chat completion (with usage), and gets the same
+  text whole when it does not stream.
+- Errors before the stream starts are plain OpenAI errors with their status (unknown model,
+  bad max_tokens, n > 1); an error after it is an error event the client raises.
+- A client that goes away mid-stream cancels the item at the worker: the worker logs the cancel,
+  its slot is free again (the time printed).
+- Another tenant's stream keeps receiving parts while one reader stalls.
+- A kill -9 of the worker ends its started stream with an error, and its unstarted item is
+  requeued to the next worker: never a hang.
+
+After each, the admin API must show nothing left.
+
+Usage: streaming_test.py --bin target/debug/modelshare --worker-bin target/debug/modelshare-echo-worker
+Prints "N passed, M failed" last; exits non-zero on any failure.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from inference_test import ADMIN, TA, TB, Stack  # noqa: E402
+
+WORDS = " ".join(f"w{i}" for i in range(200))
+
+
+def client(stack, token, timeout=30):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack.http()}/v1", api_key=token, max_retries=0, timeout=timeout)
+
+
+def in_flight(stack):
+    return sum(w.items_in_flight for _, w in stack.serving())
+
+
+def check_streams(stack):
+    c = client(stack, TA)
+    chunks = list(c.completions.create(model="enc", prompt="the quick brown fox", max_tokens=3, stream=True))
+    texts = [ch.choices[0].text for ch in chunks]
+    assert texts == ["the", " quick", " brown", ""], texts
+    assert [ch.choices[0].finish_reason for ch in chunks] == [None, None, None, "length"], chunks
+    assert len({ch.id for ch in chunks}) == 1 and chunks[0].id.startswith("cmpl-"), chunks[0].id
+    whole = c.completions.create(model="enc", prompt="the quick brown fox", max_tokens=3)
+    assert whole.choices[0].text == "the quick brown" and whole.choices[0].finish_reason == "length", whole
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (4, 3, 7), whole.usage
+    stop = c.completions.create(model="enc", prompt="one two three four", stop=["ee f"])
+    assert stop.choices[0].text == "one two thr" and stop.choices[0].finish_reason == "stop", stop
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there world"}]
+    chunks = list(c.chat.completions.create(model="enc", messages=messages, stream=True,
+                                            stream_options={"include_usage": True}))
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert content == "hello there world", chunks
+    assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+    assert chunks[-2].choices[0].finish_reason == "stop", chunks[-2]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3, chunks[-1]
+    whole = c.chat.completions.create(model="enc", messages=messages, max_completion_tokens=2)
+    assert whole.choices[0].message.content == "hello there", whole
+    assert whole.choices[0].message.role == "assistant" and whole.object == "chat.completion", whole
+    stack.assert_drained()
+
+
+def check_errors(stack):
+    import openai
+
+    c = client(stack, TA)
+    for call, want in [
+        (lambda: c.completions.create(model="nope", prompt="x", stream=True), openai.NotFoundError),
+        (lambda: c.completions.create(model="enc", prompt="x", max_tokens=0, stream=True), openai.BadRequestError),
+        (lambda: c.chat.completions.create(model="enc", messages=[{"role": "user", "content": "x"}], n=2),
+         openai.BadRequestError),
+        (lambda: c.chat.completions.create(model="enc", messages=[], stream=True), openai.BadRequestError),
+        # Model "priv" is tenant a's: tenant b is told it does not exist.
+        (lambda: client(stack, TB).completions.create(model="priv", prompt="x"), openai.NotFoundError),
+    ]:
+        try:
+            call()
+        except want as e:
+            assert e.body is None or "message" in (e.body if isinstance(e.body, dict) else {}), e.body
+        else:
+            raise AssertionError(f"expected {want.__name__}")
+    # A chat whose last message has no string content fails at the worker before any part:
+    # a plain 400, not an event.
+    try:
+        c.chat.completions.create(model="enc", messages=[{"role": "user", "content": [{"type": "text"}]}],
+                                  stream=True)
+    except openai.BadRequestError:
+        pass
+    else:
+        raise AssertionError("expected a 400")
+    stack.assert_drained()
+
+
+def worker_log(stack):
+    return "".join(open(os.path.join(stack.tmp, f)).read() for f in os.listdir(stack.tmp) if f.startswith("worker-"))
+
+
+def check_disconnect(stack):
+    c = client(stack, TA)
+    cancels = worker_log(stack).count("generation cancelled by the server")
+    stream = c.completions.create(model="enc", prompt="sleep:100 " + WORDS, max_tokens=150, stream=True)
+    got = [next(stream).choices[0].text for _ in range(3)]
+    assert got[0] == "sleep:100", got
+    assert in_flight(stack) == 1
+    t0 = time.monotonic()
+    stream.close()
+    while in_flight(stack) != 0:
+        assert time.monotonic() - t0 < 5, "the worker still holds the item 5 s after the disconnect"
+        time.sleep(0.01)
+    freed = time.monotonic() - t0
+    deadline = time.monotonic() + 5
+    while worker_log(stack).count("generation cancelled by the server") == cancels:
+        assert time.monotonic() < deadline, "the worker did not see the cancel"
+        time.sleep(0.05)
+    print(f"  disconnect to the worker's slot free: {freed * 1000:.0f} ms (the stream had ~15 s to go)")
+    stack.assert_drained()
+
+
+def check_stalled_reader(stack):
+    # Tenant a opens a stream of 200 slow tokens and reads nothing after the headers.
+    conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=30)
+    body = json.dumps({"model": "enc", "prompt": "sleep:5 " + WORDS, "max_tokens": 200, "stream": True})
+    conn.request("POST", "/v1/completions", body=body,
+                 headers={"authorization": f"Bearer {TA}", "content-type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream"), r.status
+    # Tenant b's stream goes on meanwhile, part after part.
+    c = client(stack, TB)
+    t0 = time.monotonic()
+    stamps = []
+    for ch in c.completions.create(model="enc", prompt="sleep:20 " + WORDS[:300], max_tokens=40, stream=True):
+        stamps.append(time.monotonic() - t0)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert len(stamps) == 41, len(stamps)
+    assert max(gaps) < 2.0, f"tenant b's stream stalled {max(gaps):.2f} s"
+    print(f"  tenant b: 40 parts in {stamps[-1]:.2f} s (largest gap {max(gaps) * 1000:.0f} ms) while a's reader stalled")
+    conn.close()
+    stack.assert_drained()
+
+
+def check_kill9(stack):
+    """Two streaming slots: item A streams (started), item B is at the worker but has sent
+    nothing yet; kill -9 of the worker, and a new one starts."""
+    import openai
+
+    victim = stack.workers[-1]
+    c = client(stack, TA)
+    out = {}
+
+    def started():
+        try:
+            for ch in c.completions.create(model="enc", prompt="sleep:100 " + WORDS, max_tokens=150, stream=True):
+                out.setdefault("a", []).append(ch.choices[0].text)
+        except openai.APIError as e:
+            out["a_error"] = e
+
+    def unstarted():
+        try:
+            out["b"] = c.completions.create(model="enc", prompt="sleep:2000 late", max_tokens=1).choices[0].text
+        except Exception as e:  # noqa: BLE001
+            out["b_error"] = e
+
+    ta = threading.Thread(target=started)
+    ta.start()
+    deadline = time.monotonic() + 10
+    while len(out.get("a", [])) < 2:
+        assert time.monotonic() < deadline, "stream a did not start"
+        time.sleep(0.01)
+    tb = threading.Thread(target=unstarted)
+    tb.start()
+    while in_flight(stack) < 2:
+        assert time.monotonic() < deadline, "item b did not reach the worker"
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    stack.workers.remove(victim)
+    t0 = time.monotonic()
+    ta.join(timeout=10)
+    assert not ta.is_alive(), "stream a hung after the kill"
+    print(f"  the started stream ended with an error {1000 * (time.monotonic() - t0):.0f} ms after the kill")
+    stack.start_worker("rust", extra=["--streams", "2"])
+    tb.join(timeout=30)
+    assert not tb.is_alive(), "item b hung after the kill"
+    assert "a_error" in out, out
+    assert "went away" in str(out["a_error"]), out["a_error"]
+    assert out.get("b") == "sleep:2000", out
+    stack.assert_drained()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "modelshare"))
+    ap.add_argument("--worker-bin", default=os.path.join(ROOT, "target", "debug", "modelshare-echo-worker"))
+    args = ap.parse_args()
+    args.worker_python = None
+    passed = failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(args, tmp)
+        try:
+            steps = [
+                ("the openai client streams a completion and a chat", lambda: (
+                    stack.start_worker("rust", extra=["--streams", "4"]), check_streams(stack))),
+                ("errors before and after the stream starts", lambda: check_errors(stack)),
+                ("a disconnect cancels the item at the worker", lambda: check_disconnect(stack)),
+                ("another tenant's stream goes on while a reader stalls", lambda: check_stalled_reader(stack)),
+                ("kill -9 ends a started stream and requeues an unstarted one", lambda: (
+                    stack.stop_worker(stack.workers[0]), stack.start_worker("rust", extra=["--streams", "2"]),
+                    check_kill9(stack))),
+            ]
+            for name, step in steps:
+                try:
+                    step()
+                    passed += 1
+                    print(f"test {name} ... ok")
+                except Exception:  # noqa: BLE001
+                    failed += 1
+                    print(f"test {name} ... FAILED")
+                    traceback.print_exc()
+        finally:
+            stack.close()
+            if failed:
+                print("--- server log ---")
+                print(open(os.path.join(tmp, "server.log")).read()[-6000:])
+                for f in sorted(os.listdir(tmp)):
+                    if f.startswith("worker-"):
+                        print(f"--- {f} ---")
+                        print(open(os.path.join(tmp, f)).read()[-3000:])
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
