@@ -619,11 +619,21 @@ async fn a_stalled_stream_ends_after_its_idle_limit_and_is_cancelled_at_the_work
         e.worker_part(w.id, part(&batch, seq, 0)).await;
         assert!(stream.next().await.expect("in time").is_some());
         last = Instant::now();
-        assert!(matches!(next(&mut w).await, pb::serve_event::Kind::Window(_)));
+        assert!(matches!(
+            next(&mut w).await,
+            pb::serve_event::Kind::Window(_)
+        ));
     }
     let error = stream.next().await.expect_err("stalled");
-    assert!(matches!(error, InferError::StreamStalled { .. }), "{error:?}");
-    assert!(last.elapsed() >= Duration::from_millis(290), "{:?}", last.elapsed());
+    assert!(
+        matches!(error, InferError::StreamStalled { .. }),
+        "{error:?}"
+    );
+    assert!(
+        last.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        last.elapsed()
+    );
     match next(&mut w).await {
         pb::serve_event::Kind::Cancel(c) => assert_eq!(c.item_ids, vec![batch.items[0].item_id]),
         other => panic!("expected a cancel, got {other:?}"),

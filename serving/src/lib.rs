@@ -44,8 +44,7 @@ mod types;
 
 pub use self::engine::{
     Engine, EngineConfig, InferRequest, InferResponse, MAILBOX, Part, PartStream, STREAM_IDLE,
-    STREAM_LONGEST, STREAM_WINDOW, StreamLimits,
-    StreamError, WorkerStream,
+    STREAM_LONGEST, STREAM_WINDOW, StreamError, StreamLimits, WorkerStream,
 };
 pub use self::error::InferError;
 pub use self::kind::Kind;

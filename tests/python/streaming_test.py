@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -72,6 +73,17 @@ def check_streams(stack):
     whole = c.chat.completions.create(model="enc", messages=messages, max_completion_tokens=2)
     assert whole.choices[0].message.content == "hello there", whole
     assert whole.choices[0].message.role == "assistant" and whole.object == "chat.completion", whole
+    # Time to first part, between parts, parts and tokens, for Prometheus.
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).read().decode()
+    metric = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    got = {k: v for k, v in metric.items() if k.startswith(("modelshare_stream_", "modelshare_generated_")) and "_bucket" not in k}
+    # Five answers (three completions, two chats), each a stream of parts: 3, 3, 3 ("one",
+    # " two", " thr"), 3 and 2 parts; 3 + 3 + 4 (through the stop string) + 3 + 2 tokens.
+    assert got['modelshare_stream_first_part_seconds_count{model="enc"}'] == 5, got
+    assert got['modelshare_stream_part_interval_seconds_count{model="enc"}'] == 2 + 2 + 2 + 2 + 1, got
+    assert got['modelshare_stream_parts_total{model="enc",tenant="a"}'] == 14, got
+    assert got['modelshare_generated_tokens_total{model="enc",tenant="a"}'] == 15, got
     stack.assert_drained()
 
 

@@ -1,8 +1,8 @@
 //! Making and registering the metric families: [`Families`] registers each family as it is
 //! made, and each group below makes one part of [`super::Metrics`]. [`super::Metrics::new`]
 //! calls the groups in this order, which is the order the families are registered in:
-//! [`Distributions`], [`MemoryGauges`], [`RequestFamilies`], [`LoadFamilies`],
-//! [`SessionDeviceGauges`].
+//! [`Distributions`], [`MemoryGauges`], [`RequestFamilies`], [`StreamFamilies`],
+//! [`LoadFamilies`], [`SessionDeviceGauges`].
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -62,6 +62,44 @@ impl Families<'_> {
             HistogramOpts::new(name, help).buckets(buckets),
             labels,
         )?)
+    }
+}
+
+/// Streamed answers: time to the first part and between parts (time to first token and
+/// inter-token latency when a part is a token), parts forwarded, tokens generated.
+pub(super) struct StreamFamilies {
+    pub(super) first_part_seconds: HistogramVec,
+    pub(super) part_interval_seconds: HistogramVec,
+    pub(super) parts: IntCounterVec,
+    pub(super) generated_tokens: IntCounterVec,
+}
+
+impl StreamFamilies {
+    pub(super) fn register(f: &Families<'_>) -> Result<Self> {
+        Ok(Self {
+            first_part_seconds: f.histogram_vec(
+                "modelshare_stream_first_part_seconds",
+                "Streamed answers: time from the request's arrival to its first part (time to first token), by model.",
+                latency_buckets(),
+                &["model"],
+            )?,
+            part_interval_seconds: f.histogram_vec(
+                "modelshare_stream_part_interval_seconds",
+                "Streamed answers: time between two parts of one answer (inter-token latency), by model.",
+                latency_buckets(),
+                &["model"],
+            )?,
+            parts: f.counter_vec(
+                "modelshare_stream_parts_total",
+                "Parts of streamed answers forwarded to their callers, by model and tenant.",
+                &["model", "tenant"],
+            )?,
+            generated_tokens: f.counter_vec(
+                "modelshare_generated_tokens_total",
+                "Tokens generated (the workers' completion_tokens) by model and tenant.",
+                &["model", "tenant"],
+            )?,
+        })
     }
 }
 

@@ -21,6 +21,7 @@ use prometheus::{
 
 use families::{
     Distributions, Families, LoadFamilies, MemoryGauges, RequestFamilies, SessionDeviceGauges,
+    StreamFamilies,
 };
 
 /// The `tenant` label of the admin (and of every caller when no tenants file is given), in
@@ -70,6 +71,14 @@ pub struct Metrics {
     pub cancel_overruns: IntCounterVec,
     /// Serve streams, by model.
     pub serving_workers: IntGaugeVec,
+    /// Streamed answers: arrival to first part, by model.
+    pub stream_first_part_seconds: HistogramVec,
+    /// Streamed answers: time between two parts, by model.
+    pub stream_part_interval_seconds: HistogramVec,
+    /// Parts of streamed answers forwarded, by model and tenant.
+    pub stream_parts: IntCounterVec,
+    /// Tokens generated, by model and tenant.
+    pub generated_tokens: IntCounterVec,
     /// Open connections, by listener.
     pub connections: IntGaugeVec,
     /// Connections refused or closed by the server, by listener and reason.
@@ -97,6 +106,7 @@ impl Metrics {
         let distributions = Distributions::register(&families)?;
         let memory = MemoryGauges::register(&families)?;
         let requests = RequestFamilies::register(&families)?;
+        let streams = StreamFamilies::register(&families)?;
         let loads = LoadFamilies::register(&families)?;
         let gauges = SessionDeviceGauges::register(&families)?;
         Ok(Self {
@@ -114,6 +124,10 @@ impl Metrics {
             inference_outstanding: requests.inference_outstanding,
             cancel_overruns: requests.cancel_overruns,
             serving_workers: requests.serving_workers,
+            stream_first_part_seconds: streams.first_part_seconds,
+            stream_part_interval_seconds: streams.part_interval_seconds,
+            stream_parts: streams.parts,
+            generated_tokens: streams.generated_tokens,
             attaches: loads.attaches,
             attach_seconds: distributions.attach_seconds,
             loads: loads.loads,

@@ -75,7 +75,9 @@ impl Generation {
         if let Some(n) = self.max_tokens
             && !(1..=MAX_TOKENS).contains(&n)
         {
-            return bad(format!("'max_tokens' must be from 1 to {MAX_TOKENS}, not {n}"));
+            return bad(format!(
+                "'max_tokens' must be from 1 to {MAX_TOKENS}, not {n}"
+            ));
         }
         if let Some(t) = self.temperature
             && !(0.0..=2.0).contains(&t)
@@ -88,10 +90,15 @@ impl Generation {
             return bad(format!("'top_p' must be above 0 and at most 1, not {p}"));
         }
         if self.stop.len() > MAX_STOP {
-            return bad(format!("'stop' has {} strings; at most {MAX_STOP}", self.stop.len()));
+            return bad(format!(
+                "'stop' has {} strings; at most {MAX_STOP}",
+                self.stop.len()
+            ));
         }
         if self.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
-            return bad(format!("a 'stop' string is longer than {MAX_STOP_BYTES} bytes"));
+            return bad(format!(
+                "a 'stop' string is longer than {MAX_STOP_BYTES} bytes"
+            ));
         }
         Ok(())
     }
@@ -228,13 +235,34 @@ mod tests {
         );
         assert!(!item.parameters.contains_key("top_p"));
         for bad in [
-            Generation { max_tokens: Some(0), ..g.clone() },
-            Generation { max_tokens: Some(MAX_TOKENS + 1), ..g.clone() },
-            Generation { temperature: Some(2.5), ..g.clone() },
-            Generation { temperature: Some(f64::NAN), ..g.clone() },
-            Generation { top_p: Some(0.0), ..g.clone() },
-            Generation { stop: vec!["a".into(); 5], ..g.clone() },
-            Generation { stop: vec!["a".repeat(MAX_STOP_BYTES + 1)], ..g.clone() },
+            Generation {
+                max_tokens: Some(0),
+                ..g.clone()
+            },
+            Generation {
+                max_tokens: Some(MAX_TOKENS + 1),
+                ..g.clone()
+            },
+            Generation {
+                temperature: Some(2.5),
+                ..g.clone()
+            },
+            Generation {
+                temperature: Some(f64::NAN),
+                ..g.clone()
+            },
+            Generation {
+                top_p: Some(0.0),
+                ..g.clone()
+            },
+            Generation {
+                stop: vec!["a".into(); 5],
+                ..g.clone()
+            },
+            Generation {
+                stop: vec!["a".repeat(MAX_STOP_BYTES + 1)],
+                ..g.clone()
+            },
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
         }

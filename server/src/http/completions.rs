@@ -38,7 +38,9 @@ use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front::generation::{self, Finish, Generation, Task, part_text};
 use crate::request_id::RequestTrace;
+use modelshare_core::metrics::ADMIN_TENANT;
 use modelshare_serving::{InferError, InferResponse, Part, PartStream};
+use prometheus::IntCounterVec;
 
 /// Most chat messages in one request.
 const MAX_MESSAGES: usize = 4096;
@@ -138,9 +140,8 @@ fn stops(stop: Option<Stop>) -> Vec<String> {
 
 /// Reads a request body of `task`. Public for the fuzz target.
 pub fn asked(task: Task, body: &[u8]) -> Result<Asked, DoorError> {
-    let malformed = |e: serde_json::Error| {
-        DoorError::bad_request(format!("malformed request JSON: {e}"))
-    };
+    let malformed =
+        |e: serde_json::Error| DoorError::bad_request(format!("malformed request JSON: {e}"));
     let (common, input, max_tokens) = match task {
         Task::Completion => {
             let super::json::Object(b) =
@@ -169,8 +170,7 @@ pub fn asked(task: Task, body: &[u8]) -> Result<Asked, DoorError> {
         }
         Task::Chat => {
             let super::json::Object(b) =
-                serde_json::from_slice::<super::json::Object<ChatBody>>(body)
-                    .map_err(malformed)?;
+                serde_json::from_slice::<super::json::Object<ChatBody>>(body).map_err(malformed)?;
             if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
                 return Err(unsupported("tools"));
             }
@@ -221,10 +221,7 @@ pub fn asked(task: Task, body: &[u8]) -> Result<Asked, DoorError> {
         model: common.model,
         generation,
         stream: common.stream.unwrap_or(false),
-        include_usage: common
-            .stream_options
-            .unwrap_or_default()
-            .include_usage,
+        include_usage: common.stream_options.unwrap_or_default().include_usage,
     })
 }
 
@@ -300,12 +297,14 @@ async fn generate(
             id,
             model: asked.model,
             created: unix_now(),
+            tokens: state.app.host.metrics.generated_tokens.clone(),
+            tenant: caller.tenant().unwrap_or(ADMIN_TENANT).to_owned(),
         };
         if asked.stream {
             // The in-flight count lasts as long as the stream.
             Ok::<_, DoorError>(reply.sse(opening, asked.include_usage, guard))
         } else {
-            let (text, finish) = collect(opening).await?;
+            let (text, finish) = reply.collect(opening).await?;
             drop(guard);
             Ok(Json(reply.whole(&text, &finish)).into_response())
         }
@@ -322,39 +321,46 @@ enum Opening {
     Answer(InferResponse),
 }
 
-/// The end of the answer, from its final output.
-fn finish_of(r: &InferResponse) -> Result<Finish, InferError> {
-    r.outputs
-        .first()
-        .map(Finish::of)
-        .ok_or_else(|| InferError::BadOutput {
-            model: r.model.clone(),
-            reason: "no output".into(),
-        })
-}
-
-/// Every part's text and the end, for an answer that is not streamed.
-async fn collect(opening: Opening) -> Result<(String, Finish), InferError> {
-    let mut text = String::new();
-    let answer = match opening {
-        Opening::Answer(r) => r,
-        Opening::Part(first, mut parts) => {
-            let mut next = Some(first);
-            while let Some(part) = next {
-                text.push_str(part_text(&part.output));
-                if text.len() > MAX_COLLECTED {
-                    return Err(InferError::InvalidInput(format!(
-                        "the answer is longer than {MAX_COLLECTED} bytes; ask for fewer tokens or stream it"
-                    )));
+impl Reply {
+    /// Every part's text and the end, for an answer that is not streamed.
+    async fn collect(&self, opening: Opening) -> Result<(String, Finish), InferError> {
+        let mut text = String::new();
+        let answer = match opening {
+            Opening::Answer(r) => r,
+            Opening::Part(first, mut parts) => {
+                let mut next = Some(first);
+                while let Some(part) = next {
+                    text.push_str(part_text(&part.output));
+                    if text.len() > MAX_COLLECTED {
+                        return Err(InferError::InvalidInput(format!(
+                            "the answer is longer than {MAX_COLLECTED} bytes; ask for fewer tokens or stream it"
+                        )));
+                    }
+                    next = parts.next().await?;
                 }
-                next = parts.next().await?;
+                parts.finish().await?
             }
-            parts.finish().await?
-        }
-    };
-    let finish = finish_of(&answer)?;
-    text.push_str(&finish.text);
-    Ok((text, finish))
+        };
+        let finish = self.finish_of(&answer)?;
+        text.push_str(&finish.text);
+        Ok((text, finish))
+    }
+
+    /// The end of the answer, from its final output; its tokens are counted.
+    fn finish_of(&self, r: &InferResponse) -> Result<Finish, InferError> {
+        let finish = r
+            .outputs
+            .first()
+            .map(Finish::of)
+            .ok_or_else(|| InferError::BadOutput {
+                model: r.model.clone(),
+                reason: "no output".into(),
+            })?;
+        self.tokens
+            .with_label_values(&[r.model.as_str(), self.tenant.as_str()])
+            .inc_by(u64::try_from(finish.completion_tokens).unwrap_or(0));
+        Ok(finish)
+    }
 }
 
 fn unix_now() -> u64 {
@@ -363,13 +369,17 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// What every chunk and answer of one request repeats.
+/// What every chunk and answer of one request repeats, and where its tokens are counted.
 #[derive(Debug, Clone)]
 struct Reply {
     task: Task,
     id: String,
     model: String,
     created: u64,
+    /// `modelshare_generated_tokens_total`.
+    tokens: IntCounterVec,
+    /// The caller's tenant label.
+    tenant: String,
 }
 
 fn usage(f: &Finish) -> Value {
@@ -416,7 +426,13 @@ impl Reply {
     }
 
     /// One chunk: `text` new, `finish` on the last; with usage asked, `usage: null` on each.
-    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, with_usage: bool) -> Value {
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        first: bool,
+        finish: Option<&str>,
+        with_usage: bool,
+    ) -> Value {
         let choice = match self.task {
             Task::Completion => json!({
                 "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
@@ -509,7 +525,7 @@ impl Reply {
                 }
             }
         };
-        let finish = match answer.and_then(|r| finish_of(&r)) {
+        let finish = match answer.and_then(|r| self.finish_of(&r)) {
             Ok(f) => f,
             Err(e) => {
                 send(error_event(&e)).await;
@@ -563,16 +579,34 @@ mod tests {
             (Task::Completion, &br#"{"model":"m"}"#[..]),
             (Task::Completion, br#"{"model":"m","prompt":["a","b"]}"#),
             (Task::Completion, br#"{"model":"m","prompt":"a","n":2}"#),
-            (Task::Completion, br#"{"model":"m","prompt":"a","echo":true}"#),
-            (Task::Completion, br#"{"model":"m","prompt":"a","logprobs":2}"#),
-            (Task::Completion, br#"{"model":"m","prompt":"a","max_tokens":0}"#),
-            (Task::Completion, br#"{"model":"m","prompt":"a","stop":["a","b","c","d","e"]}"#),
+            (
+                Task::Completion,
+                br#"{"model":"m","prompt":"a","echo":true}"#,
+            ),
+            (
+                Task::Completion,
+                br#"{"model":"m","prompt":"a","logprobs":2}"#,
+            ),
+            (
+                Task::Completion,
+                br#"{"model":"m","prompt":"a","max_tokens":0}"#,
+            ),
+            (
+                Task::Completion,
+                br#"{"model":"m","prompt":"a","stop":["a","b","c","d","e"]}"#,
+            ),
             (Task::Completion, br#"["m","a"]"#),
             (Task::Chat, br#"{"model":"m","messages":[]}"#),
             (Task::Chat, br#"{"model":"m","messages":[{"content":"x"}]}"#),
             (Task::Chat, br#"{"model":"m","messages":[1]}"#),
-            (Task::Chat, br#"{"model":"m","messages":[{"role":"user"}],"tools":[{}]}"#),
-            (Task::Chat, br#"{"model":"m","messages":[{"role":"user"}],"temperature":3}"#),
+            (
+                Task::Chat,
+                br#"{"model":"m","messages":[{"role":"user"}],"tools":[{}]}"#,
+            ),
+            (
+                Task::Chat,
+                br#"{"model":"m","messages":[{"role":"user"}],"temperature":3}"#,
+            ),
         ] {
             let e = asked(task, bad).expect_err("bad");
             assert_eq!(
@@ -591,10 +625,17 @@ mod tests {
             id: "abc".into(),
             model: "m".into(),
             created: 7,
+            tokens: modelshare_core::metrics::Metrics::new()
+                .expect("metrics")
+                .generated_tokens,
+            tenant: "a".into(),
         };
         let c = r.chunk(Some("hi"), true, None, false);
         assert_eq!(c["object"], "chat.completion.chunk");
-        assert_eq!(c["choices"][0]["delta"], json!({"role": "assistant", "content": "hi"}));
+        assert_eq!(
+            c["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "hi"})
+        );
         assert!(c.get("usage").is_none());
         let f = Finish {
             text: String::new(),
@@ -613,6 +654,9 @@ mod tests {
             ..r
         };
         let w = r.whole("hello", &f);
-        assert_eq!((w["object"].as_str(), w["choices"][0]["text"].as_str()), (Some("text_completion"), Some("hello")));
+        assert_eq!(
+            (w["object"].as_str(), w["choices"][0]["text"].as_str()),
+            (Some("text_completion"), Some("hello"))
+        );
     }
 }

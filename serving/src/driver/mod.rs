@@ -140,6 +140,8 @@ struct Waiter {
     /// streaming it once its first part came.
     parts: Option<mpsc::Sender<Part>>,
     streaming: Option<(WorkerId, u64)>,
+    /// When its last part came (for the part-interval metric).
+    last_part: Option<Instant>,
 }
 
 /// A batch sent to a worker: its items in order, and those failed here instead of being sent

@@ -95,6 +95,7 @@ impl Driver {
                 text_input: request.text_input,
                 parts,
                 streaming: None,
+                last_part: None,
             },
         );
     }

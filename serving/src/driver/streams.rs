@@ -8,6 +8,8 @@
 //! does not fit is the worker breaking the window, a protocol error. A slow caller closes its
 //! own window only.
 
+use std::time::Instant;
+
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::*;
@@ -49,7 +51,20 @@ impl Driver {
             seq: part.seq,
             output,
         }) {
-            Ok(()) => {}
+            Ok(()) => {
+                let now = Instant::now();
+                let (family, since) = match waiter.last_part.replace(now) {
+                    None => (&self.metrics.stream_first_part_seconds, waiter.arrival),
+                    Some(prev) => (&self.metrics.stream_part_interval_seconds, prev),
+                };
+                family
+                    .with_label_values(&[waiter.model.as_str()])
+                    .observe(now.duration_since(since).as_secs_f64());
+                self.metrics
+                    .stream_parts
+                    .with_label_values(&[waiter.model.as_str(), tenant_label(&waiter.tenant)])
+                    .inc();
+            }
             Err(TrySendError::Full(_)) => self.protocol_error(
                 id,
                 format!("more parts of item {} than its window", part.item_id),

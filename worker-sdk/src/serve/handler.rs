@@ -62,11 +62,15 @@ pub trait Handler: Send + Sync + 'static {
             items: vec![item],
         };
         async move {
-            self.handle(batch).await.into_iter().next().unwrap_or_else(|| {
-                Err(ItemFailure::internal(
-                    "the worker's handler returned no outcome for this item",
-                ))
-            })
+            self.handle(batch)
+                .await
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| {
+                    Err(ItemFailure::internal(
+                        "the worker's handler returned no outcome for this item",
+                    ))
+                })
         }
     }
 }

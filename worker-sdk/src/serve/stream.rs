@@ -306,7 +306,10 @@ impl<H: Handler> Serving<H> {
             // A window of an item already answered is late, not wrong.
             Some(Kind::Window(window)) => match self.windows.get(&window.item_id) {
                 Some(open) => grant(open, window.parts),
-                None => debug!(item = window.item_id, "a window for no running item: ignored"),
+                None => debug!(
+                    item = window.item_id,
+                    "a window for no running item: ignored"
+                ),
             },
             None => {}
         }

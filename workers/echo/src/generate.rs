@@ -64,8 +64,9 @@ impl Request {
         };
         let stop = match item.parameter("stop") {
             None => Vec::new(),
-            Some(Parameter::String(s)) => serde_json::from_str::<Vec<String>>(s)
-                .map_err(|_| ItemFailure::invalid_argument("parameter 'stop' must be a JSON array of strings"))?,
+            Some(Parameter::String(s)) => serde_json::from_str::<Vec<String>>(s).map_err(|_| {
+                ItemFailure::invalid_argument("parameter 'stop' must be a JSON array of strings")
+            })?,
             Some(_) => return bad("parameter 'stop' must be a JSON array of strings"),
         };
         let sleep = source
@@ -160,7 +161,9 @@ pub async fn generate(item: &Item, sink: &mut PartSink) -> Outcome {
         }
         if sink.is_streamed() {
             let part = Output::new().with_parameter("text", token);
-            sink.send(part).await.map_err(|e| ItemFailure::cancelled(e.to_string()))?;
+            sink.send(part)
+                .await
+                .map_err(|e| ItemFailure::cancelled(e.to_string()))?;
         } else {
             whole.push_str(&token);
         }
@@ -224,9 +227,11 @@ mod tests {
         assert_eq!(parts, ["the", " quick", " brown", " fox"]);
         assert_eq!(text(&out, "text"), "");
         assert_eq!(text(&out, "finish_reason"), "stop");
-        assert_eq!((int(&out, "prompt_tokens"), int(&out, "completion_tokens")), (4, 4));
-        let (parts, out) =
-            streamed(completion("a b c d").with_parameter("max_tokens", 2i64)).await;
+        assert_eq!(
+            (int(&out, "prompt_tokens"), int(&out, "completion_tokens")),
+            (4, 4)
+        );
+        let (parts, out) = streamed(completion("a b c d").with_parameter("max_tokens", 2i64)).await;
         assert_eq!(parts, ["a", " b"]);
         assert_eq!(text(&out, "finish_reason"), "length");
         // max_tokens at the last word: the words ended, so `stop`.
@@ -250,7 +255,9 @@ mod tests {
     async fn chat_answers_the_last_message_and_bad_requests_fail() {
         let chat = Item::new(
             1,
-            Input::Text(r#"[{"role":"system","content":"x"},{"role":"user","content":"hi there"}]"#.into()),
+            Input::Text(
+                r#"[{"role":"system","content":"x"},{"role":"user","content":"hi there"}]"#.into(),
+            ),
         )
         .with_parameter("task", "chat");
         let (parts, _) = streamed(chat).await;

@@ -134,7 +134,11 @@ impl Handler for Echo {
         if is_generation(&item) {
             let outcome = generate(&item, &mut sink).await;
             if item.is_cancelled() {
-                info!(item = item.id, parts = sink.sent(), "generation cancelled by the server");
+                info!(
+                    item = item.id,
+                    parts = sink.sent(),
+                    "generation cancelled by the server"
+                );
             }
             return outcome;
         }
