@@ -54,7 +54,7 @@ from ._native import (
 )
 from ._module import ModuleMismatch, module_from
 from ._numpy import numpy_dtype, to_numpy
-from ._serve import Batch, BatchOutput, Item, ItemError, Output
+from ._serve import Batch, BatchOutput, Final, Item, ItemError, Output
 from ._session import Model, Session
 from ._torch import to_torch, torch_dtype
 
@@ -68,6 +68,7 @@ __all__ = [
     "DeviceError",
     "DtypeError",
     "Error",
+    "Final",
     "Item",
     "ItemError",
     "Model",

@@ -245,5 +245,14 @@ def serve(
     inputs: Sequence[tuple[str, str, Sequence[int]]] = (),
     outputs: Sequence[tuple[str, str, Sequence[int]]] = (),
     heartbeat_interval: float | None = None,
+    streams: int = 0,
 ) -> str | None:
-    """Serves ``model`` until drained (returns the server's reason) or stopped (None)."""
+    """Serves ``model`` until drained (returns the server's reason) or stopped (None). With
+    ``streams`` above 0, each item goes to ``handler.stream(batch_id, version, item, streamed,
+    parts)`` instead, which sends its parts through ``parts`` and returns the final answer."""
+
+class Parts:
+    """Sends one streamed item's parts: ``parts(answer)`` waits (without the GIL) until the
+    serve loop takes it; False once the item is cancelled or its stream ended."""
+
+    def __call__(self, part: NativeAnswer) -> bool: ...

@@ -14,6 +14,10 @@ reconnection after a server restart. This module adapts the handler to it:
   exception into that item's failure;
 - the loop across versions: after a drain (a new version was loaded), attach the latest version
   again, let ``on_version`` rebuild the handler, serve again;
+- streams (``streams=N``): the handler is called per item and yields its answer in parts, each
+  sent as it comes within the item's window (``python/src/parts.rs`` waits, without the GIL,
+  while the window is closed); the generator's return value (or a yielded ``Final``) is the
+  final answer;
 - signals: the first SIGTERM or SIGINT drains (the batches held are answered, the stream closes,
   ``serve`` returns), a second exits at once with status 1, as the Rust SDK's workers do.
 """
@@ -86,6 +90,20 @@ class Output:
 
     def __repr__(self) -> str:
         return f"Output(tensors={sorted(self.tensors)}, parameters={self.parameters})"
+
+
+class Final:
+    """What a streaming handler yields last to give its final answer (an ``async def``
+    generator cannot ``return`` one): ``output`` is an :class:`Output`, a ``dict`` of tensors,
+    a ``str`` (the parameter ``text``) or None."""
+
+    __slots__ = ("output",)
+
+    def __init__(self, output: Any = None) -> None:
+        self.output = output
+
+    def __repr__(self) -> str:
+        return f"Final({self.output!r})"
 
 
 class BatchOutput:
@@ -393,6 +411,57 @@ class _Adapter:
             return [(False, "INTERNAL", message)] * len(items)
         return [_answer(a) for a in answers]
 
+    def stream(self, batch_id: int, version: int, native: _native.Item, streamed: bool, parts: Any) -> Any:
+        """One item of a streaming worker (on one of the handler's threads): runs the handler,
+        sends each part it yields through ``parts`` (which waits while the item's window is
+        closed, and says False once the item is cancelled), and returns the final answer.
+        When the caller takes the answer whole (``streamed`` False), the parts' ``text`` is
+        joined before the final answer's."""
+        item = Item(native)
+        joined: list[str] = []
+        final: Any = None
+        try:
+            result = self.handler(item)
+            if inspect.isasyncgen(result):
+                loop = self._event_loop()
+                while True:
+                    try:
+                        part = loop.run(result.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    if isinstance(part, Final):
+                        final = part.output
+                    elif not _send(part, streamed, parts, joined):
+                        loop.run(result.aclose())
+                        return _cancelled()
+            elif inspect.isgenerator(result):
+                while True:
+                    try:
+                        part = next(result)
+                    except StopIteration as done:
+                        final = done.value if final is None else final
+                        break
+                    if isinstance(part, Final):
+                        final = part.output
+                    elif not _send(part, streamed, parts, joined):
+                        result.close()
+                        return _cancelled()
+            elif inspect.isawaitable(result):
+                final = self._event_loop().run(result)
+            else:
+                final = result
+        except Exception as e:
+            log.exception("the handler failed on item %d", item.id)
+            return _failure(e)
+        if final is None or isinstance(final, str):
+            final = Output(parameters={"text": final or ""})
+        if joined:
+            if isinstance(final, Mapping):
+                final = Output(final)
+            if isinstance(final, Output):
+                final = Output(final.tensors, {**final.parameters, "text": "".join(joined) + str(final.parameters.get("text", ""))})
+        return _answer(final)
+
     def _event_loop(self) -> _Loop:
         with self._lock:
             if self._loop is None:
@@ -402,6 +471,28 @@ class _Adapter:
     def close(self) -> None:
         if self._loop is not None:
             self._loop.close()
+
+
+def _cancelled() -> tuple[bool, str, str]:
+    return False, "CANCELLED", "the server cancelled the item"
+
+
+def _send(part: Any, streamed: bool, parts: Any, joined: list[str]) -> bool:
+    """Sends one part (a ``str`` is the parameter ``text``); False once the item is cancelled
+    or its stream has ended. When the caller takes the answer whole, a text part is kept in
+    ``joined`` instead, and any other is an error."""
+    if isinstance(part, str):
+        part = Output(parameters={"text": part})
+    if not streamed:
+        only_text = isinstance(part, Output) and not part.tensors and set(part.parameters) <= {"text"}
+        if not only_text:
+            raise ValueError("the caller takes this item's answer whole: only text parts can be joined into it")
+        joined.append(str(part.parameters.get("text", "")))
+        return True
+    native = _answer(part)
+    if not native[0]:
+        raise ValueError(f"a bad part: {native[2]}")
+    return bool(parts(native))
 
 
 @contextlib.contextmanager
@@ -466,8 +557,11 @@ def serve(
     on_version: Callable[[Model], Handler | None] | None = None,
     stop: Stop | None = None,
     handle_signals: bool = True,
+    streams: int = 0,
 ) -> None:
     """``Session.serve``: see its documentation."""
+    if isinstance(streams, bool) or int(streams) < 0:
+        raise ValueError(f"streams must be 0 (a batch worker) or more, not {streams!r}")
     if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) < 1):
         raise ValueError(f"concurrency must be at least 1 (batches run at once), not {concurrency!r}")
     if handler is None and on_version is None:
@@ -487,12 +581,15 @@ def serve(
         inputs=_tensor_specs("inputs", inputs),
         outputs=_tensor_specs("outputs", outputs),
         heartbeat_interval=heartbeat_interval,
+        streams=int(streams),
     )
     signals = _signals(stop) if handle_signals else contextlib.nullcontext()
     with signals:
         while True:
             adapter = _Adapter(handler, current)
-            running = concurrency if concurrency is not None else max(1, int(credits))
+            # A streamed item holds its thread while it streams: a thread per stream.
+            default = int(streams) if streams else max(1, int(credits))
+            running = concurrency if concurrency is not None else default
             try:
                 log.info("serving %s v%d", current.name, current.version)
                 reason = _native.serve(session._native, current._native, adapter, stop=stop,

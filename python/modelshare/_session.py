@@ -163,6 +163,7 @@ class Session:
         on_version: Callable[[Model], Handler | None] | None = None,
         stop: _native.Stop | None = None,
         handle_signals: bool = True,
+        streams: int = 0,
     ) -> None:
         """Serves requests for ``model`` with ``handler`` until stopped.
 
@@ -176,6 +177,18 @@ class Session:
         ``concurrency`` at once (default: ``credits``), each holding the GIL only while in
         Python; any others held wait, ready, so the next starts as soon as one returns.
         Heartbeats never wait for a handler.
+
+        With ``streams`` above 0 the worker streams its answers (text generation): the server
+        sends items one at a time, up to ``streams`` at once, and ``handler(item)`` (an
+        :class:`Item`, not a batch) is a generator, sync or ``async``, yielding the answer in
+        parts as they are ready: each a ``str`` (new text: the parameter ``text``, as the
+        OpenAI completion doors read it) or an :class:`Output`. Each part is sent at once,
+        within the item's window: a slow reader pauses its own generator at its next part,
+        never the others. The generator's ``return`` value (or a yielded :class:`Final`) is the
+        final answer: an :class:`Output` whose parameters end a generation (``finish_reason``,
+        ``prompt_tokens``, ``completion_tokens``). When the item is cancelled (the caller went
+        away) the generator is closed at its next part. A plain function answering one item is
+        also a streaming handler (no parts). Each stream holds one of the handler's threads.
 
         After a server restart the session reconnects, attaches the model again and serving
         resumes. When the server drains the stream (a new version was loaded, or it shuts down)
@@ -204,6 +217,9 @@ class Session:
             on_version: builds the handler for a newly attached version.
             stop: a :class:`Stop` to stop serving from another thread.
             handle_signals: install SIGTERM and SIGINT handlers while serving.
+            streams: items answered at once by a streaming worker (at most 1024); 0 (the
+                default): a batch worker. ``credits`` and ``max_batch_items`` are then ignored,
+                and ``concurrency`` defaults to ``streams``.
 
         Raises:
             NotFound: no such model (or not visible to this token).
@@ -228,6 +244,7 @@ class Session:
             on_version=on_version,
             stop=stop,
             handle_signals=handle_signals,
+            streams=streams,
         )
 
     def close(self) -> None:

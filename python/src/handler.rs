@@ -14,6 +14,12 @@
 //! `(batch_id, version, items)` and returns the answers in `outcome`'s form, having turned the
 //! user's exceptions into failed items. If it raises anyway, every item of the batch fails
 //! with INTERNAL and the exception is printed.
+//!
+//! A streaming worker's items come one at a time ([`Handler::handle_stream`]) and run the same
+//! way, on the same threads: the adapter's `stream(batch_id, version, item, streamed, parts)`
+//! iterates the user's generator, handing each part to `parts` ([`Parts`]), which waits until
+//! the serve loop has sent it within the item's window; it returns the final answer. An item
+//! holds its thread while it streams, so a streaming worker has a thread per stream.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,16 +27,39 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use modelshare_worker::Handler;
-use modelshare_worker::serve::{Batch, ItemFailure, Outcome};
+use modelshare_worker::serve::{Batch, Item as SdkItem, ItemFailure, Outcome, Output, PartSink};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc as parts_channel, oneshot};
 
 use crate::item::Item;
-use crate::outcome::outcomes;
+use crate::outcome::{outcome, outcomes};
+use crate::parts::Parts;
 
-/// A batch for a handler thread, and where its answers go.
-type Job = (Batch, oneshot::Sender<Vec<Outcome>>);
+/// Work for a handler thread, and where its answers go.
+enum Job {
+    /// A batch.
+    Batch(Batch, oneshot::Sender<Vec<Outcome>>),
+    /// One item of a streaming worker: its parts go to `parts`, its final answer to `answer`.
+    Stream {
+        item: SdkItem,
+        batch_id: u64,
+        version: u32,
+        streamed: bool,
+        parts: parts_channel::Sender<Output>,
+        answer: oneshot::Sender<Outcome>,
+    },
+}
+
+impl Job {
+    /// Whether whoever waits for the answer stopped waiting.
+    fn abandoned(&self) -> bool {
+        match self {
+            Job::Batch(_, answer) => answer.is_closed(),
+            Job::Stream { answer, .. } => answer.is_closed(),
+        }
+    }
+}
 
 /// A Python callable serving batches on threads of its own.
 #[derive(Debug)]
@@ -103,38 +132,54 @@ fn handler_thread(queue: &Mutex<mpsc::Receiver<Job>>, call: Arc<Py<PyAny>>, clos
                     .unwrap_or_else(|e| e.into_inner())
                     .recv_timeout(CLOSED_CHECK)
             });
-            let (batch, answer) = match job {
+            let job = match job {
                 Ok(job) => job,
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             };
             // Its caller stopped waiting (the stream broke or serving stopped, and the server
             // requeues its items): not run.
-            if answer.is_closed() {
+            if job.abandoned() {
                 continue;
             }
-            let items = batch.items.len();
-            let answers = std::panic::catch_unwind(AssertUnwindSafe(|| run(py, &call, batch)))
-                .unwrap_or_else(|_| {
-                    vec![
-                        Err(ItemFailure::internal(
-                            "the worker's handler thread failed".to_owned()
-                        ));
-                        items
-                    ]
-                });
-            let _ = answer.send(answers);
+            match job {
+                Job::Batch(batch, answer) => {
+                    let items = batch.items.len();
+                    let answers =
+                        std::panic::catch_unwind(AssertUnwindSafe(|| run(py, &call, batch)))
+                            .unwrap_or_else(|_| vec![Err(thread_failed()); items]);
+                    let _ = answer.send(answers);
+                }
+                Job::Stream {
+                    item,
+                    batch_id,
+                    version,
+                    streamed,
+                    parts,
+                    answer,
+                } => {
+                    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        run_stream(py, &call, (batch_id, version, item, streamed), parts)
+                    }))
+                    .unwrap_or_else(|_| Err(thread_failed()));
+                    let _ = answer.send(outcome);
+                }
+            }
         }
         // The callable's last reference, if this is it, goes with the GIL held.
         drop(call);
     });
 }
 
+fn thread_failed() -> ItemFailure {
+    ItemFailure::internal("the worker's handler thread failed".to_owned())
+}
+
 impl Handler for PyHandler {
     async fn handle(&self, batch: Batch) -> Vec<Outcome> {
         let items = batch.items.len();
         let (answer, answers) = oneshot::channel();
-        if self.jobs.send((batch, answer)).is_err() {
+        if self.jobs.send(Job::Batch(batch, answer)).is_err() {
             return vec![
                 Err(ItemFailure::internal(
                     "the worker's handler threads are gone".to_owned()
@@ -150,6 +195,72 @@ impl Handler for PyHandler {
                 items
             ]
         })
+    }
+
+    /// Runs the item on a handler thread and sends each part it yields within the item's
+    /// window; a part that cannot be sent (the item cancelled, the stream gone) closes the
+    /// parts' channel, and the handler's generator is stopped at its next part.
+    async fn handle_stream(&self, item: SdkItem, mut sink: PartSink) -> Outcome {
+        let (parts, mut sent) = parts_channel::channel(1);
+        let (answer, mut answered) = oneshot::channel();
+        let job = Job::Stream {
+            item,
+            batch_id: sink.batch_id(),
+            version: sink.version(),
+            streamed: sink.is_streamed(),
+            parts,
+            answer,
+        };
+        if self.jobs.send(job).is_err() {
+            return Err(ItemFailure::internal(
+                "the worker's handler threads are gone".to_owned(),
+            ));
+        }
+        loop {
+            // Parts first: the thread sends its last part before its answer.
+            tokio::select! {
+                biased;
+                part = sent.recv() => match part {
+                    Some(part) => {
+                        if sink.send(part).await.is_err() {
+                            sent.close();
+                        }
+                    }
+                    None => break,
+                },
+                outcome = &mut answered => {
+                    return outcome.unwrap_or_else(|_| Err(thread_failed()));
+                }
+            }
+        }
+        answered.await.unwrap_or_else(|_| Err(thread_failed()))
+    }
+}
+
+/// Calls the adapter's `stream` on one item of a streaming worker: its parts go through
+/// `parts` ([`Parts`]), and its final answer is read as one of `outcome`'s form.
+fn run_stream(
+    py: Python<'_>,
+    call: &Py<PyAny>,
+    (batch_id, version, item, streamed): (u64, u32, SdkItem, bool),
+    parts: parts_channel::Sender<Output>,
+) -> Outcome {
+    let answered = call.call_method1(
+        py,
+        "stream",
+        (batch_id, version, Item::new(item), streamed, Parts::new(parts)),
+    );
+    match answered {
+        Ok(answer) => outcome(answer.bind(py)).unwrap_or_else(|why| {
+            Err(ItemFailure::internal(format!(
+                "the worker's handler gave a bad answer: {why}"
+            )))
+        }),
+        Err(e) => {
+            let message = format!("the worker's handler failed: {e}");
+            e.print(py);
+            Err(ItemFailure::internal(message))
+        }
     }
 }
 

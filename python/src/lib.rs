@@ -16,7 +16,8 @@
 //! - `serve`: `serve` (the SDK's serve loop on one attached model, with a Python handler, until
 //!   drained or stopped) and `Stop`; `handler`: the SDK's `Handler` over a Python callable, run
 //!   on threads of its own; `item`: `Item`, one request as the handler sees it; `outcome`: the
-//!   handler's answers made into the SDK's outcomes, checked.
+//!   handler's answers made into the SDK's outcomes, checked; `parts`: `Parts`, how a
+//!   streaming handler's parts reach the serve loop.
 //! - `arena`: `Arena`, a model's whole mapping as one DLPack `uint8` tensor (`Model.torch()`
 //!   makes every tensor a view of it: one export, not one per tensor); `export`: the
 //!   tensor's and the arena's DLPack export (`capsule`: device, the consumer's request checked,
@@ -27,7 +28,7 @@
 //!   crate (the capsule over a raw allocation, its destructor and the tensor's deleter), each
 //!   block with `// SAFETY:`.
 //!
-//! Modules depend downwards only: `serve` → `handler` → `item`, `outcome`; `serve` → `session`
+//! Modules depend downwards only: `serve` → `handler` → `item`, `parts` → `outcome`; `serve` → `session`
 //! → `model` → `tensor`, `arena` → `export` → `dlpack`; `model`, `tensor` and `arena` →
 //! `lease`; everything → `runtime`, `errors`. The Python side (python/modelshare/) wraps these
 //! classes, turns tensors into numpy arrays and torch tensors, and holds the
@@ -50,6 +51,7 @@ mod item;
 mod lease;
 mod model;
 mod outcome;
+mod parts;
 mod runtime;
 mod serve;
 mod session;

@@ -55,7 +55,7 @@ fn internal(why: String) -> ItemFailure {
 }
 
 /// One answer; `Err` says why it is not of the form.
-fn outcome(answer: &Bound<'_, PyAny>) -> Result<Outcome, String> {
+pub(crate) fn outcome(answer: &Bound<'_, PyAny>) -> Result<Outcome, String> {
     let (ok, first, second): (bool, Bound<'_, PyAny>, Bound<'_, PyAny>) = answer
         .extract()
         .map_err(|e| format!("an answer is not a 3-tuple: {e}"))?;

@@ -91,14 +91,15 @@ fn accepts(names: &[String]) -> PyResult<Accepts> {
 /// The most batches run at once (threads of the handler's), as the most credits.
 const MAX_CONCURRENCY: u32 = 1024;
 
-/// Serves the version of `model` attached now with `handler` (see `handler`) until the server
+/// Serves the version of `model` attached now with `handler` (see `handler`; with `streams`
+/// above 0 a streaming worker, whose items go to the adapter's `stream`) until the server
 /// drains the stream (returns the server's reason) or `stop` is stopped (returns None). A
 /// broken stream (a server restart) is offered again once the session has re-attached the
 /// model. Raises what the SDK refuses: options over the server's limits, a model of another
 /// session, a refusal retrying cannot fix, the model gone after a reconnection, the session
 /// ended.
 #[pyfunction]
-#[pyo3(signature = (session, model, handler, *, stop, credits=2, concurrency=1, max_batch_items=32, max_batch_bytes=0, accepts_kinds=vec!["text".to_owned(), "tensor".to_owned()], inputs=vec![], outputs=vec![], heartbeat_interval=None))]
+#[pyo3(signature = (session, model, handler, *, stop, credits=2, concurrency=1, max_batch_items=32, max_batch_bytes=0, accepts_kinds=vec!["text".to_owned(), "tensor".to_owned()], inputs=vec![], outputs=vec![], heartbeat_interval=None, streams=0))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -114,6 +115,7 @@ pub(crate) fn serve(
     inputs: Vec<(String, String, Vec<i64>)>,
     outputs: Vec<(String, String, Vec<i64>)>,
     heartbeat_interval: Option<f64>,
+    streams: u32,
 ) -> PyResult<Option<String>> {
     if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
         return Err(PyValueError::new_err(format!(
@@ -134,6 +136,7 @@ pub(crate) fn serve(
         max_batch_items,
         max_batch_bytes,
         accepts: accepts(&accepts_kinds)?,
+        streams,
         inputs: inputs.into_iter().map(spec).collect::<PyResult<_>>()?,
         outputs: outputs.into_iter().map(spec).collect::<PyResult<_>>()?,
         heartbeat_interval,

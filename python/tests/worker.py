@@ -7,6 +7,13 @@ model's tensor ``w``, read in place through ``Model.numpy()``, the handler rebui
 ``RuntimeError`` (INTERNAL), ``sleep:N ...`` sleeps N ms first, ``write`` writes into the shared
 weights through torch (the mapping is read-only: the process dies of SIGSEGV).
 
+``--streams N``: a streaming worker (text generation's shape): each item's words are its tokens,
+yielded one part each (``sleep:N`` first: N ms before each), up to ``max_tokens`` (default 16);
+the final answer carries ``finish_reason``, ``prompt_tokens`` and ``completion_tokens``. A chat
+item generates from its last message's content. With ``--async`` the generator is ``async``
+(its final answer a yielded ``modelshare.Final``). A generator closed early (the item cancelled)
+prints ``generator closed after K parts``.
+
 ``--write-on-attach``: attach, then write into the weights through torch at once, without serving.
 The server and token come from the environment (MODELSHARE_SERVER, MODELSHARE_TOKEN), as in a
 deployment. Prints nothing but errors; exits 1 with ``error: ...`` on a refusal.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -59,6 +67,50 @@ def handler_for(model: modelshare.Model, use_async: bool):
     return handle
 
 
+def stream_handler(use_async: bool):
+    def plan(item: modelshare.Item):
+        text = item.text or ""
+        if item.parameters.get("task") == "chat":
+            text = json.loads(text)[-1]["content"]
+        words = text.split()
+        count = min(len(words), int(item.parameters.get("max_tokens", 16)))
+        delay = 0.0
+        if words and words[0].startswith("sleep:"):
+            delay = int(words[0][len("sleep:"):]) / 1000
+        end = {"finish_reason": "length" if count < len(words) else "stop",
+               "prompt_tokens": len(words), "completion_tokens": count}
+        return [w if i == 0 else " " + w for i, w in enumerate(words[:count])], delay, end
+
+    if use_async:
+        async def handle(item: modelshare.Item):
+            tokens, delay, end = plan(item)
+            sent = 0
+            try:
+                for token in tokens:
+                    await asyncio.sleep(delay)
+                    yield token
+                    sent += 1
+            except GeneratorExit:
+                print(f"generator closed after {sent} parts", flush=True)
+                raise
+            yield modelshare.Final(modelshare.Output(parameters=end))
+    else:
+        def handle(item: modelshare.Item):
+            tokens, delay, end = plan(item)
+            sent = 0
+            try:
+                for token in tokens:
+                    time.sleep(delay)
+                    yield token
+                    sent += 1
+            except GeneratorExit:
+                print(f"generator closed after {sent} parts", flush=True)
+                raise
+            return modelshare.Output(parameters=end)
+
+    return handle
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -66,6 +118,7 @@ def main() -> int:
     ap.add_argument("--credits", type=int, default=2)
     ap.add_argument("--async", dest="use_async", action="store_true")
     ap.add_argument("--write-on-attach", action="store_true")
+    ap.add_argument("--streams", type=int, default=0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"{args.name}: %(message)s")
     try:
@@ -78,6 +131,9 @@ def main() -> int:
                 tensor.add_(1.0)
                 print("wrote into a read-only mapping", flush=True)
                 return 3
+            if args.streams:
+                session.serve(args.model, stream_handler(args.use_async), streams=args.streams)
+                return 0
             session.serve(args.model, on_version=lambda m: handler_for(m, args.use_async),
                           credits=args.credits, max_batch_items=8)
     except modelshare.Error as e:
