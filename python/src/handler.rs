@@ -248,7 +248,13 @@ fn run_stream(
     let answered = call.call_method1(
         py,
         "stream",
-        (batch_id, version, Item::new(item), streamed, Parts::new(parts)),
+        (
+            batch_id,
+            version,
+            Item::new(item),
+            streamed,
+            Parts::new(parts),
+        ),
     );
     match answered {
         Ok(answer) => outcome(answer.bind(py)).unwrap_or_else(|why| {

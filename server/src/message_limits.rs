@@ -59,12 +59,23 @@ const BUDGETED_METHODS: &[&str] = &["/inference.GRPCInferenceService/ModelInfer"
 const STREAMING_METHODS: &[&str] = &[
     "/modelshare.v1.WorkerService/Session",
     "/modelshare.v1.WorkerService/Serve",
+    STREAM_INFER,
 ];
+
+/// Triton's decoupled stream of inference requests: a long-lived call whose messages are not
+/// charged to the body budget (a reservation would last as long as the stream), so each is
+/// bounded by [`STREAM_REQUEST_BYTES`] instead.
+const STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+
+/// The bound on one request message of `ModelStreamInfer` (prompts, small tensors): 8 MiB.
+pub const STREAM_REQUEST_BYTES: u32 = 8 << 20;
 
 /// The bound for `path` (`/package.Service/Method`).
 pub fn limit_for(path: &str) -> u32 {
     if PAYLOAD_METHODS.contains(&path) {
         PAYLOAD_MESSAGE_BYTES
+    } else if path == STREAM_INFER {
+        STREAM_REQUEST_BYTES
     } else if path.starts_with("/modelshare.v1.AdminService/") {
         ADMIN_REQUEST_BYTES
     } else {

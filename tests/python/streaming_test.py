@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Streamed answers through the official openai client (issue 30): a real modelshare server and
+"""Streamed answers through the official openai client and tritonclient (issue 30): a real modelshare server and
 the Rust echo worker as a streaming worker (`--streams`, its generation: the prompt's words as
 tokens, docs in workers/echo/src/generate.rs).
 
@@ -10,6 +10,8 @@ tokens, docs in workers/echo/src/generate.rs).
 - A client that goes away mid-stream cancels the item at the worker: the worker logs the cancel,
   its slot is free again (the time printed).
 - Another tenant's stream keeps receiving parts while one reader stalls.
+- tritonclient's decoupled gRPC stream (ModelStreamInfer): a generation's parts as responses, the
+  last marked final; a plain request answered once; a failed request reported on the stream.
 - A kill -9 of the worker ends its started stream with an error, and its unstarted item is
   requeued to the next worker: never a hang.
 
@@ -84,6 +86,57 @@ def check_streams(stack):
     assert got['modelshare_stream_part_interval_seconds_count{model="enc"}'] == 2 + 2 + 2 + 2 + 1, got
     assert got['modelshare_stream_parts_total{model="enc",tenant="a"}'] == 14, got
     assert got['modelshare_generated_tokens_total{model="enc",tenant="a"}'] == 15, got
+    stack.assert_drained()
+
+
+def check_triton_stream(stack):
+    """tritonclient's decoupled gRPC stream: a generation's parts as responses, a plain request
+    answered once, a failed request reported on the stream, which goes on."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as tg
+
+    results = queue.Queue()
+    c = tg.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}")
+    c.start_stream(callback=lambda result, error: results.put((result, error)),
+                   headers={"authorization": f"Bearer {TA}"})
+    try:
+        prompt = tg.InferInput("text_input", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([b"the quick brown fox jumps"], dtype=object))
+        c.async_stream_infer("enc", [prompt], request_id="gen-1", parameters={"max_tokens": 4},
+                             enable_empty_final_response=True)
+        texts, final = [], None
+        while final is None:
+            result, error = results.get(timeout=10)
+            assert error is None, error
+            response = result.get_response()
+            assert response.id == "gen-1", response
+            texts.append(result.as_numpy("text_output")[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                final = response
+        assert texts == ["the", " quick", " brown", " fox", ""], texts
+        assert final.parameters["finish_reason"].string_param == "length", final.parameters
+        assert final.parameters["completion_tokens"].int64_param == 4, final.parameters
+        # A request that is not a generation is answered once, final.
+        x = tg.InferInput("input", [1, 3], "FP32")
+        x.set_data_from_numpy(np.array([[1.0, 2.0, 3.0]], dtype=np.float32))
+        c.async_stream_infer("enc", [x], request_id="plain-1")
+        result, error = results.get(timeout=10)
+        assert error is None, error
+        assert np.array_equal(result.as_numpy("echo"), [[1.0, 2.0, 3.0]])
+        assert result.get_response().parameters["triton_final_response"].bool_param
+        # An unknown model fails that request only.
+        c.async_stream_infer("nope", [prompt], request_id="bad-1")
+        result, error = results.get(timeout=10)
+        assert error is not None and "not found" in str(error), error
+        c.async_stream_infer("enc", [prompt], request_id="gen-2", parameters={"max_tokens": 1})
+        result, error = results.get(timeout=10)
+        assert error is None and result.as_numpy("text_output")[0] == b"the", (result, error)
+        results.get(timeout=10)  # its final response
+    finally:
+        c.stop_stream()
+        c.close()
     stack.assert_drained()
 
 
@@ -228,6 +281,7 @@ def main():
                 ("the openai client streams a completion and a chat", lambda: (
                     stack.start_worker("rust", extra=["--streams", "4"]), check_streams(stack))),
                 ("errors before and after the stream starts", lambda: check_errors(stack)),
+                ("tritonclient's gRPC stream", lambda: check_triton_stream(stack)),
                 ("a disconnect cancels the item at the worker", lambda: check_disconnect(stack)),
                 ("another tenant's stream goes on while a reader stalls", lambda: check_stalled_reader(stack)),
                 ("kill -9 ends a started stream and requeues an unstarted one", lambda: (

@@ -137,6 +137,54 @@ impl Generation {
     }
 }
 
+/// The KServe (and Triton) generation parameters a request may carry: `max_tokens`,
+/// `temperature`, `top_p`, `seed`, and `stop` (a string: one stop string, or a JSON array of
+/// them). Others are ignored, as the doors ignore fields they do not use.
+pub fn kserve(
+    text_input: String,
+    parameters: &std::collections::HashMap<String, pb::Parameter>,
+) -> Result<Generation, InferError> {
+    use pb::parameter::Value;
+    let bad = |name: &str, what: &str| {
+        InferError::InvalidInput(format!("parameter '{name}' must be {what}"))
+    };
+    let value = |name: &str| parameters.get(name).and_then(|p| p.value.as_ref());
+    let int = |name: &str| match value(name) {
+        None => Ok(None),
+        Some(Value::Int64Value(n)) => Ok(Some(*n)),
+        Some(Value::Uint64Value(n)) => i64::try_from(*n)
+            .map(Some)
+            .map_err(|_| bad(name, "an integer")),
+        Some(_) => Err(bad(name, "an integer")),
+    };
+    let float = |name: &str| match value(name) {
+        None => Ok(None),
+        Some(Value::DoubleValue(x)) => Ok(Some(*x)),
+        Some(Value::Int64Value(n)) => Ok(Some(*n as f64)),
+        Some(_) => Err(bad(name, "a number")),
+    };
+    let stop = match value("stop") {
+        None => Vec::new(),
+        Some(Value::StringValue(s)) if s.trim_start().starts_with('[') => {
+            serde_json::from_str::<Vec<String>>(s)
+                .map_err(|_| bad("stop", "a string or a JSON array of strings"))?
+        }
+        Some(Value::StringValue(s)) => vec![s.clone()],
+        Some(_) => return Err(bad("stop", "a string or a JSON array of strings")),
+    };
+    let generation = Generation {
+        task: Task::Completion,
+        input: text_input,
+        max_tokens: int("max_tokens")?,
+        temperature: float("temperature")?,
+        top_p: float("top_p")?,
+        seed: int("seed")?,
+        stop,
+    };
+    generation.check()?;
+    Ok(generation)
+}
+
 /// The new text of a part (none when it has no `text`).
 pub fn part_text(output: &pb::ItemOutput) -> &str {
     match output.parameters.get("text").and_then(|p| p.value.as_ref()) {

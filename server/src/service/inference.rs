@@ -18,7 +18,9 @@ use crate::auth::caller_of;
 use crate::cpu::PoolError;
 use crate::front::{self, deadline, oip as tensors, triton};
 use crate::request_id::RequestTrace;
+use crate::service::stream_infer;
 use crate::service::triton as answers;
+use modelshare_core::tenants::Caller;
 
 /// The OIP gRPC service.
 #[derive(Debug, Clone)]
@@ -34,7 +36,7 @@ impl InferenceApi {
 }
 
 /// A version asked for: `None` for any (empty), else its number.
-fn version(text: &str) -> Result<Option<u32>, Status> {
+pub(super) fn version(text: &str) -> Result<Option<u32>, Status> {
     if text.is_empty() {
         return Ok(None);
     }
@@ -175,58 +177,90 @@ impl GrpcInferenceService for InferenceApi {
         let longest = self.app.config.serving.max_request_time;
         let deadline = deadline::grpc(request.metadata(), arrived, longest).or_status()?;
         let trace = request.extensions().get::<RequestTrace>().cloned();
-        let mut req = request.into_inner();
-        version(&req.model_version)?;
-        front::check_visible(&self.app, &caller, &req.model_name).or_status()?;
-        // Converting the tensors is work proportional to the request: on the request pool,
-        // off the runtime.
-        let max_items = front::max_items(&self.app);
-        let size = prost::Message::encoded_len(&req);
-        let (req, items) = self
-            .app
-            .cpu
-            .run_sized(size, deadline, move || {
-                let inputs = tensors::grpc_inputs(&mut req)?;
-                let parameters = tensors::parameters(&req.parameters);
-                let mut items = tensors::to_items(inputs, &parameters, max_items)?;
-                if let Some(trace) = &trace {
-                    trace.stamp(&mut items.items);
-                }
-                Ok::<_, modelshare_serving::InferError>((req, items))
-            })
+        let req = request.into_inner();
+        infer_one(&self.app, &caller, req, deadline, trace.as_ref())
             .await
-            .map_err(pool_status)?
-            .or_status()?;
-        let answer = front::infer(
-            &self.app,
-            &caller,
-            &req.model_name,
-            items.items,
-            items.text_input,
-            deadline,
-        )
-        .await
-        .or_status()?;
-        let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
-        let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested).or_status()?;
-        let mut outputs = Vec::with_capacity(stacked.len());
-        let mut raw = Vec::with_capacity(stacked.len());
-        for t in stacked {
-            outputs.push(oip::model_infer_response::InferOutputTensor {
-                datatype: t.datatype().to_owned(),
-                name: t.name,
-                shape: t.shape,
-                ..Default::default()
-            });
-            raw.push(t.data);
-        }
-        Ok(Response::new(oip::ModelInferResponse {
-            model_version: answer.version().to_string(),
-            model_name: answer.model,
-            id: req.id,
-            parameters: HashMap::new(),
-            outputs,
-            raw_output_contents: raw,
-        }))
+            .map(Response::new)
     }
+
+    type ModelStreamInferStream = stream_infer::Responses;
+
+    /// Triton's decoupled stream: see [`stream_infer`].
+    async fn model_stream_infer(
+        &self,
+        request: Request<tonic::Streaming<oip::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let caller = caller_of(&request).or_status()?;
+        let trace = request.extensions().get::<RequestTrace>().cloned();
+        let inbound = request.into_inner();
+        Ok(Response::new(stream_infer::start(
+            self.app.clone(),
+            caller,
+            trace,
+            inbound,
+        )))
+    }
+}
+
+/// Runs one `ModelInferRequest` to its answer (`ModelInfer`, and a non-generation request of
+/// `ModelStreamInfer`).
+pub(super) async fn infer_one(
+    app: &App,
+    caller: &Caller,
+    mut req: oip::ModelInferRequest,
+    deadline: Instant,
+    trace: Option<&RequestTrace>,
+) -> Result<oip::ModelInferResponse, Status> {
+    version(&req.model_version)?;
+    front::check_visible(app, caller, &req.model_name).or_status()?;
+    // Converting the tensors is work proportional to the request: on the request pool,
+    // off the runtime.
+    let max_items = front::max_items(app);
+    let size = prost::Message::encoded_len(&req);
+    let trace = trace.cloned();
+    let (req, items) = app
+        .cpu
+        .run_sized(size, deadline, move || {
+            let inputs = tensors::grpc_inputs(&mut req)?;
+            let parameters = tensors::parameters(&req.parameters);
+            let mut items = tensors::to_items(inputs, &parameters, max_items)?;
+            if let Some(trace) = &trace {
+                trace.stamp(&mut items.items);
+            }
+            Ok::<_, modelshare_serving::InferError>((req, items))
+        })
+        .await
+        .map_err(pool_status)?
+        .or_status()?;
+    let answer = front::infer(
+        app,
+        caller,
+        &req.model_name,
+        items.items,
+        items.text_input,
+        deadline,
+    )
+    .await
+    .or_status()?;
+    let requested: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+    let stacked = tensors::stack(&req.model_name, &answer.outputs, &requested).or_status()?;
+    let mut outputs = Vec::with_capacity(stacked.len());
+    let mut raw = Vec::with_capacity(stacked.len());
+    for t in stacked {
+        outputs.push(oip::model_infer_response::InferOutputTensor {
+            datatype: t.datatype().to_owned(),
+            name: t.name,
+            shape: t.shape,
+            ..Default::default()
+        });
+        raw.push(t.data);
+    }
+    Ok(oip::ModelInferResponse {
+        model_version: answer.version().to_string(),
+        model_name: answer.model,
+        id: req.id,
+        parameters: HashMap::new(),
+        outputs,
+        raw_output_contents: raw,
+    })
 }

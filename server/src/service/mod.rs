@@ -6,6 +6,7 @@ pub mod admin;
 
 pub mod inference;
 pub mod serve;
+pub mod stream_infer;
 
 #[cfg(test)]
 mod tests;
