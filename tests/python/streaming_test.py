@@ -10,6 +10,7 @@ tokens, docs in workers/echo/src/generate.rs).
 - A client that goes away mid-stream cancels the item at the worker: the worker logs the cancel,
   its slot is free again (the time printed).
 - Another tenant's stream keeps receiving parts while one reader stalls.
+- KServe's generate and generate_stream (HTTP, server-sent events).
 - tritonclient's decoupled gRPC stream (ModelStreamInfer): a generation's parts as responses, the
   last marked final; a plain request answered once; a failed request reported on the stream.
 - A kill -9 of the worker ends its started stream with an error, and its unstarted item is
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -137,6 +139,36 @@ def check_triton_stream(stack):
     finally:
         c.stop_stream()
         c.close()
+    stack.assert_drained()
+
+
+def check_kserve_generate(stack):
+    """KServe's generate extension: one JSON answer, or server-sent events of the parts."""
+    def post(path, body, token=TA):
+        req = urllib.request.Request(f"{stack.http()}/v2/models/enc/{path}", data=json.dumps(body).encode(),
+                                     headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
+        return urllib.request.urlopen(req, timeout=30)
+
+    r = json.loads(post("generate", {"text_input": "a b c d", "parameters": {"max_tokens": 3}}).read())
+    assert (r["text_output"], r["finish_reason"], r["completion_tokens"], r["model_name"]) == ("a b c", "length", 3, "enc"), r
+    r = post("generate_stream", {"text_input": "a b c d", "max_tokens": 2, "id": "g1"})
+    assert r.headers["content-type"].startswith("text/event-stream"), r.headers
+    events = [json.loads(line[len("data: "):]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    assert [e["text_output"] for e in events] == ["a", " b", ""], events
+    assert events[-1]["finish_reason"] == "length" and all(e["id"] == "g1" for e in events), events
+    try:
+        post("generate", {"text_input": "x", "parameters": {"max_tokens": 0}})
+    except urllib.error.HTTPError as e:
+        assert e.code == 400 and "max_tokens" in json.loads(e.read())["error"], e
+    else:
+        raise AssertionError("max_tokens 0 was taken")
+    try:
+        post("generate", {"text_input": "x"}, token=TB)  # tenant b may see "enc": fine
+        post("generate", {"text_input": "x"}, token="ms_bad_token")
+    except urllib.error.HTTPError as e:
+        assert e.code == 401, e.code
+    else:
+        raise AssertionError("a bad token was taken")
     stack.assert_drained()
 
 
@@ -282,6 +314,7 @@ def main():
                     stack.start_worker("rust", extra=["--streams", "4"]), check_streams(stack))),
                 ("errors before and after the stream starts", lambda: check_errors(stack)),
                 ("tritonclient's gRPC stream", lambda: check_triton_stream(stack)),
+                ("KServe generate and generate_stream", lambda: check_kserve_generate(stack)),
                 ("a disconnect cancels the item at the worker", lambda: check_disconnect(stack)),
                 ("another tenant's stream goes on while a reader stalls", lambda: check_stalled_reader(stack)),
                 ("kill -9 ends a started stream and requeues an unstarted one", lambda: (

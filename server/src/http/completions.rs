@@ -18,34 +18,28 @@
 //!   `best_of` above 1, `suffix`, `tools` (not supported, 400). Other fields are ignored, as
 //!   OpenAI's own server ignores fields it does not use.
 
-use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::door::{self, DoorError};
 use super::openai::error;
 use super::state::HttpState;
+use super::streamed::{self, Events, Tokens};
 use crate::connections::Connection;
-use crate::front::generation::{self, Finish, Generation, Task, part_text};
+use crate::front::generation::{self, Finish, Generation, Task};
 use crate::request_id::RequestTrace;
 use modelshare_core::metrics::ADMIN_TENANT;
-use modelshare_serving::{InferError, InferResponse, Part, PartStream};
-use prometheus::IntCounterVec;
+use modelshare_serving::InferError;
 
 /// Most chat messages in one request.
 const MAX_MESSAGES: usize = 4096;
-/// Most bytes of text collected for an answer that is not streamed.
-const MAX_COLLECTED: usize = 64 << 20;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -286,25 +280,25 @@ async fn generate(
         if let Some(trace) = &trace {
             trace.stamp(std::slice::from_mut(&mut item));
         }
-        let mut parts = generation::stream(&state.app, &caller, &asked.model, item, deadline)?;
+        let parts = generation::stream(&state.app, &caller, &asked.model, item, deadline)?;
         // The first part (or the answer) decides between an error and a stream.
-        let opening = match parts.next().await? {
-            Some(first) => Opening::Part(first, parts),
-            None => Opening::Answer(parts.finish().await?),
-        };
+        let opening = streamed::open(parts).await?;
         let reply = Reply {
             task,
             id,
             model: asked.model,
             created: unix_now(),
-            tokens: state.app.host.metrics.generated_tokens.clone(),
-            tenant: caller.tenant().unwrap_or(ADMIN_TENANT).to_owned(),
+            include_usage: asked.include_usage,
+            tokens: Tokens {
+                counter: state.app.host.metrics.generated_tokens.clone(),
+                tenant: caller.tenant().unwrap_or(ADMIN_TENANT).to_owned(),
+            },
         };
         if asked.stream {
             // The in-flight count lasts as long as the stream.
-            Ok::<_, DoorError>(reply.sse(opening, asked.include_usage, guard))
+            Ok::<_, DoorError>(streamed::sse(reply, opening, guard))
         } else {
-            let (text, finish) = reply.collect(opening).await?;
+            let (text, finish, _) = reply.tokens.collect(opening).await?;
             drop(guard);
             Ok(Json(reply.whole(&text, &finish)).into_response())
         }
@@ -312,55 +306,6 @@ async fn generate(
     .await;
     door::drain(&state, declared, body);
     result.unwrap_or_else(error)
-}
-
-/// How a streamed answer began: with its first part, or with its whole answer (a worker that
-/// sent no part, or failed before one).
-enum Opening {
-    Part(Part, PartStream),
-    Answer(InferResponse),
-}
-
-impl Reply {
-    /// Every part's text and the end, for an answer that is not streamed.
-    async fn collect(&self, opening: Opening) -> Result<(String, Finish), InferError> {
-        let mut text = String::new();
-        let answer = match opening {
-            Opening::Answer(r) => r,
-            Opening::Part(first, mut parts) => {
-                let mut next = Some(first);
-                while let Some(part) = next {
-                    text.push_str(part_text(&part.output));
-                    if text.len() > MAX_COLLECTED {
-                        return Err(InferError::InvalidInput(format!(
-                            "the answer is longer than {MAX_COLLECTED} bytes; ask for fewer tokens or stream it"
-                        )));
-                    }
-                    next = parts.next().await?;
-                }
-                parts.finish().await?
-            }
-        };
-        let finish = self.finish_of(&answer)?;
-        text.push_str(&finish.text);
-        Ok((text, finish))
-    }
-
-    /// The end of the answer, from its final output; its tokens are counted.
-    fn finish_of(&self, r: &InferResponse) -> Result<Finish, InferError> {
-        let finish = r
-            .outputs
-            .first()
-            .map(Finish::of)
-            .ok_or_else(|| InferError::BadOutput {
-                model: r.model.clone(),
-                reason: "no output".into(),
-            })?;
-        self.tokens
-            .with_label_values(&[r.model.as_str(), self.tenant.as_str()])
-            .inc_by(u64::try_from(finish.completion_tokens).unwrap_or(0));
-        Ok(finish)
-    }
 }
 
 fn unix_now() -> u64 {
@@ -376,10 +321,9 @@ struct Reply {
     id: String,
     model: String,
     created: u64,
-    /// `modelshare_generated_tokens_total`.
-    tokens: IntCounterVec,
-    /// The caller's tenant label.
-    tenant: String,
+    /// `stream_options.include_usage`.
+    include_usage: bool,
+    tokens: Tokens,
 }
 
 fn usage(f: &Finish) -> Value {
@@ -471,75 +415,31 @@ impl Reply {
         chunk["usage"] = usage(f);
         chunk
     }
+}
 
-    /// The streamed answer: a task forwards each part as an event, one at a time, as the
-    /// connection takes them (a channel of one event), and stops (dropping the stream, which
-    /// cancels the item) when the connection is gone.
-    fn sse<G: Send + 'static>(self, opening: Opening, include_usage: bool, guard: G) -> Response {
-        let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(1);
-        tokio::spawn(async move {
-            let _guard = guard;
-            self.forward(opening, include_usage, &tx).await;
-        });
-        Sse::new(ReceiverStream::new(rx))
-            .keep_alive(KeepAlive::default())
-            .into_response()
+impl Events for Reply {
+    fn part(&self, text: &str, first: bool) -> Value {
+        self.chunk(Some(text), first, None, self.include_usage)
     }
 
-    async fn forward(
-        &self,
-        opening: Opening,
-        include_usage: bool,
-        tx: &mpsc::Sender<Result<Event, Infallible>>,
-    ) {
-        let send = |value: Value| {
-            let event = Event::default().data(value.to_string());
-            async move { tx.send(Ok(event)).await.is_ok() }
-        };
-        let mut opened = false;
-        let answer = match opening {
-            Opening::Answer(r) => Ok(r),
-            Opening::Part(first, mut parts) => {
-                let mut next = Some(first);
-                while let Some(part) = next {
-                    let text = part_text(&part.output);
-                    if !send(self.chunk(Some(text), !opened, None, include_usage)).await {
-                        return;
-                    }
-                    opened = true;
-                    // A connection gone while the worker is slow drops the stream now.
-                    next = tokio::select! {
-                        r = parts.next() => match r {
-                            Ok(n) => n,
-                            Err(e) => {
-                                send(error_event(&e)).await;
-                                return;
-                            }
-                        },
-                        () = tx.closed() => return,
-                    };
-                }
-                tokio::select! {
-                    r = parts.finish() => r,
-                    () = tx.closed() => return,
-                }
-            }
-        };
-        let finish = match answer.and_then(|r| self.finish_of(&r)) {
-            Ok(f) => f,
-            Err(e) => {
-                send(error_event(&e)).await;
-                return;
-            }
-        };
-        let text = (!finish.text.is_empty() || !opened).then_some(finish.text.as_str());
-        if !send(self.chunk(text, !opened, Some(&finish.reason), include_usage)).await {
-            return;
+    fn last(&self, text: Option<&str>, first: bool, finish: &Finish, _version: u32) -> Vec<Value> {
+        let mut events = vec![self.chunk(text, first, Some(&finish.reason), self.include_usage)];
+        if self.include_usage {
+            events.push(self.usage_chunk(finish));
         }
-        if include_usage && !send(self.usage_chunk(&finish)).await {
-            return;
-        }
-        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+        events
+    }
+
+    fn error(&self, e: &InferError) -> Value {
+        error_event(e)
+    }
+
+    fn done(&self) -> Option<&'static str> {
+        Some("[DONE]")
+    }
+
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
     }
 }
 
@@ -625,10 +525,13 @@ mod tests {
             id: "abc".into(),
             model: "m".into(),
             created: 7,
-            tokens: modelshare_core::metrics::Metrics::new()
-                .expect("metrics")
-                .generated_tokens,
-            tenant: "a".into(),
+            include_usage: false,
+            tokens: Tokens {
+                counter: modelshare_core::metrics::Metrics::new()
+                    .expect("metrics")
+                    .generated_tokens,
+                tenant: "a".into(),
+            },
         };
         let c = r.chunk(Some("hi"), true, None, false);
         assert_eq!(c["object"], "chat.completion.chunk");

@@ -9,8 +9,11 @@
 //! - [`metrics`]: `/metrics`, which gathers the gauges' values from the registry
 //!   ([`metrics::gauge_values`]) and hands them to [`modelshare_core::metrics::Metrics::refresh`].
 //! - [`oip`]: the KServe v2 / OIP REST routes (`/v2/...`); [`triton`]: Triton's extensions
-//!   of them (model configuration, repository index, statistics); [`openai`]: `/v1/embeddings` and
-//!   `/v1/models`; [`door`]: what they share (admission by bearer token, deadlines, the error
+//!   of them (model configuration, repository index, statistics); [`generate`]: the generate
+//!   extension (`.../generate`, `.../generate_stream`); [`openai`]: `/v1/embeddings` and
+//!   `/v1/models`; [`completions`]: `/v1/completions` and `/v1/chat/completions`;
+//!   [`streamed`]: what the doors that generate share (opening a streamed answer, collecting
+//!   it, server-sent events); [`door`]: what they share (admission by bearer token, deadlines, the error
 //!   value both render in their own shape).
 //!
 //! Request bodies are read only after the caller is admitted, within `max_request_bytes` (413
@@ -21,12 +24,14 @@
 pub mod body;
 pub mod completions;
 pub mod door;
+pub mod generate;
 pub mod json;
 pub mod metrics;
 pub mod oip;
 pub mod openai;
 pub mod probes;
 pub mod state;
+pub mod streamed;
 pub mod tls;
 pub mod triton;
 
@@ -95,6 +100,8 @@ fn model_routes(base: &str) -> Router<HttpState> {
         ("", get(oip::model_metadata)),
         ("/ready", get(oip::model_ready)),
         ("/infer", post(oip::infer)),
+        ("/generate", post(generate::generate)),
+        ("/generate_stream", post(generate::generate_stream)),
         ("/config", get(triton::model_config)),
         ("/stats", get(triton::model_statistics)),
     ] {
