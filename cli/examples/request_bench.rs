@@ -117,6 +117,23 @@ impl GrpcInferenceService for Bare {
     ) -> Result<Response<oip::RepositoryIndexResponse>, Status> {
         Ok(Response::new(oip::RepositoryIndexResponse::default()))
     }
+    type ModelStreamInferStream = std::pin::Pin<
+        Box<
+            dyn tonic::codegen::tokio_stream::Stream<
+                    Item = Result<oip::ModelStreamInferResponse, Status>,
+                > + Send,
+        >,
+    >;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<tonic::Streaming<oip::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        Err(Status::unimplemented(
+            "the bare server answers ModelInfer only",
+        ))
+    }
+
     async fn model_infer(
         &self,
         request: Request<oip::ModelInferRequest>,

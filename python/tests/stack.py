@@ -140,6 +140,45 @@ class Stack:
         self.stop()
 
 
+def serving_folders(stack: Stack, names, script: Path, *args: str):
+    """Starts ``stack``, loads each model folder of ``names`` (public) and a worker ``script``
+    serving it (``--model name --name name`` and ``args``); yields once all serve, then closes
+    the stack (a generator for a module-scoped fixture)."""
+    try:
+        stack.start()
+        for name in names:
+            stack.cli("load", name, name, "--public")
+            stack.worker(name, "--model", name, "--name", name, *args, script=script)
+        for name in names:
+            stack.wait_serving(name, timeout=180)
+        yield
+    finally:
+        stack.close()
+
+
+def started(request, tmp_path_factory, name: str):
+    """A module's stack (a generator for a module-scoped fixture): started, then closed."""
+    s = Stack(request.config.getoption("--bin"), tmp_path_factory.mktemp(name))
+    try:
+        s.start()
+        yield s
+    finally:
+        s.close()
+
+
+def stop_workers(stack: Stack) -> None:
+    """Kills the test's worker processes and waits until none serves (after each test)."""
+    for p in stack.workers:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    stack.workers.clear()
+    deadline = time.monotonic() + 10
+    while any(s.get("serving") for s in stack.sessions()):
+        assert time.monotonic() < deadline, f"workers still serving after the test: {stack.sessions()}"
+        time.sleep(0.05)
+
+
 def embeddings(stack: Stack, texts: list[str], token: str = TOKEN_B, timeout: float = 30.0, model: str = "enc"):
     """``/v1/embeddings`` through the official openai client."""
     import openai

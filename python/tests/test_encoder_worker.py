@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import TOKEN_B
-from stack import Stack, embeddings
+from stack import Stack, embeddings, serving_folders
 
 ROOT = Path(__file__).resolve().parents[2]
 ENCODER = ROOT / "workers" / "python" / "encoder_worker.py"
@@ -149,16 +149,8 @@ def encoders(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         folders["minilm"] = stack.models / "minilm"
     except ImportError:
         pass
-    try:
-        stack.start()
-        for name in folders:
-            stack.cli("load", name, name, "--public")
-            stack.worker(name, "--model", name, "--name", name, "--credits", "2", script=ENCODER)
-        for name in folders:
-            stack.wait_serving(name, timeout=180)
+    for _ in serving_folders(stack, folders, ENCODER, "--credits", "2"):
         yield stack, folders
-    finally:
-        stack.close()
 
 
 def reference(folder: Path, texts: list[str]) -> np.ndarray:

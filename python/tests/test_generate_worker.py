@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TOKEN_B
-from stack import Stack
+from stack import Stack, serving_folders
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -74,16 +74,8 @@ def lms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         folder.mkdir(parents=True)
         make(folder)
         folders[name] = folder
-    try:
-        stack.start()
-        for name in folders:
-            stack.cli("load", name, name, "--public")
-            stack.worker(name, "--model", name, "--name", name, "--streams", "4", script=WORKER)
-        for name in folders:
-            stack.wait_serving(name, timeout=180)
+    for _ in serving_folders(stack, folders, WORKER, "--streams", "4"):
         yield stack, folders
-    finally:
-        stack.close()
 
 
 def client(stack: Stack):

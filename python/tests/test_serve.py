@@ -25,31 +25,18 @@ import pytest
 
 import modelshare
 from conftest import ADMIN, TOKEN_B
-from stack import W1, W2, Stack, embeddings
+from stack import W1, W2, Stack, embeddings, started, stop_workers
 
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(request.config.getoption("--bin"), tmp_path_factory.mktemp("serve"))
-    try:
-        s.start()
-        yield s
-    finally:
-        s.close()
+    yield from started(request, tmp_path_factory, "serve")
 
 
 @pytest.fixture(autouse=True)
 def no_worker_left(stack: Stack) -> Iterator[None]:
     yield
-    for p in stack.workers:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    stack.workers.clear()
-    deadline = time.monotonic() + 10
-    while any(s.get("serving") for s in stack.sessions()):
-        assert time.monotonic() < deadline, f"workers still serving after the test: {stack.sessions()}"
-        time.sleep(0.05)
+    stop_workers(stack)
 
 
 @contextlib.contextmanager

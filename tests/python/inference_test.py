@@ -458,19 +458,25 @@ def main():
     ap.add_argument("--worker-python", default=os.path.join(ROOT, "target", "py-venv", "bin", "python"),
                     help="the Python worker's interpreter, with the modelshare package installed")
     args = ap.parse_args()
+    run_steps(args, lambda stack: [
+        ("clients against the Rust worker", lambda: (stack.start_worker("rust"), check_clients(stack, "rust"))),
+        ("clients against the Python worker", lambda: (
+            stack.start_worker("python"), check_clean_goodbye(stack, stack.workers[0]),
+            check_clients(stack, "python"))),
+        ("failure paths", lambda: (stack.start_worker("rust"), check_failures(stack))),
+        ("kill -9 of a worker with items in flight", lambda: check_kill9(stack)),
+    ])
+
+
+def run_steps(args, steps_of):
+    """Runs the steps ``steps_of(stack)`` lists (name, callable) on a new stack, each reported
+    ``ok`` or ``FAILED`` with its traceback; on a failure, the server's and workers' logs. Prints
+    "N passed, M failed" last and exits non-zero on any failure."""
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(args, tmp)
         try:
-            steps = [
-                ("clients against the Rust worker", lambda: (stack.start_worker("rust"), check_clients(stack, "rust"))),
-                ("clients against the Python worker", lambda: (
-                    stack.start_worker("python"), check_clean_goodbye(stack, stack.workers[0]),
-                    check_clients(stack, "python"))),
-                ("failure paths", lambda: (stack.start_worker("rust"), check_failures(stack))),
-                ("kill -9 of a worker with items in flight", lambda: check_kill9(stack)),
-            ]
-            for name, step in steps:
+            for name, step in steps_of(stack):
                 try:
                     step()
                     passed += 1

@@ -28,17 +28,15 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from inference_test import ADMIN, TA, TB, Stack  # noqa: E402
+from inference_test import TA, TB, run_steps  # noqa: E402
 
 WORDS = " ".join(f"w{i}" for i in range(200))
 
@@ -305,42 +303,18 @@ def main():
     ap.add_argument("--worker-bin", default=os.path.join(ROOT, "target", "debug", "modelshare-echo-worker"))
     args = ap.parse_args()
     args.worker_python = None
-    passed = failed = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(args, tmp)
-        try:
-            steps = [
-                ("the openai client streams a completion and a chat", lambda: (
-                    stack.start_worker("rust", extra=["--streams", "4"]), check_streams(stack))),
-                ("errors before and after the stream starts", lambda: check_errors(stack)),
-                ("tritonclient's gRPC stream", lambda: check_triton_stream(stack)),
-                ("KServe generate and generate_stream", lambda: check_kserve_generate(stack)),
-                ("a disconnect cancels the item at the worker", lambda: check_disconnect(stack)),
-                ("another tenant's stream goes on while a reader stalls", lambda: check_stalled_reader(stack)),
-                ("kill -9 ends a started stream and requeues an unstarted one", lambda: (
-                    stack.stop_worker(stack.workers[0]), stack.start_worker("rust", extra=["--streams", "2"]),
-                    check_kill9(stack))),
-            ]
-            for name, step in steps:
-                try:
-                    step()
-                    passed += 1
-                    print(f"test {name} ... ok")
-                except Exception:  # noqa: BLE001
-                    failed += 1
-                    print(f"test {name} ... FAILED")
-                    traceback.print_exc()
-        finally:
-            stack.close()
-            if failed:
-                print("--- server log ---")
-                print(open(os.path.join(tmp, "server.log")).read()[-6000:])
-                for f in sorted(os.listdir(tmp)):
-                    if f.startswith("worker-"):
-                        print(f"--- {f} ---")
-                        print(open(os.path.join(tmp, f)).read()[-3000:])
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    run_steps(args, lambda stack: [
+        ("the openai client streams a completion and a chat", lambda: (
+            stack.start_worker("rust", extra=["--streams", "4"]), check_streams(stack))),
+        ("errors before and after the stream starts", lambda: check_errors(stack)),
+        ("tritonclient's gRPC stream", lambda: check_triton_stream(stack)),
+        ("KServe generate and generate_stream", lambda: check_kserve_generate(stack)),
+        ("a disconnect cancels the item at the worker", lambda: check_disconnect(stack)),
+        ("another tenant's stream goes on while a reader stalls", lambda: check_stalled_reader(stack)),
+        ("kill -9 ends a started stream and requeues an unstarted one", lambda: (
+            stack.stop_worker(stack.workers[0]), stack.start_worker("rust", extra=["--streams", "2"]),
+            check_kill9(stack))),
+    ])
 
 
 if __name__ == "__main__":

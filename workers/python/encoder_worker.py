@@ -44,11 +44,8 @@ same code in one process, without the server.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -58,26 +55,19 @@ import numpy as np
 import torch
 
 import modelshare
+from hf_files import json_file, tokenizer_of
 
 log = logging.getLogger("encoder_worker")
 
 POOLING = ("cls", "mean", "max", "mean_sqrt_len", "lasttoken")
-# The JSON files a fast tokenizer is read from (no vocab.txt or sentencepiece model: the
-# tokenizer.json holds them).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def _json(files: Mapping[str, bytes], name: str) -> Any:
-    raw = files.get(name)
-    return json.loads(raw) if raw is not None else None
 
 
 def pooling_of(files: Mapping[str, bytes]) -> tuple[str, bool]:
     """(pooling, normalize) as sentence-transformers reads them from the model's folder."""
-    modules = _json(files, "modules.json") or []
+    modules = json_file(files, "modules.json") or []
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
     pooling_dir = next((m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
-    config = _json(files, f"{pooling_dir}/config.json") if pooling_dir else None
+    config = json_file(files, f"{pooling_dir}/config.json") if pooling_dir else None
     if not config:
         return "mean", normalize
     for mode in ("cls_token", "max_tokens", "mean_sqrt_len_tokens", "lasttoken", "mean_tokens"):
@@ -85,21 +75,6 @@ def pooling_of(files: Mapping[str, bytes]) -> tuple[str, bool]:
             return {"cls_token": "cls", "max_tokens": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
                     "lasttoken": "lasttoken", "mean_tokens": "mean"}[mode], normalize
     return "mean", normalize
-
-
-def tokenizer_of(files: Mapping[str, bytes]):
-    """The fast tokenizer of the model's JSON files (written to a private temporary folder for
-    ``AutoTokenizer``, which reads files); no remote code."""
-    import transformers
-
-    if "tokenizer.json" not in files:
-        raise modelshare.Error("the model has no tokenizer.json: this worker needs a fast tokenizer")
-    with tempfile.TemporaryDirectory(prefix="modelshare-tok-") as folder:
-        for name in TOKENIZER_FILES:
-            if name in files:
-                with open(os.path.join(folder, name), "wb") as f:
-                    f.write(files[name])
-        return transformers.AutoTokenizer.from_pretrained(folder, use_fast=True, trust_remote_code=False)
 
 
 class Encoder:
@@ -113,7 +88,7 @@ class Encoder:
                  cuda_graphs: bool = True) -> None:
         import transformers
 
-        config_json = _json(files, "config.json")
+        config_json = json_file(files, "config.json")
         if not config_json or "model_type" not in config_json:
             raise modelshare.Error("the model has no config.json with a model_type")
         config = transformers.AutoConfig.for_model(**config_json)
@@ -146,7 +121,7 @@ class Encoder:
         self.graphs = Graphs(self) if cuda_graphs and self.device.type == "cuda" else None
 
     def _max_tokens(self, files: Mapping[str, bytes], config: Any) -> int:
-        st = _json(files, "sentence_bert_config.json") or {}
+        st = json_file(files, "sentence_bert_config.json") or {}
         if st.get("max_seq_length"):
             return int(st["max_seq_length"])
         positions = int(getattr(config, "max_position_embeddings", 512))

@@ -35,10 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import queue
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -46,34 +44,12 @@ from typing import Any
 import torch
 
 import modelshare
+from hf_files import json_file, tokenizer_of
 
 log = logging.getLogger("generate_worker")
 
-# The JSON files a fast tokenizer and its chat template are read from.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "chat_template.json")
 #: Tokens generated when the request names no ``max_tokens``.
 DEFAULT_MAX_TOKENS = 16
-
-
-def _json(files: Mapping[str, bytes], name: str) -> Any:
-    raw = files.get(name)
-    return json.loads(raw) if raw is not None else None
-
-
-def tokenizer_of(files: Mapping[str, bytes]):
-    """The fast tokenizer (and chat template) of the model's JSON files, written to a private
-    temporary folder for ``AutoTokenizer``; no remote code."""
-    import transformers
-
-    if "tokenizer.json" not in files:
-        raise modelshare.Error("the model has no tokenizer.json: this worker needs a fast tokenizer")
-    with tempfile.TemporaryDirectory(prefix="modelshare-tok-") as folder:
-        for name in TOKENIZER_FILES:
-            if name in files:
-                with open(os.path.join(folder, name), "wb") as f:
-                    f.write(files[name])
-        return transformers.AutoTokenizer.from_pretrained(folder, use_fast=True, trust_remote_code=False)
 
 
 class Generator:
@@ -85,7 +61,7 @@ class Generator:
                  device: str | None = None) -> None:
         import transformers
 
-        config_json = _json(files, "config.json")
+        config_json = json_file(files, "config.json")
         if not config_json or "model_type" not in config_json:
             raise modelshare.Error("the model has no config.json with a model_type")
         config = transformers.AutoConfig.for_model(**config_json)
@@ -99,7 +75,7 @@ class Generator:
         self.net.eval()
         self.device = next(self.net.parameters()).device
         self.tokenizer = tokenizer_of(files)
-        generation = _json(files, "generation_config.json") or {}
+        generation = json_file(files, "generation_config.json") or {}
         eos = generation.get("eos_token_id", config_json.get("eos_token_id"))
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or

@@ -219,41 +219,18 @@ pub fn asked(task: Task, body: &[u8]) -> Result<Asked, DoorError> {
     })
 }
 
-/// `POST /v1/completions`.
-pub async fn completions(
+/// `POST /v1/completions` (`CHAT` false) and `POST /v1/chat/completions` (`CHAT` true): the
+/// caller admitted before the body is read, as `/v1/embeddings`.
+pub async fn generate<const CHAT: bool>(
     State(state): State<HttpState>,
     connection: Option<Extension<Connection>>,
     trace: Option<Extension<RequestTrace>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let task = if CHAT { Task::Chat } else { Task::Completion };
     let connection = connection.map(|Extension(c)| c);
     let trace = trace.map(|Extension(t)| t);
-    generate(state, connection, trace, headers, body, Task::Completion).await
-}
-
-/// `POST /v1/chat/completions`.
-pub async fn chat(
-    State(state): State<HttpState>,
-    connection: Option<Extension<Connection>>,
-    trace: Option<Extension<RequestTrace>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let connection = connection.map(|Extension(c)| c);
-    let trace = trace.map(|Extension(t)| t);
-    generate(state, connection, trace, headers, body, Task::Chat).await
-}
-
-/// Both routes: admitted before the body is read, as `/v1/embeddings`.
-async fn generate(
-    state: HttpState,
-    connection: Option<Connection>,
-    trace: Option<RequestTrace>,
-    headers: HeaderMap,
-    body: Body,
-    task: Task,
-) -> Response {
     let arrived = Instant::now();
     let path = match task {
         Task::Completion => "/v1/completions",

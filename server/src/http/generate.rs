@@ -83,38 +83,14 @@ pub fn asked(body: &[u8]) -> Result<(Generation, Option<String>), DoorError> {
     Ok((generation, b.id))
 }
 
-/// `POST .../generate`.
-pub async fn generate(
-    state: State<HttpState>,
-    path: Path<ModelPath>,
-    connection: Option<Extension<Connection>>,
-    trace: Option<Extension<RequestTrace>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    run(state, path, connection, trace, headers, body, false).await
-}
-
-/// `POST .../generate_stream`.
-pub async fn generate_stream(
-    state: State<HttpState>,
-    path: Path<ModelPath>,
-    connection: Option<Extension<Connection>>,
-    trace: Option<Extension<RequestTrace>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    run(state, path, connection, trace, headers, body, true).await
-}
-
-async fn run(
+/// `POST .../generate` (`STREAM` false) and `POST .../generate_stream` (`STREAM` true).
+pub async fn generate<const STREAM: bool>(
     State(state): State<HttpState>,
     Path(path): Path<ModelPath>,
     connection: Option<Extension<Connection>>,
     trace: Option<Extension<RequestTrace>>,
     headers: HeaderMap,
     body: Body,
-    stream: bool,
 ) -> Response {
     let arrived = Instant::now();
     let declared = super::body::declared_length(&headers);
@@ -145,7 +121,7 @@ async fn run(
                 tenant: caller.tenant().unwrap_or(ADMIN_TENANT).to_owned(),
             },
         };
-        if stream {
+        if STREAM {
             Ok::<_, DoorError>(streamed::sse(reply, opening, guard))
         } else {
             let (text, finish, version) = reply.tokens.collect(opening).await?;

@@ -79,8 +79,8 @@ pub fn router(state: HttpState) -> Router {
         .merge(model_routes("/v2/models/{name}/{rest}"))
         .route("/v2/repository/index", post(triton::repository_index))
         .route("/v1/embeddings", post(openai::embeddings))
-        .route("/v1/completions", post(completions::completions))
-        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::generate::<false>))
+        .route("/v1/chat/completions", post(completions::generate::<true>))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
         .route("/v1/models/{id}/{rest}", get(openai::model))
@@ -100,8 +100,8 @@ fn model_routes(base: &str) -> Router<HttpState> {
         ("", get(oip::model_metadata)),
         ("/ready", get(oip::model_ready)),
         ("/infer", post(oip::infer)),
-        ("/generate", post(generate::generate)),
-        ("/generate_stream", post(generate::generate_stream)),
+        ("/generate", post(generate::generate::<false>)),
+        ("/generate_stream", post(generate::generate::<true>)),
         ("/config", get(triton::model_config)),
         ("/stats", get(triton::model_statistics)),
     ] {

@@ -5,6 +5,7 @@
 pub mod admin;
 
 pub mod inference;
+pub mod oip_infer;
 pub mod serve;
 pub mod stream_infer;
 

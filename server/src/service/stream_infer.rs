@@ -104,7 +104,7 @@ async fn answer(
     let (id, model) = (req.id.clone(), req.model_name.clone());
     let done = match generation_input(&mut req) {
         Ok(Some(text)) => generate(app, caller, trace, req, text, deadline, tx).await,
-        Ok(None) => match super::inference::infer_one(app, caller, req, deadline, trace).await {
+        Ok(None) => match super::oip_infer::infer_one(app, caller, req, deadline, trace).await {
             Ok(mut response) => {
                 final_flag(&mut response.parameters, true);
                 send(tx, response).await;
@@ -164,7 +164,7 @@ async fn generate(
     deadline: Instant,
     tx: &Sender,
 ) -> Result<(), Status> {
-    super::inference::version(&req.model_version)?;
+    super::oip_infer::version(&req.model_version)?;
     let parameters = tensors::parameters(&req.parameters);
     let asked = generation::kserve(text, &parameters).or_status()?;
     let mut item = asked.item();
