@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from protocol_test import generate_stubs, write_safetensors  # noqa: E402
 
-ADMIN, TA, TB = "ms_admin_tok", "ms_tok_a", "ms_tok_b"
+ADMIN, TA, TB, TC = "ms_admin_tok", "ms_tok_a", "ms_tok_b", "ms_tok_c"
 W = [0.5 * j - 3.0 for j in range(16)]  # the first (only) tensor of model "enc"
 
 
@@ -57,7 +57,8 @@ def free_port():
 
 
 class Stack:
-    """A server (tenants admin, a, b; models enc public, priv owned by a), and its workers."""
+    """A server (tenants admin, a, b (at most 2 requests), c (generation caps: 3 tokens, prompts
+    of 6); models enc public, priv owned by a), and its workers."""
 
     def __init__(self, args, tmp):
         self.args, self.tmp = args, tmp
@@ -69,6 +70,8 @@ class Stack:
             f.write(f'[admin]\ntoken_hashes = ["{sha(ADMIN)}"]\n\n')
             f.write(f'[[tenants]]\nname = "a"\ntoken_hashes = ["{sha(TA)}"]\n\n')
             f.write(f'[[tenants]]\nname = "b"\ntoken_hashes = ["{sha(TB)}"]\n[tenants.quota]\nrequests = 2\n')
+            f.write(f'\n[[tenants]]\nname = "c"\ntoken_hashes = ["{sha(TC)}"]\n[tenants.quota]\nmax_tokens = 3\n'
+                    'prompt_tokens = 6\n')
         with open(os.path.join(tmp, "modelshare.toml"), "w") as f:
             f.write("[serving]\nmax_request_bytes = 1048576\n\n")
             f.write('[[models]]\nname = "enc"\npath = "enc"\npublic = true\n\n')

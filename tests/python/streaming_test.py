@@ -6,7 +6,8 @@ tokens, docs in workers/echo/src/generate.rs).
 - The openai client streams a completion and a chat completion (with usage), and gets the same
   text whole when it does not stream.
 - Errors before the stream starts are plain OpenAI errors with their status (unknown model,
-  bad max_tokens, n > 1); an error after it is an error event the client raises.
+  bad max_tokens, n > 1, a tenant's caps on max_tokens and prompt tokens); an error after it is
+  an error event the client raises.
 - A client that goes away mid-stream cancels the item at the worker: the worker logs the cancel,
   its slot is free again (the time printed).
 - Another tenant's stream keeps receiving parts while one reader stalls.
@@ -36,7 +37,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from inference_test import TA, TB, run_steps  # noqa: E402
+from inference_test import TA, TB, TC, run_steps  # noqa: E402
 
 WORDS = " ".join(f"w{i}" for i in range(200))
 
@@ -189,6 +190,23 @@ def check_errors(stack):
             assert e.body is None or "message" in (e.body if isinstance(e.body, dict) else {}), e.body
         else:
             raise AssertionError(f"expected {want.__name__}")
+    # Tenant c's caps: at most 3 tokens (asking none asks 3), prompts of at most 6 (the worker
+    # counts them).
+    cc = client(stack, TC)
+    try:
+        cc.completions.create(model="enc", prompt="a b", max_tokens=5)
+    except openai.BadRequestError as e:
+        assert "at most 3" in str(e), e
+    else:
+        raise AssertionError("max_tokens over the tenant's cap was taken")
+    capped = cc.completions.create(model="enc", prompt="a b c d e f")
+    assert (capped.choices[0].text, capped.usage.completion_tokens) == ("a b c", 3), capped
+    try:
+        cc.completions.create(model="enc", prompt="a b c d e f g", stream=True)
+    except openai.BadRequestError as e:
+        assert "at most 6" in str(e), e
+    else:
+        raise AssertionError("a prompt over the tenant's cap was taken")
     # A chat whose last message has no string content fails at the worker before any part:
     # a plain 400, not an event.
     try:

@@ -14,7 +14,8 @@ with the weights (``config.json``, ``generation_config.json``, ``tokenizer.json`
 Requests (the server's generation items, docs/ARCHITECTURE.md "Generation items"): a prompt, or
 chat messages rendered with the model's chat template (transformers' sandboxed renderer,
 ``add_generation_prompt``); ``max_tokens`` (default 16), ``temperature`` (default 1, OpenAI's;
-0 is greedy), ``top_p``, ``seed``, ``stop`` strings. Generation stops at an end-of-sequence
+0 is greedy), ``top_p``, ``seed``, ``stop`` strings, ``max_prompt_tokens`` (the tenant's cap: a
+longer prompt is refused). Generation stops at an end-of-sequence
 token (unless ``--ignore-eos``), after ``max_tokens``, or at a stop string (the text is cut
 before it; text that may be the start of a stop string is held back until it is not).
 
@@ -275,6 +276,9 @@ def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequenc
         ids = g.prompt_ids(item.text, task)
     except (KeyError, TypeError, json.JSONDecodeError) as e:
         raise ValueError(f"the messages cannot be rendered with the model's chat template: {e}") from None
+    cap = p.get("max_prompt_tokens")
+    if cap is not None and len(ids) > int(cap):
+        raise ValueError(f"the prompt has {len(ids)} tokens; at most {int(cap)}")
     max_tokens = int(p.get("max_tokens", DEFAULT_MAX_TOKENS))
     if max_tokens < 1:
         raise ValueError("'max_tokens' must be at least 1")

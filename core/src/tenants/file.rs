@@ -18,6 +18,8 @@
 //! inflight = 32
 //! requests = 128                        # inference requests queued or in flight at once
 //! loads = 1
+//! max_tokens = 1024                     # generation: most tokens one request may ask
+//! prompt_tokens = 8192                  # generation: most prompt tokens (the worker counts)
 //! ```
 //!
 //! Only hashes are ever in the file; a value that is not `sha256:<64 hex digits>` is refused
@@ -84,6 +86,8 @@ struct RawQuota {
     inflight: Option<u32>,
     requests: Option<u32>,
     loads: Option<u32>,
+    max_tokens: Option<u32>,
+    prompt_tokens: Option<u32>,
 }
 
 /// One tenant, validated.
@@ -141,6 +145,8 @@ const SCHEMA_KEYS: &[&str] = &[
     "inflight",
     "requests",
     "loads",
+    "max_tokens",
+    "prompt_tokens",
 ];
 
 /// Whether a key the file used may be shown: keys are names, not secrets, unless a token was
@@ -266,6 +272,8 @@ fn quota(raw: &RawQuota) -> Quota {
         inflight: nonzero(raw.inflight),
         requests: nonzero(raw.requests),
         loads: nonzero(raw.loads),
+        max_tokens: nonzero(raw.max_tokens),
+        prompt_tokens: nonzero(raw.prompt_tokens),
     }
 }
 
@@ -386,6 +394,8 @@ mod tests {
             [tenants.quota]
             device_bytes = 1000
             leases = 0
+            max_tokens = 512
+            prompt_tokens = 4096
             [[tenants]]
             name = "ads"
             token_hashes = ["{}"]
@@ -402,6 +412,10 @@ mod tests {
         assert_eq!(s.uids, vec![1000]);
         assert_eq!(s.quota.device_bytes, Some(1000));
         assert_eq!(s.quota.leases, None, "0 means unlimited");
+        assert_eq!(
+            (s.quota.max_tokens, s.quota.prompt_tokens),
+            (Some(512), Some(4096))
+        );
         assert_eq!(t.tenants["ads"].quota, Quota::default());
     }
 

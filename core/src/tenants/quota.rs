@@ -21,6 +21,12 @@ pub struct Quota {
     pub requests: Option<u32>,
     /// Loads of its models running at once (the server's `max_concurrent_loads` is shared).
     pub loads: Option<u32>,
+    /// The most tokens one generation request may ask (`max_tokens`); a request naming none
+    /// asks this many.
+    pub max_tokens: Option<u32>,
+    /// The most prompt tokens of one generation request (the worker, which tokenizes, refuses
+    /// a longer prompt).
+    pub prompt_tokens: Option<u32>,
 }
 
 /// What a quota limits.

@@ -7,7 +7,9 @@
 //!   model's chat template and counts the tokens; the server runs no template.
 //! - Its parameters: `task` (string), and those the client gave of `max_tokens` (int64),
 //!   `temperature` and `top_p` (double), `seed` (int64), `stop` (string: a JSON array of
-//!   strings).
+//!   strings); with the tenant's caps (quota `max_tokens`: a larger ask is refused, none asks
+//!   the cap; quota `prompt_tokens`: `max_prompt_tokens` (int64), which the worker enforces, as
+//!   it counts the tokens).
 //! - Each part of the streamed answer carries the new text in the string parameter `text`;
 //!   the final output carries what text is left (often none) in `text`, and `finish_reason`
 //!   (string: `stop` or `length`), `prompt_tokens` and `completion_tokens` (int64).
@@ -242,9 +244,12 @@ pub fn stream(
     deadline: Instant,
 ) -> Result<PartStream, InferError> {
     let model = super::visible_model(app, caller, model)?;
-    let max_outstanding = match caller {
-        Caller::Admin => None,
-        Caller::Tenant { quota, .. } => quota.requests.and_then(|n| usize::try_from(n).ok()),
+    let (max_outstanding, item) = match caller {
+        Caller::Admin => (None, item),
+        Caller::Tenant { quota, .. } => (
+            quota.requests.and_then(|n| usize::try_from(n).ok()),
+            capped(item, quota.max_tokens, quota.prompt_tokens)?,
+        ),
     };
     let request = InferRequest {
         tenant: caller.tenant().map(str::to_owned),
@@ -255,6 +260,52 @@ pub fn stream(
         text_input: None,
     };
     app.engine.infer_stream(request, StreamLimits::default())
+}
+
+/// A tenant's caps on a generation item: `max_tokens` over `max_tokens` is refused, and an item
+/// naming none asks that many; `prompt_tokens` goes to the worker as the item parameter
+/// `max_prompt_tokens` (it tokenizes, and refuses a longer prompt).
+fn capped(
+    mut item: pb::Item,
+    max_tokens: Option<u32>,
+    prompt_tokens: Option<u32>,
+) -> Result<pb::Item, InferError> {
+    use pb::parameter::Value;
+    if let Some(cap) = max_tokens {
+        let asked = match item
+            .parameters
+            .get("max_tokens")
+            .and_then(|p| p.value.as_ref())
+        {
+            Some(Value::Int64Value(n)) => Some(*n),
+            _ => None,
+        };
+        match asked {
+            Some(n) if n > i64::from(cap) => {
+                return Err(InferError::InvalidInput(format!(
+                    "'max_tokens' is {n}; this tenant may ask at most {cap}"
+                )));
+            }
+            Some(_) => {}
+            None => {
+                item.parameters.insert(
+                    "max_tokens".into(),
+                    pb::Parameter {
+                        value: Some(Value::Int64Value(i64::from(cap))),
+                    },
+                );
+            }
+        }
+    }
+    if let Some(cap) = prompt_tokens {
+        item.parameters.insert(
+            "max_prompt_tokens".into(),
+            pb::Parameter {
+                value: Some(Value::Int64Value(i64::from(cap))),
+            },
+        );
+    }
+    Ok(item)
 }
 
 #[cfg(test)]
@@ -314,6 +365,38 @@ mod tests {
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_tenants_caps_bound_max_tokens_and_reach_the_worker() {
+        let int = |item: &pb::Item, name: &str| match item
+            .parameters
+            .get(name)
+            .and_then(|p| p.value.as_ref())
+        {
+            Some(pb::parameter::Value::Int64Value(n)) => Some(*n),
+            _ => None,
+        };
+        let asked = |n: Option<i64>| {
+            Generation {
+                max_tokens: n,
+                ..Default::default()
+            }
+            .item()
+        };
+        let item = capped(asked(None), Some(64), Some(1000)).expect("capped");
+        assert_eq!(
+            (int(&item, "max_tokens"), int(&item, "max_prompt_tokens")),
+            (Some(64), Some(1000))
+        );
+        let item = capped(asked(Some(10)), Some(64), None).expect("under the cap");
+        assert_eq!(
+            (int(&item, "max_tokens"), int(&item, "max_prompt_tokens")),
+            (Some(10), None)
+        );
+        assert!(capped(asked(Some(65)), Some(64), None).is_err());
+        let item = capped(asked(Some(1 << 20)), None, None).expect("no cap");
+        assert_eq!(int(&item, "max_tokens"), Some(1 << 20));
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //!   whole text. The final output also carries `finish_reason` (string), `prompt_tokens` (the
 //!   source's word count) and `completion_tokens` (tokens generated, through the one that
 //!   completed a stop string), int64.
+//! - `max_prompt_tokens` (int64, the tenant's cap): a source of more words fails with
+//!   INVALID_ARGUMENT.
 //! - Cancelled, it stops at the next token.
 
 use std::time::Duration;
@@ -69,6 +71,14 @@ impl Request {
             })?,
             Some(_) => return bad("parameter 'stop' must be a JSON array of strings"),
         };
+        let words = source.split_whitespace().count();
+        if let Some(Parameter::Int64(cap)) = item.parameter("max_prompt_tokens")
+            && i64::try_from(words).unwrap_or(i64::MAX) > *cap
+        {
+            return Err(ItemFailure::invalid_argument(format!(
+                "the prompt has {words} tokens; at most {cap}"
+            )));
+        }
         let sleep = source
             .strip_prefix("sleep:")
             .and_then(|rest| rest.split_whitespace().next())
@@ -269,6 +279,7 @@ mod tests {
             completion("x").with_parameter("max_tokens", 0i64),
             completion("x").with_parameter("stop", "nope"),
             Item::new(1, Input::Text("x".into())).with_parameter("task", "poem"),
+            completion("a b c").with_parameter("max_prompt_tokens", 2i64),
         ] {
             let e = generate(&bad, &mut sink).await.expect_err("bad");
             assert_eq!(e.code, tonic::Code::InvalidArgument, "{bad:?}");
