@@ -137,20 +137,20 @@ async fn assert_a_sees_and_computes_b_sees_nothing(addr: &str, ta: &str, tb: &st
     assert_eq!(r.status, 200);
 }
 
-/// Unknown routes and methods answered with empty bodies (`/v1/chat/completions` 404,
+/// Unknown routes and methods answered with empty bodies (`/v1/audio/speech` 404,
 /// `GET /v1/embeddings` 405): they answer in the door's error shape now.
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_in_the_doors_error_shape() {
     let (server, _worker, _config) = stack().await;
     let addr = server.http_address();
-    let r = http(&addr, "POST", "/v1/chat/completions", &[], b"{}").await;
+    let r = http(&addr, "POST", "/v1/audio/speech", &[], b"{}").await;
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
     assert!(r.json()["error"]["code"].is_null(), "not a model not found");
     assert!(
         r.json()["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("/v1/chat/completions")),
+            .is_some_and(|m| m.contains("/v1/audio/speech")),
         "{:?}",
         r.json()
     );
