@@ -39,13 +39,17 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
+#: When the process started, as near as Python can tell (before torch's import).
+STARTED = time.time()
 
-import modelshare
-from hf_files import json_file, tokenizer_of
+import torch  # noqa: E402
+
+import modelshare  # noqa: E402
+from hf_files import json_file, tokenizer_of  # noqa: E402
 
 log = logging.getLogger("generate_worker")
 
@@ -330,9 +334,14 @@ def main() -> int:
     engines: list[Engine] = []
 
     def on_version(model: modelshare.Model):
-        g = Generator(model.metadata, model.torch(), device=args.device)
-        log.info("%s v%d: %s on %s, %d streams", model.name, model.version, type(g.net).__name__, g.device,
-                 args.streams)
+        t0 = time.perf_counter()
+        tensors = model.torch()
+        t1 = time.perf_counter()
+        g = Generator(model.metadata, tensors, device=args.device)
+        t2 = time.perf_counter()
+        log.info("%s v%d: %s on %s, %d streams; views %.2f s, module and tokenizer %.2f s (%.2f s since the "
+                 "process started)", model.name, model.version, type(g.net).__name__, g.device, args.streams,
+                 t1 - t0, t2 - t1, time.time() - STARTED)
         for old in engines:
             old.close()
         engines[:] = [Engine(g, args.streams)]
