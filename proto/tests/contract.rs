@@ -227,6 +227,14 @@ fn descriptor_set_holds_both_packages() {
         let output = format!(".inference.{n}Response");
         (n.to_string(), input, output, false, false)
     })
+    // Triton's decoupled stream: requests and responses both stream.
+    .chain([(
+        "ModelStreamInfer".to_owned(),
+        ".inference.ModelInferRequest".to_owned(),
+        ".inference.ModelStreamInferResponse".to_owned(),
+        true,
+        true,
+    )])
     .collect();
     assert_eq!(rpcs, expected);
 
@@ -353,6 +361,8 @@ const OIP_FIELDS: &[(&str, &str, i32, Type, Label, &str)] = &[
     ("InferBatchStatistics", "compute_input", 2, Type::Message, One, ".inference.StatisticDuration"),
     ("InferBatchStatistics", "compute_infer", 3, Type::Message, One, ".inference.StatisticDuration"),
     ("InferBatchStatistics", "compute_output", 4, Type::Message, One, ".inference.StatisticDuration"),
+    ("ModelStreamInferResponse", "error_message", 1, Type::String, One, ""),
+    ("ModelStreamInferResponse", "infer_response", 2, Type::Message, One, ".inference.ModelInferResponse"),
 ];
 
 /// The messages of the OIP that have no fields.
