@@ -73,7 +73,7 @@ class Stack:
             f.write(f'\n[[tenants]]\nname = "c"\ntoken_hashes = ["{sha(TC)}"]\n[tenants.quota]\nmax_tokens = 3\n'
                     'prompt_tokens = 6\n')
         with open(os.path.join(tmp, "modelshare.toml"), "w") as f:
-            f.write("[serving]\nmax_request_bytes = 1048576\n\n")
+            f.write("[serving]\nmax_request_bytes = 1048576\nstream_idle_secs = 2\n\n")
             f.write('[[models]]\nname = "enc"\npath = "enc"\npublic = true\n\n')
             f.write('[[models]]\nname = "priv"\npath = "priv"\ntenant = "a"\n')
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()

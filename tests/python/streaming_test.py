@@ -11,6 +11,7 @@ tokens, docs in workers/echo/src/generate.rs).
 - A client that goes away mid-stream cancels the item at the worker: the worker logs the cancel,
   its slot is free again (the time printed).
 - Another tenant's stream keeps receiving parts while one reader stalls.
+- A worker that stops sending mid-stream: the idle limit ends the stream with an error event.
 - KServe's generate and generate_stream (HTTP, server-sent events).
 - tritonclient's decoupled gRPC stream (ModelStreamInfer): a generation's parts as responses, the
   last marked final; a plain request answered once; a failed request reported on the stream.
@@ -219,6 +220,34 @@ def check_errors(stack):
     stack.assert_drained()
 
 
+def check_stalled_worker(stack):
+    """A worker that stops sending mid-stream: the server's idle limit (stream_idle_secs = 2 in
+    this stack) ends the stream with an error event, and cancels the item at the worker."""
+    import openai
+
+    c = client(stack, TA)
+    cancels = worker_log(stack).count("generation cancelled by the server")
+    # A token every 3 s: the first within the deadline, the second past the idle limit.
+    t0 = time.monotonic()
+    stream = c.completions.create(model="enc", prompt="sleep:3000 a b c", max_tokens=4, stream=True)
+    got = []
+    try:
+        for chunk in stream:
+            got.append(chunk.choices[0].text)
+    except openai.APIError as e:
+        assert "sent no part" in str(e) and "2000 ms" in str(e), e
+    else:
+        raise AssertionError(f"the stream was not ended: {got}")
+    took = time.monotonic() - t0
+    assert got == ["sleep:3000"] and 4.5 < took < 8, (got, took)
+    deadline = time.monotonic() + 5
+    while worker_log(stack).count("generation cancelled by the server") == cancels:
+        assert time.monotonic() < deadline, "the worker did not see the cancel"
+        time.sleep(0.05)
+    print(f"  a stalled stream ended {took:.1f} s after it started (first part at 3 s, idle limit 2 s)")
+    stack.assert_drained()
+
+
 def worker_log(stack):
     return "".join(open(os.path.join(stack.tmp, f)).read() for f in os.listdir(stack.tmp) if f.startswith("worker-"))
 
@@ -328,6 +357,7 @@ def main():
         ("tritonclient's gRPC stream", lambda: check_triton_stream(stack)),
         ("KServe generate and generate_stream", lambda: check_kserve_generate(stack)),
         ("a disconnect cancels the item at the worker", lambda: check_disconnect(stack)),
+        ("a stalled worker's stream ends at the idle limit", lambda: check_stalled_worker(stack)),
         ("another tenant's stream goes on while a reader stalls", lambda: check_stalled_reader(stack)),
         ("kill -9 ends a started stream and requeues an unstarted one", lambda: (
             stack.stop_worker(stack.workers[0]), stack.start_worker("rust", extra=["--streams", "2"]),

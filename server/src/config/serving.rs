@@ -16,6 +16,9 @@
 //! cancel_grace_ms = 5000        # how long past a cancelled request's deadline its workers
 //!                               # may take to answer it; it counts in its tenant's share
 //!                               # until then, and a worker still holding it is ended
+//! stream_idle_secs = 60         # a streamed answer (text generation): the longest wait for
+//!                               # its next part once one came (the deadline bounds the first)
+//! max_stream_secs = 3600        # the longest a streamed answer may last
 //! [serving.queue_delay_us]      # per model
 //! my-encoder = 0
 //! ```
@@ -38,6 +41,8 @@ pub(super) struct FileServing {
     pub(super) max_body_bytes_in_flight: Option<usize>,
     pub(super) request_body_timeout_ms: Option<u64>,
     pub(super) cancel_grace_ms: Option<u64>,
+    pub(super) stream_idle_secs: Option<u64>,
+    pub(super) max_stream_secs: Option<u64>,
     #[serde(default)]
     pub(super) queue_delay_us: HashMap<String, u64>,
 }
@@ -73,6 +78,10 @@ pub struct ServingSettings {
     pub request_body_timeout: Duration,
     /// How long past a cancelled request's deadline its workers may take to answer it.
     pub cancel_grace: Duration,
+    /// A streamed answer's longest wait for its next part, once one came.
+    pub stream_idle: Duration,
+    /// The longest a streamed answer may last.
+    pub max_stream_time: Duration,
 }
 
 impl ServingSettings {
@@ -96,6 +105,8 @@ impl Default for ServingSettings {
             max_body_bytes_in_flight: 256 << 20,
             request_body_timeout: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(5),
+            stream_idle: modelshare_serving::STREAM_IDLE,
+            max_stream_time: modelshare_serving::STREAM_LONGEST,
         }
     }
 }
@@ -176,7 +187,16 @@ impl ServingSettings {
                 "serving.cancel_grace_ms must be at most 3600000, got {grace_ms}"
             ));
         }
+        let idle_secs = file.stream_idle_secs.unwrap_or(d.stream_idle.as_secs());
+        let stream_secs = file.max_stream_secs.unwrap_or(d.max_stream_time.as_secs());
+        if !(1..=86_400).contains(&idle_secs) || !(1..=86_400).contains(&stream_secs) {
+            return invalid(format!(
+                "serving.stream_idle_secs and serving.max_stream_secs must be between 1 and 86400, got {idle_secs} and {stream_secs}"
+            ));
+        }
         Ok(Self {
+            stream_idle: Duration::from_secs(idle_secs),
+            max_stream_time: Duration::from_secs(stream_secs),
             cancel_grace: Duration::from_millis(grace_ms),
             max_body_bytes_in_flight,
             request_body_timeout: Duration::from_millis(body_ms),

@@ -58,6 +58,29 @@ fn out_of_range_values_are_refused() {
     assert!(Config::merge(args, FileConfig::default()).is_err());
 }
 
+/// A streamed answer's limits come from `[serving]`, bounded; by default a minute idle and an
+/// hour in all.
+#[test]
+fn stream_limits_are_read_and_bounded() {
+    let c = Config::merge(ServeArgs::default(), FileConfig::default()).expect("defaults");
+    assert_eq!(c.serving.stream_idle, std::time::Duration::from_secs(60));
+    assert_eq!(
+        c.serving.max_stream_time,
+        std::time::Duration::from_secs(3600)
+    );
+    let file = parse("[serving]\nstream_idle_secs = 5\nmax_stream_secs = 600\n");
+    let c = Config::merge(ServeArgs::default(), file).expect("config");
+    assert_eq!(c.serving.stream_idle, std::time::Duration::from_secs(5));
+    assert_eq!(
+        c.serving.max_stream_time,
+        std::time::Duration::from_secs(600)
+    );
+    for bad in ["stream_idle_secs = 0", "max_stream_secs = 100000"] {
+        let file = parse(&format!("[serving]\n{bad}\n"));
+        assert!(Config::merge(ServeArgs::default(), file).is_err(), "{bad}");
+    }
+}
+
 /// With only a Unix socket, no TCP port must be opened by default.
 #[test]
 fn unix_only_has_no_tcp_listener() {

@@ -235,7 +235,7 @@ impl Finish {
 
 /// Submits `item` to `model` for `caller` as a streamed request (see
 /// [`modelshare_serving::Engine::infer_stream`]): the deadline bounds the time to its first
-/// part, the server's stream limits the rest. A model the caller may not see is unknown.
+/// part, the server's stream limits (`stream_idle_secs`, `max_stream_secs`) the rest. A model the caller may not see is unknown.
 pub fn stream(
     app: &App,
     caller: &Caller,
@@ -259,7 +259,12 @@ pub fn stream(
         max_outstanding,
         text_input: None,
     };
-    app.engine.infer_stream(request, StreamLimits::default())
+    let limits = StreamLimits {
+        idle: app.config.serving.stream_idle,
+        longest: app.config.serving.max_stream_time,
+        ..StreamLimits::default()
+    };
+    app.engine.infer_stream(request, limits)
 }
 
 /// A tenant's caps on a generation item: `max_tokens` over `max_tokens` is refused, and an item
