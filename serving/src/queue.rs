@@ -1,12 +1,16 @@
 //! One model's queue: a sub-queue per tenant, drained by deficit round robin.
 //!
 //! Tenants with queued items take turns in `active` order. At the start of its turn a tenant's
-//! deficit grows by `quantum × weight` (in items); it then gives one item per unit of deficit
-//! until the deficit or its queue runs out, and goes to the back of the round. A batch may end
-//! in the middle of a turn: the turn goes on at the next batch, without a second quantum. A
-//! tenant whose queue empties leaves the round and loses its deficit (it cannot save up while
-//! idle). So a tenant with weight `w` gets `w` items for every item of a weight-1 tenant that
-//! has items waiting, however many the first one queues.
+//! deficit grows by `quantum × weight`; it then gives items while its head item's cost fits in
+//! the deficit (the cost taken from it), and goes to the back of the round when it does not
+//! fit or its queue runs out. An item costs 1, and a generation the tokens it may generate
+//! (`min(max_tokens, TOKEN_COST_CAP)`, [`generation_cost`]): tenants share a generation model
+//! by tokens, not by requests, and what a generation did not use is given back to its tenant's
+//! deficit when it ends ([`ModelQueue::refund`]). A batch may end in the middle of a turn: the
+//! turn goes on at the next batch, without a second quantum. A tenant whose queue empties
+//! leaves the round and loses its deficit (it cannot save up while idle). So a tenant with
+//! weight `w` gets `w` units of cost for every unit of a weight-1 tenant that has items
+//! waiting, however many the first one queues.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -24,6 +28,25 @@ pub(super) struct QueuedItem {
     pub(super) requeued: bool,
     /// The worker has sent part of its answer (a streamed item): it is never requeued.
     pub(super) started: bool,
+    /// What it costs its tenant's deficit (at least 1).
+    pub(super) cost: u64,
+}
+
+/// The most one item costs: a generation's `max_tokens` past it is charged this.
+pub const TOKEN_COST_CAP: u64 = 4096;
+
+/// What a streamed item costs in the fair queue: its `max_tokens` (int64 parameter, the
+/// generation convention), at most [`TOKEN_COST_CAP`]; 1 for any other item.
+pub fn generation_cost(item: &modelshare_proto::v1::Item) -> u64 {
+    use modelshare_proto::v1::parameter::Value;
+    match item
+        .parameters
+        .get("max_tokens")
+        .and_then(|p| p.value.as_ref())
+    {
+        Some(Value::Int64Value(n)) => u64::try_from(*n).unwrap_or(1).clamp(1, TOKEN_COST_CAP),
+        _ => 1,
+    }
 }
 
 /// One tenant's waiting items and its deficit.
@@ -183,8 +206,9 @@ impl ModelQueue {
         let max_items = cut.max_items.max(1);
         let mut out: Vec<(Tenant, QueuedItem)> = Vec::new();
         let mut bytes: u64 = 0;
-        // Each pass takes an item or ends a turn; a turn always takes at least one item, since
-        // the deficit grows by at least 1 at its start, so the loop ends.
+        // Each pass takes an item or ends a turn; the deficits grow by at least 1 a turn and
+        // an item costs at most TOKEN_COST_CAP, so within that many rounds an item is taken
+        // and the loop ends.
         while out.len() < max_items {
             let Some(tenant) = self.active.front().cloned() else {
                 break;
@@ -205,8 +229,9 @@ impl ModelQueue {
                 self.drop_head();
                 continue;
             };
-            if queue.deficit == 0 {
-                // The turn is over: to the back of the round.
+            let cost = front.cost.max(1);
+            if queue.deficit < cost {
+                // The turn is over: to the back of the round, the deficit kept for the next.
                 self.head_started = false;
                 self.active.rotate_left(1);
                 continue;
@@ -219,7 +244,7 @@ impl ModelQueue {
                 self.drop_head();
                 continue;
             };
-            queue.deficit -= 1;
+            queue.deficit -= cost;
             let emptied = queue.items.is_empty();
             self.head_started = true;
             bytes = bytes.saturating_add(item.bytes);
@@ -230,6 +255,14 @@ impl ModelQueue {
             }
         }
         out
+    }
+
+    /// Gives `tokens` back to `tenant`'s deficit (what a generation charged and did not use),
+    /// while it has items queued; at most [`TOKEN_COST_CAP`] is kept.
+    pub(super) fn refund(&mut self, tenant: &Tenant, tokens: u64) {
+        if let Some(queue) = self.tenants.get_mut(tenant) {
+            queue.deficit = queue.deficit.saturating_add(tokens).min(TOKEN_COST_CAP);
+        }
     }
 
     /// The tenants with items queued.
@@ -289,5 +322,31 @@ impl ModelQueue {
         if self.active.front() != head.as_ref() {
             self.head_started = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use modelshare_proto::v1 as pb;
+
+    use super::*;
+
+    #[test]
+    fn a_generation_costs_its_max_tokens_capped_and_other_items_one() {
+        let item = |max: Option<i64>| pb::Item {
+            parameters: max
+                .map(|n| {
+                    let value = Some(pb::parameter::Value::Int64Value(n));
+                    ("max_tokens".to_owned(), pb::Parameter { value })
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(generation_cost(&item(None)), 1);
+        assert_eq!(generation_cost(&item(Some(300))), 300);
+        assert_eq!(generation_cost(&item(Some(1 << 20))), TOKEN_COST_CAP);
+        assert_eq!(generation_cost(&item(Some(-5))), 1);
+        assert_eq!(generation_cost(&item(Some(0))), 1);
     }
 }

@@ -23,6 +23,9 @@ pub struct NewRequest {
     /// The tenant's own limit on requests outstanding (its quota), instead of
     /// [`super::Limits::max_tenant_requests`].
     pub quota: Option<usize>,
+    /// What each item costs its tenant in the fair queue: 1, or for a generation the tokens it
+    /// may generate (see [`super::queue`]).
+    pub cost: u64,
 }
 
 /// Why an item has no result.

@@ -206,6 +206,14 @@ impl<O> Scheduler<O> {
         delay.copied().unwrap_or(self.limits.max_queue_delay)
     }
 
+    /// Gives `tokens` back to `tenant`'s share of `model`'s queue: what a generation was
+    /// charged at dispatch and did not generate (see `queue`).
+    pub fn refund(&mut self, model: &str, tenant: &Tenant, tokens: u64) {
+        if let Some(queue) = self.queues.get_mut(model) {
+            queue.refund(tenant, tokens);
+        }
+    }
+
     /// Admits a request and queues its items, or refuses it with nothing changed.
     pub fn submit(&mut self, request: NewRequest) -> Result<RequestId, Admission> {
         let NewRequest {
@@ -215,6 +223,7 @@ impl<O> Scheduler<O> {
             deadline,
             arrival,
             quota,
+            cost,
         } = request;
         if item_bytes.is_empty() {
             return Err(Admission::NoItems { model });
@@ -254,6 +263,7 @@ impl<O> Scheduler<O> {
                 deadline,
                 requeued: false,
                 started: false,
+                cost: cost.max(1),
             };
             queue.push_back(&tenant, item);
         }

@@ -22,6 +22,7 @@ use tracing::debug;
 
 use super::error::InferError;
 use super::kind::Kind;
+use super::queue::generation_cost;
 use super::scheduler::{
     Batch, BatchId, Completed, ItemError, ItemId, NewRequest, RequestId, Scheduler, Tenant,
     WorkerId,
@@ -142,6 +143,8 @@ struct Waiter {
     streaming: Option<(WorkerId, u64)>,
     /// When its last part came (for the part-interval metric).
     last_part: Option<Instant>,
+    /// What its item cost its tenant in the fair queue (a generation: its `max_tokens`).
+    cost: u64,
 }
 
 /// A batch sent to a worker: its items in order, and those failed here instead of being sent

@@ -54,6 +54,10 @@ impl Driver {
             };
             return self.answer_now(&request, reply, error);
         }
+        let cost = match (&parts, request.items.first()) {
+            (Some(_), Some(item)) => generation_cost(item),
+            _ => 1,
+        };
         let new = NewRequest {
             tenant: request.tenant.clone(),
             model: request.model.clone(),
@@ -61,6 +65,7 @@ impl Driver {
             deadline: request.deadline,
             arrival,
             quota: request.max_outstanding,
+            cost,
         };
         let id = match self.sched.submit(new) {
             Ok(id) => id,
@@ -96,6 +101,7 @@ impl Driver {
                 parts,
                 streaming: None,
                 last_part: None,
+                cost,
             },
         );
     }
@@ -190,6 +196,14 @@ impl Driver {
         };
         let code = result.as_ref().map_or_else(InferError::kind, |_| Kind::Ok);
         self.count(&waiter, code);
+        if let Ok(r) = &result
+            && waiter.cost > 1
+        {
+            // A generation charged its max_tokens: what it did not generate goes back.
+            let used = r.outputs.first().map_or(0, completion_tokens);
+            let unused = waiter.cost.saturating_sub(used);
+            self.sched.refund(&waiter.model, &waiter.tenant, unused);
+        }
         if let Some(version) = version {
             let items = result.as_ref().ok().map(|r| r.outputs.len());
             let model = &waiter.model;
@@ -228,5 +242,18 @@ impl Driver {
                 message,
             },
         }
+    }
+}
+
+/// The tokens a generation's final output says it generated (`completion_tokens`, int64).
+fn completion_tokens(output: &pb::ItemOutput) -> u64 {
+    match output
+        .parameters
+        .get("completion_tokens")
+        .and_then(|p| p.value.as_ref())
+    {
+        Some(pb::parameter::Value::Int64Value(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(pb::parameter::Value::Uint64Value(n)) => *n,
+        _ => 0,
     }
 }

@@ -119,3 +119,65 @@ fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
     assert_eq!(s.next_cancel_due(), None);
     assert!(s.is_drained());
 }
+
+/// Generations would be shared by requests: a tenant asking 1,000 tokens a request would get
+/// as much of the model as one asking 10. They are shared by the tokens asked (each item costs
+/// its `max_tokens`), and what a generation did not use goes back to its tenant.
+#[test]
+fn generations_share_a_model_by_tokens_and_unused_tokens_come_back() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(Limits {
+        max_tenant_requests: 1000,
+        ..Limits::default()
+    });
+    let w = register(&mut s, 1, spec(1, 1, 1, u64::MAX));
+    let (a, b) = (tenant("a"), tenant("b"));
+    let generation = |who: &Tenant, tokens: u64| NewRequest {
+        cost: tokens,
+        ..request(who, &[8], t0)
+    };
+    let mut owners = Vec::new();
+    for _ in 0..20 {
+        owners.push((s.submit(generation(&a, 1000)).expect("a"), a.clone()));
+    }
+    for _ in 0..400 {
+        owners.push((s.submit(generation(&b, 10)).expect("b"), b.clone()));
+    }
+    let got = dispatch_one_by_one(&mut s, w, &owners, 202, t0 + ms(2));
+    let for_a = got.iter().filter(|t| **t == a).count();
+    // 2,000 tokens each: two of A's for two hundred of B's.
+    assert_eq!((for_a, 202 - for_a), (2, 200), "{got:?}");
+    // A refund of unused tokens brings A's next generation forward.
+    let mut s = Scheduler::new(Limits {
+        max_tenant_requests: 1000,
+        ..Limits::default()
+    });
+    let w = register(&mut s, 1, spec(1, 1, 1, u64::MAX));
+    let mut owners = Vec::new();
+    for _ in 0..3 {
+        owners.push((s.submit(generation(&a, 1000)).expect("a"), a.clone()));
+    }
+    for _ in 0..400 {
+        owners.push((s.submit(generation(&b, 10)).expect("b"), b.clone()));
+    }
+    // B's items go until A has saved up for its first generation; then A's goes.
+    let mut before = 0;
+    while dispatch_one_by_one(&mut s, w, &owners, 1, t0 + ms(2)) == vec![b.clone()] {
+        before += 1;
+    }
+    assert!(
+        (95..=105).contains(&before),
+        "{before} of B's before A's first"
+    );
+    // That generation stopped after 10 tokens: 990 come back, and A's next goes after a few
+    // of B's instead of about a hundred.
+    s.refund(MODEL, &a, 990);
+    let mut between = 0;
+    while dispatch_one_by_one(&mut s, w, &owners, 1, t0 + ms(2)) == vec![b.clone()] {
+        between += 1;
+    }
+    assert!(
+        between <= 5,
+        "{between} of B's between A's first and second"
+    );
+}

@@ -32,6 +32,7 @@ fn request(who: &Tenant, sizes: &[u64], at: Instant) -> NewRequest {
         deadline: at + Duration::from_secs(60),
         arrival: at,
         quota: None,
+        cost: 1,
     }
 }
 
