@@ -16,6 +16,13 @@
 //!   `service::inference` `model_infer` does. What it accepts matches the request (names,
 //!   datatypes, shapes, the raw contents or the typed contents element by element).
 //!
+//! - `generate`: a body of the generating doors: its first byte picks the parser (0:
+//!   `/v1/completions`, 1: `/v1/chat/completions`, 2: KServe's `generate`, through
+//!   `http::completions::asked` and `http::generate::asked`), the rest is the body. What they
+//!   accept is within the generation bounds (`Generation::check` holds again), names the model
+//!   the body does, and keeps the prompt as sent: a completion's string (or list of one), a
+//!   chat's messages (each an object with a string `role`), KServe's `text_input`.
+//!
 //! For both OIP doors, every accepted tensor holds exactly what its shape and datatype say
 //! (shape × element size bytes, or that many well-formed BYTES elements), and the items split
 //! from it number its batch dimension (1 to [`MAX_ITEMS`]), each with the row's shape and data,
@@ -29,10 +36,12 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use modelshare_proto::inference as oip;
 use modelshare_proto::v1 as pb;
+use modelshare_server::front::generation::Task;
 use modelshare_server::front::oip::{self as tensors, Tensor};
 use modelshare_server::http::door::DoorError;
 use modelshare_server::http::oip::{HEADER_LENGTH, parse_inputs};
 use modelshare_server::http::openai;
+use modelshare_server::http::{completions, generate as kserve_generate};
 use modelshare_serving::InferError;
 use prost::Message as _;
 use serde_json::Value;
@@ -570,6 +579,80 @@ fn items_hold(
     }
     for (t, all) in sent.iter().zip(&joined) {
         assert_eq!(all[..], t.data[..], "the rows of '{}' ≠ the tensor", t.name);
+    }
+    true
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation
+
+/// One body of a generating door (the first byte picks which); whether it was accepted.
+pub fn generate(data: &[u8]) -> bool {
+    let Some((&door, body)) = data.split_first() else {
+        return false;
+    };
+    let (generation, model) = match door % 3 {
+        0 | 1 => {
+            let task = if door % 3 == 0 {
+                Task::Completion
+            } else {
+                Task::Chat
+            };
+            match completions::asked(task, body) {
+                Ok(a) => (a.generation, Some(a.model)),
+                Err(e) => {
+                    door_error(&e);
+                    return false;
+                }
+            }
+        }
+        _ => match kserve_generate::asked(body) {
+            Ok((g, _)) => (g, None),
+            Err(e) => {
+                door_error(&e);
+                return false;
+            }
+        },
+    };
+    assert!(
+        generation.check().is_ok(),
+        "accepted out of bounds: {generation:?}"
+    );
+    let Some(body) = reference(body) else {
+        return true;
+    };
+    let body = positional(body, &[]);
+    if let Some(model) = model {
+        assert_eq!(body["model"].as_str(), Some(model.as_str()), "model");
+    }
+    match (door % 3, &body) {
+        (0, b) => {
+            let prompt = match &b["prompt"] {
+                Value::String(s) => s.clone(),
+                Value::Array(v) if v.len() == 1 => {
+                    v[0].as_str().expect("a string prompt").to_owned()
+                }
+                other => panic!("accepted prompt {other}"),
+            };
+            assert_eq!(generation.input, prompt, "prompt");
+        }
+        (1, b) => {
+            let sent = b["messages"]
+                .as_array()
+                .expect("accepted messages that are not a list");
+            let kept: Value = serde_json::from_str(&generation.input).expect("messages as JSON");
+            assert_eq!(kept.as_array().map(Vec::len), Some(sent.len()), "messages");
+            assert!(
+                sent.iter().all(|m| m["role"].is_string()),
+                "a message without a role"
+            );
+            assert_eq!(&kept, &b["messages"], "messages changed");
+        }
+        (_, b) => assert_eq!(
+            b["text_input"].as_str(),
+            Some(generation.input.as_str()),
+            "text_input"
+        ),
     }
     true
 }

@@ -4,6 +4,8 @@
 - header, index: valid safetensors files and index files, and broken ones (holes, trailing
   bytes, overlaps, bad lengths, duplicate keys, overflowing shapes, unknown dtypes, escapes...);
 - openai: /v1/embeddings bodies of every input form, and broken ones;
+- generate: bodies of the generating doors (a first byte: 0 /v1/completions, 1
+  /v1/chat/completions, 2 KServe generate), good and broken;
 - kserve: KServe v2 REST requests (4 bytes of Inference-Header-Content-Length, 0xffffffff for
   none, then the body): JSON data of every datatype, binary-extension bodies, broken ones;
 - oip_grpc: protobuf ModelInferRequests, encoded by hand here: raw and typed contents of every
@@ -338,8 +340,42 @@ regressions = {
     "oip_grpc/batch-4294967296-of-nothing": infer(tensor("x", "FP32", [4294967296, 0])),
 }
 
+M = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+generate = {
+    "completion": (0, {"model": "m", "prompt": "hello", "max_tokens": 8, "temperature": 0.5, "top_p": 0.9,
+                       "seed": 3, "stop": ["\n", "."], "stream": True, "stream_options": {"include_usage": True}}),
+    "completion_list": (0, {"model": "m", "prompt": ["one"], "stop": "x", "n": 1, "logprobs": None}),
+    "completion_two_prompts": (0, {"model": "m", "prompt": ["a", "b"]}),
+    "completion_echo": (0, {"model": "m", "prompt": "a", "echo": True}),
+    "completion_n2": (0, {"model": "m", "prompt": "a", "n": 2}),
+    "completion_tokens_zero": (0, {"model": "m", "prompt": "a", "max_tokens": 0}),
+    "completion_tokens_huge": (0, {"model": "m", "prompt": "a", "max_tokens": 2**62}),
+    "completion_temperature": (0, {"model": "m", "prompt": "a", "temperature": 2.5}),
+    "completion_top_p_zero": (0, {"model": "m", "prompt": "a", "top_p": 0}),
+    "completion_stops": (0, {"model": "m", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}),
+    "completion_long_stop": (0, {"model": "m", "prompt": "a", "stop": ["s" * 300]}),
+    "chat": (1, {"model": "m", "messages": M, "max_completion_tokens": 4, "max_tokens": 9, "tools": []}),
+    "chat_empty": (1, {"model": "m", "messages": []}),
+    "chat_no_role": (1, {"model": "m", "messages": [{"content": "x"}]}),
+    "chat_not_objects": (1, {"model": "m", "messages": ["x", 1]}),
+    "chat_tools": (1, {"model": "m", "messages": M, "tools": [{"type": "function"}]}),
+    "chat_deep": (1, {"model": "m", "messages": [{"role": "user", "content": [[[[["x"]]]]]}]}),
+    "kserve": (2, {"text_input": "hi", "parameters": {"max_tokens": 3, "stop": ["x"]}, "temperature": 0.1, "id": "r"}),
+    "kserve_stop_string": (2, {"text_input": "hi", "stop": "[\"a\"]"}),
+    "kserve_bad_parameter": (2, {"text_input": "hi", "parameters": {"top_p": {"x": 1}}}),
+    "kserve_no_text": (2, {"parameters": {}}),
+    "kserve_number_text": (2, {"text_input": 5}),
+}
+raw_generate = {
+    "completion_array_body": b"\x00" + b'["m","hi"]',
+    "chat_truncated": b"\x01" + b'{"model":"m","messages":[{"role":"user",',
+    "kserve_duplicate": b"\x02" + b'{"text_input":"a","text_input":"b"}',
+    "empty": b"",
+}
+
 requests = {
     "openai": {**{k: j(v) for k, v in openai.items()}, **raw_openai},
+    "generate": {**{k: bytes([door]) + j(v) for k, (door, v) in generate.items()}, **raw_generate},
     "kserve": {**{k: kserve_body(h, b) for k, (h, b) in kserve.items()}, **raw_kserve},
     "oip_grpc": grpc,
 }

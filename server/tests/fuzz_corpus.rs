@@ -50,6 +50,15 @@ fn index_corpus_replays() {
     replay("index", checks::index);
 }
 
+/// The generating doors' body parsers (OpenAI completions and chat, KServe generate) still
+/// hold on every kept input.
+#[test]
+fn generate_corpus_replays() {
+    replay("generate", |data| {
+        request_checks::generate(data);
+    });
+}
+
 /// The OpenAI door's `/v1/embeddings` body parser still holds on every kept input.
 #[test]
 fn openai_corpus_replays() {

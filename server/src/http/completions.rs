@@ -114,10 +114,14 @@ struct ChatBody {
 /// What a request asks, read and checked.
 #[derive(Debug)]
 pub struct Asked {
-    model: String,
-    generation: Generation,
-    stream: bool,
-    include_usage: bool,
+    /// The model asked.
+    pub model: String,
+    /// The generation item's contents.
+    pub generation: Generation,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
 }
 
 fn unsupported(field: &str) -> DoorError {
