@@ -1,8 +1,8 @@
 """The generation worker (workers/python/generate_worker.py) over the server's shared weights,
 through the official openai client (issue 30).
 
-Tiny causal LMs made here with random weights (Llama; GPT-2, whose output embeddings are tied to
-its input ones), initialised large enough that attention and positions decide the tokens (small
+Tiny causal LMs made here with random weights (Llama; GPT-2 and Qwen2, whose output embeddings
+are tied to their input ones; Mistral), initialised large enough that attention and positions decide the tokens (small
 random weights only repeat the last token), and a
 byte-level BPE tokenizer trained here with a chat template (no model hub is reachable), saved in
 fp32, loaded by the server and served by a worker process. Greedy output (temperature 0) must
@@ -61,7 +61,24 @@ def gpt2(folder: Path) -> None:
     transformers.GPT2LMHeadModel(config).save_pretrained(str(folder))
 
 
-FAMILIES = {"llama": llama, "gpt2": gpt2}
+def qwen2(folder: Path) -> None:
+    tokenizer(folder)
+    config = transformers.Qwen2Config(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      tie_word_embeddings=True, bos_token_id=0, eos_token_id=1,
+                                      initializer_range=0.3)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(str(folder))
+
+
+def mistral(folder: Path) -> None:
+    tokenizer(folder)
+    config = transformers.MistralConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                        sliding_window=None, bos_token_id=0, eos_token_id=1, initializer_range=0.3)
+    transformers.MistralForCausalLM(config).save_pretrained(str(folder))
+
+
+FAMILIES = {"llama": llama, "gpt2": gpt2, "qwen2": qwen2, "mistral": mistral}
 
 
 @pytest.fixture(scope="module")
