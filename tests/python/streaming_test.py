@@ -136,6 +136,20 @@ def check_triton_stream(stack):
         result, error = results.get(timeout=10)
         assert error is None and result.as_numpy("text_output")[0] == b"the", (result, error)
         results.get(timeout=10)  # its final response
+        # A client that cancels its stream mid-generation cancels the item at the worker.
+        cancels = worker_log(stack).count("generation cancelled by the server")
+        slow = tg.InferInput("text_input", [1], "BYTES")
+        slow.set_data_from_numpy(np.array([("sleep:100 " + WORDS).encode()], dtype=object))
+        c.async_stream_infer("enc", [slow], request_id="slow", parameters={"max_tokens": 150})
+        for _ in range(2):
+            result, error = results.get(timeout=10)
+            assert error is None, error
+        t0 = time.monotonic()
+        c.stop_stream(cancel_requests=True)
+        while worker_log(stack).count("generation cancelled by the server") == cancels or in_flight(stack):
+            assert time.monotonic() - t0 < 5, "the worker still holds the cancelled stream's item"
+            time.sleep(0.02)
+        print(f"  tritonclient's cancel to the worker's slot free: {1000 * (time.monotonic() - t0):.0f} ms")
     finally:
         c.stop_stream()
         c.close()

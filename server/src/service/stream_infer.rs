@@ -189,13 +189,22 @@ async fn generate(
         final_flag(&mut r.parameters, last);
         r
     };
-    while let Some(part) = parts.next().await.or_status()? {
-        // The client gone: dropping `parts` cancels the item.
+    // The client gone (the call cancelled), also while the worker is slow: dropping `parts`
+    // cancels the item at its worker.
+    loop {
+        let next = tokio::select! {
+            next = parts.next() => next.or_status()?,
+            () = tx.closed() => return Ok(()),
+        };
+        let Some(part) = next else { break };
         if !send(tx, response(part_text(&part.output), false)).await {
             return Ok(());
         }
     }
-    let answer = parts.finish().await.or_status()?;
+    let answer = tokio::select! {
+        answer = parts.finish() => answer.or_status()?,
+        () = tx.closed() => return Ok(()),
+    };
     let finish = answer.outputs.first().map(Finish::of).ok_or_else(|| {
         Status::internal(format!(
             "the worker of model '{}' gave no output",
