@@ -203,6 +203,10 @@ impl Handler for PyHandler {
     async fn handle_stream(&self, item: SdkItem, mut sink: PartSink) -> Outcome {
         let (parts, mut sent) = parts_channel::channel(1);
         let (answer, mut answered) = oneshot::channel();
+        // A cancel answers the item at once, even while the handler computes without yielding
+        // or its job waits for a thread: the server frees its slot; the handler's generator
+        // is closed at its next part.
+        let cancelled = item.cancellation();
         let job = Job::Stream {
             item,
             batch_id: sink.batch_id(),
@@ -231,9 +235,16 @@ impl Handler for PyHandler {
                 outcome = &mut answered => {
                     return outcome.unwrap_or_else(|_| Err(thread_failed()));
                 }
+                () = cancelled.cancelled() => {
+                    sent.close();
+                    return Err(ItemFailure::cancelled("the server cancelled the item"));
+                }
             }
         }
-        answered.await.unwrap_or_else(|_| Err(thread_failed()))
+        tokio::select! {
+            outcome = answered => outcome.unwrap_or_else(|_| Err(thread_failed())),
+            () = cancelled.cancelled() => Err(ItemFailure::cancelled("the server cancelled the item")),
+        }
     }
 }
 

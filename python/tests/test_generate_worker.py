@@ -186,3 +186,7 @@ def test_stop_strings_and_sampling_parameters(lms) -> None:
     b = c.completions.create(model="gpt2", prompt="hello", max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
     assert a.choices[0].text == b.choices[0].text
     assert json.loads(a.model_dump_json())["usage"]["completion_tokens"] >= 1
+    # A temperature too small to divide by samples greedily, and the worker goes on.
+    tiny = c.completions.create(model="gpt2", prompt="hello", max_tokens=16, temperature=1e-40)
+    assert tiny.choices[0].text == full, (tiny.choices[0].text, full)
+    assert c.completions.create(model="gpt2", prompt="hello", max_tokens=16, temperature=0).choices[0].text == full

@@ -206,9 +206,11 @@ impl ModelQueue {
         let max_items = cut.max_items.max(1);
         let mut out: Vec<(Tenant, QueuedItem)> = Vec::new();
         let mut bytes: u64 = 0;
-        // Each pass takes an item or ends a turn; the deficits grow by at least 1 a turn and
-        // an item costs at most TOKEN_COST_CAP, so within that many rounds an item is taken
-        // and the loop ends.
+        // Turns ended in a row without an item: a whole round of them is skipped ahead.
+        let mut idle_turns = 0usize;
+        // Each pass takes an item or ends a turn; the deficits grow by at least 1 a turn, and
+        // after a round with no item taken the rounds that would take none are granted at
+        // once (`skip_empty_rounds`), so the next round takes one and the loop ends.
         while out.len() < max_items {
             let Some(tenant) = self.active.front().cloned() else {
                 break;
@@ -234,6 +236,11 @@ impl ModelQueue {
                 // The turn is over: to the back of the round, the deficit kept for the next.
                 self.head_started = false;
                 self.active.rotate_left(1);
+                idle_turns += 1;
+                if idle_turns >= self.active.len() {
+                    self.skip_empty_rounds(cut, &weight);
+                    idle_turns = 0;
+                }
                 continue;
             }
             if !out.is_empty() && bytes.saturating_add(front.bytes) > cut.max_bytes {
@@ -245,6 +252,7 @@ impl ModelQueue {
                 continue;
             };
             queue.deficit -= cost;
+            idle_turns = 0;
             let emptied = queue.items.is_empty();
             self.head_started = true;
             bytes = bytes.saturating_add(item.bytes);
@@ -258,10 +266,43 @@ impl ModelQueue {
     }
 
     /// Gives `tokens` back to `tenant`'s deficit (what a generation charged and did not use),
-    /// while it has items queued; at most [`TOKEN_COST_CAP`] is kept.
+    /// while it has items queued; a refund raises the deficit to at most [`TOKEN_COST_CAP`]
+    /// (and never lowers it).
     pub(super) fn refund(&mut self, tenant: &Tenant, tokens: u64) {
         if let Some(queue) = self.tenants.get_mut(tenant) {
-            queue.deficit = queue.deficit.saturating_add(tokens).min(TOKEN_COST_CAP);
+            let refunded = queue.deficit.saturating_add(tokens).min(TOKEN_COST_CAP);
+            queue.deficit = queue.deficit.max(refunded);
+        }
+    }
+
+    /// After a whole round in which no head item fitted its tenant's deficit: grants every
+    /// tenant in the round the rounds after this one that would still take nothing, so that
+    /// the next round takes an item (a 4,096-token head with a quantum of 1 would otherwise
+    /// take 4,096 rounds of the driver's loop per tenant).
+    fn skip_empty_rounds(&mut self, cut: Cut, weight: &impl Fn(&Tenant) -> u32) {
+        let grant = |t: &Tenant| {
+            cut.quantum
+                .max(1)
+                .saturating_mul(u64::from(weight(t).max(1)))
+        };
+        let rounds = self
+            .active
+            .iter()
+            .filter_map(|t| {
+                let q = self.tenants.get(t)?;
+                let need = q.items.front()?.cost.max(1).saturating_sub(q.deficit);
+                Some(need.div_ceil(grant(t)))
+            })
+            .min()
+            .unwrap_or(0);
+        if rounds > 1 {
+            for t in &self.active {
+                if let Some(q) = self.tenants.get_mut(t) {
+                    q.deficit = q
+                        .deficit
+                        .saturating_add((rounds - 1).saturating_mul(grant(t)));
+                }
+            }
         }
     }
 

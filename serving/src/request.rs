@@ -263,6 +263,7 @@ impl<O> Requests<O> {
         &mut self,
         id: RequestId,
         grace: Duration,
+        now: Instant,
     ) -> Option<(Tenant, String, Vec<InFlightItem>)> {
         let record = self.records.remove(&id)?;
         let in_flight: Vec<InFlightItem> = record
@@ -286,7 +287,9 @@ impl<O> Requests<O> {
                 Lingering {
                     tenant: record.tenant.clone(),
                     items: in_flight.len(),
-                    until: record.deadline + grace,
+                    // A streamed request lives past its deadline (which bounds its first
+                    // part only): its worker gets the grace from the cancel.
+                    until: record.deadline.max(now) + grace,
                 },
             );
         }

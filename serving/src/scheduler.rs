@@ -481,12 +481,13 @@ impl<O> Scheduler<O> {
         completed
     }
 
-    /// Cancels a request: its queued items are dropped and it will not complete. Returns its
-    /// items in flight (their results will be ignored; the caller may tell the workers), or
-    /// `None` if the request is not outstanding.
-    pub fn cancel(&mut self, id: RequestId) -> Option<Vec<InFlightItem>> {
+    /// Cancels a request at `now`: its queued items are dropped and it will not complete.
+    /// Returns its items in flight (their results will be ignored; the caller may tell the
+    /// workers), or `None` if the request is not outstanding. Their workers have until the
+    /// later of its deadline and `now`, plus the cancel grace, to answer them.
+    pub fn cancel(&mut self, id: RequestId, now: Instant) -> Option<Vec<InFlightItem>> {
         let grace = self.limits.cancel_grace;
-        let (tenant, model, in_flight) = self.requests.cancel(id, grace)?;
+        let (tenant, model, in_flight) = self.requests.cancel(id, grace, now)?;
         if let Some(queue) = self.queues.get_mut(&model) {
             queue.remove_request(&tenant, id);
             if queue.is_empty() {

@@ -222,6 +222,18 @@ def check_errors(stack):
         assert "at most 6" in str(e), e
     else:
         raise AssertionError("a prompt over the tenant's cap was taken")
+    # The generation parameters come only through the generation doors: on a plain door they
+    # would skip the caps and the token fairness.
+    body = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a b"]}],
+                       "parameters": {"task": "completion", "max_tokens": 100000}}).encode()
+    req = urllib.request.Request(f"{stack.http()}/v2/models/enc/infer", data=body,
+                                 headers={"authorization": f"Bearer {TC}", "content-type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=10)
+    except urllib.error.HTTPError as e:
+        assert e.code == 400 and "task" in json.loads(e.read())["error"], e
+    else:
+        raise AssertionError("a plain door took a generation's parameters")
     # A chat whose last message has no string content fails at the worker before any part:
     # a plain 400, not an event.
     try:

@@ -11,11 +11,14 @@ tokenizer, chat template and generation defaults come from the JSON files the se
 with the weights (``config.json``, ``generation_config.json``, ``tokenizer.json``,
 ``tokenizer_config.json``, ``special_tokens_map.json``, ``chat_template.jinja``).
 
-Requests (the server's generation items, docs/ARCHITECTURE.md "Generation items"): a prompt, or
-chat messages rendered with the model's chat template (transformers' sandboxed renderer,
-``add_generation_prompt``); ``max_tokens`` (default 16), ``temperature`` (default 1, OpenAI's;
-0 is greedy), ``top_p``, ``seed``, ``stop`` strings, ``max_prompt_tokens`` (the tenant's cap: a
-longer prompt is refused). Generation stops at an end-of-sequence
+Requests (the server's generation items, docs/ARCHITECTURE.md "Generation items"; the
+parameter ``task`` is required): a prompt, or chat messages rendered with the model's chat
+template (transformers' sandboxed renderer, ``add_generation_prompt``); ``max_tokens``
+(OpenAI's defaults: 16 for a completion, the rest of the context for a chat), ``temperature``
+(default 1, OpenAI's; below 1e-4 greedy), ``top_p``, ``seed``, ``stop`` strings,
+``max_prompt_tokens`` (the tenant's cap: a longer prompt is refused). A sequence that fails
+(its sampling, its text) fails alone. A stalled reader does not pause its sequence: its text
+waits in the worker, at most ``max_tokens`` of it. Generation stops at an end-of-sequence
 token (unless ``--ignore-eos``), after ``max_tokens``, or at a stop string (the text is cut
 before it; text that may be the start of a stop string is held back until it is not).
 
@@ -90,12 +93,16 @@ class Generator:
 
     def prompt_ids(self, item_text: str, task: str) -> list[int]:
         """The prompt's token ids: a completion's text as is (with the tokenizer's special
-        tokens), a chat's messages through the model's chat template."""
+        tokens), a chat's messages through the model's chat template (``ValueError`` when they
+        cannot be rendered with it)."""
         if task == "chat":
             messages = json.loads(item_text)
             if not isinstance(messages, list):
                 raise ValueError("a chat request's input is a JSON array of messages")
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as e:  # noqa: BLE001 - the template's own errors (jinja, missing keys)
+                raise ValueError(f"the messages cannot be rendered with the model's chat template: {e}") from None
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return list(self.tokenizer(item_text)["input_ids"])
 
@@ -180,7 +187,12 @@ class Engine:
             rebuild = False
             for i, s in enumerate(rows):
                 if not s.done:
-                    self._advance(s, logits[i])
+                    try:
+                        self._advance(s, logits[i])
+                    except Exception as e:  # noqa: BLE001 - that sequence fails, the others go on
+                        log.exception("a sequence failed")
+                        s.done = True
+                        s.events.put(("error", e))
 
     @torch.inference_mode()
     def _step(self, rows: list[Sequence], cache: Any, mask: torch.Tensor | None, rebuild: bool):
@@ -238,8 +250,12 @@ class Engine:
         s.events.put(("end", reason))
 
 
+#: Temperatures below this sample greedily (dividing by them overflows the logits).
+MIN_TEMPERATURE = 1e-4
+
+
 def _sample(logits: torch.Tensor, s: Sequence) -> int:
-    if s.temperature <= 0:
+    if s.temperature < MIN_TEMPERATURE:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / s.temperature, dim=-1)
     if s.top_p < 1.0:
@@ -271,9 +287,10 @@ def _stop_prefix(text: str, stops: list[str]) -> int:
 def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequence:
     """The sequence an item asks for; ``ValueError`` (INVALID_ARGUMENT) says what is wrong."""
     p = item.parameters
-    task = p.get("task", "completion")
+    task = p.get("task")
     if task not in ("completion", "chat"):
-        raise ValueError("parameter 'task' must be 'completion' or 'chat'")
+        raise ValueError("a generation request has the parameter 'task', 'completion' or 'chat' "
+                         "(the server's generation doors set it)")
     if item.text is None:
         raise ValueError("a generation request's input is text")
     try:
@@ -283,7 +300,9 @@ def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequenc
     cap = p.get("max_prompt_tokens")
     if cap is not None and len(ids) > int(cap):
         raise ValueError(f"the prompt has {len(ids)} tokens; at most {int(cap)}")
-    max_tokens = int(p.get("max_tokens", DEFAULT_MAX_TOKENS))
+    # OpenAI's defaults: a completion generates 16 tokens, a chat until the context is full.
+    default = DEFAULT_MAX_TOKENS if task == "completion" else g.max_positions - len(ids)
+    max_tokens = int(p.get("max_tokens", default))
     if max_tokens < 1:
         raise ValueError("'max_tokens' must be at least 1")
     if len(ids) + max_tokens > g.max_positions:
@@ -301,9 +320,20 @@ def handler_for(engine: Engine, ignore_eos: bool = False):
     def handle(item: modelshare.Item) -> Iterator[str]:
         seq = request_of(item, engine.g, ignore_eos)
         engine.submit(seq)
+        value = "cancelled"
         try:
             while True:
-                kind, value = seq.events.get()
+                try:
+                    kind, value = seq.events.get(timeout=1.0)
+                except queue.Empty:
+                    # No token for a second: the item may have been cancelled meanwhile, or
+                    # the engine may have stopped.
+                    if item.cancelled:
+                        value = "cancelled"
+                        break
+                    if not engine.thread.is_alive():
+                        raise RuntimeError("the generation engine stopped") from None
+                    continue
                 if kind == "text":
                     yield value
                 elif kind == "error":

@@ -167,11 +167,10 @@ pub fn kserve(
     };
     let stop = match value("stop") {
         None => Vec::new(),
-        Some(Value::StringValue(s)) if s.trim_start().starts_with('[') => {
-            serde_json::from_str::<Vec<String>>(s)
-                .map_err(|_| bad("stop", "a string or a JSON array of strings"))?
+        // A JSON array of strings, else one stop string (which may begin with `[`: "[/INST]").
+        Some(Value::StringValue(s)) => {
+            serde_json::from_str::<Vec<String>>(s).unwrap_or_else(|_| vec![s.clone()])
         }
-        Some(Value::StringValue(s)) => vec![s.clone()],
         Some(_) => return Err(bad("stop", "a string or a JSON array of strings")),
     };
     let generation = Generation {

@@ -26,6 +26,10 @@ use modelshare_core::tenants::Caller;
 use modelshare_serving::engine::ModelServing;
 use modelshare_serving::{InferError, InferRequest, InferResponse};
 
+/// Item parameters only the generation doors set ([`generation`]), which the other doors
+/// refuse: `task` makes an item a generation, `max_prompt_tokens` carries a tenant's cap.
+pub const GENERATION_PARAMETERS: [&str; 2] = ["task", "max_prompt_tokens"];
+
 /// The OIP and Triton extensions both doors serve (server metadata's `extensions`).
 pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_configuration", "statistics"];
 
@@ -64,6 +68,17 @@ pub async fn infer(
     deadline: Instant,
 ) -> Result<InferResponse, InferError> {
     let model = &visible_model(app, caller, model)?;
+    // A generation's parameters come only through the generation doors, which bound them and
+    // apply the tenant's caps: here they would pass unchecked, and uncharged in the queue.
+    if let Some(name) = items.iter().find_map(|i| {
+        GENERATION_PARAMETERS
+            .iter()
+            .find(|p| i.parameters.contains_key(**p))
+    }) {
+        return Err(InferError::InvalidInput(format!(
+            "parameter '{name}' is for generation, through /v1/completions, /v1/chat/completions, .../generate or ModelStreamInfer with a text_input"
+        )));
+    }
     // The tenant's own quota; without one the scheduler applies the server's
     // `max_tenant_requests`, and the admin has none.
     let max_outstanding = match caller {

@@ -277,7 +277,12 @@ pub async fn generate<const CHAT: bool>(
         };
         if asked.stream {
             // The in-flight count lasts as long as the stream.
-            Ok::<_, DoorError>(streamed::sse(reply, opening, guard))
+            Ok::<_, DoorError>(streamed::sse(
+                reply,
+                opening,
+                guard,
+                state.app.config.serving.stream_idle,
+            ))
         } else {
             let (text, finish, _) = reply.tokens.collect(opening).await?;
             drop(guard);

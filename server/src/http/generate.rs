@@ -122,7 +122,12 @@ pub async fn generate<const STREAM: bool>(
             },
         };
         if STREAM {
-            Ok::<_, DoorError>(streamed::sse(reply, opening, guard))
+            Ok::<_, DoorError>(streamed::sse(
+                reply,
+                opening,
+                guard,
+                state.app.config.serving.stream_idle,
+            ))
         } else {
             let (text, finish, version) = reply.tokens.collect(opening).await?;
             drop(guard);
@@ -196,6 +201,9 @@ mod tests {
             ("hi", Some(3), Some(0.0))
         );
         assert_eq!((g.stop, id.as_deref()), (vec!["x".to_owned()], Some("r1")));
+        // One stop string that begins with `[` is one string, not a malformed list.
+        let (g, _) = asked(br#"{"text_input":"hi","stop":"[/INST]"}"#).expect("read");
+        assert_eq!(g.stop, vec!["[/INST]".to_owned()]);
         for bad in [
             &br#"{"parameters":{}}"#[..],
             br#"{"text_input":1}"#,

@@ -6,10 +6,12 @@
 //!   before it is a plain error with its status ([`open`]).
 //! - A streamed answer's events are made by a task as the connection takes them (a channel of
 //!   one event): the reader's pace is the worker's, through the stream's window. A connection
-//!   gone drops the stream, which cancels the item at its worker, also while the worker is slow.
+//!   gone drops the stream, which cancels the item at its worker, also while the worker is slow;
+//!   so does a reader that takes no event for the stream idle limit.
 //! - The answer's end ([`Tokens::finish`]) counts its tokens (`modelshare_generated_tokens_total`).
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -112,12 +114,18 @@ pub trait Events: Send + Sync + 'static {
 }
 
 /// The streamed answer as server-sent events. `guard` lives as long as the stream (the
-/// caller's in-flight count).
-pub fn sse<E: Events, G: Send + 'static>(events: E, opening: Opening, guard: G) -> Response {
+/// caller's in-flight count). A reader that takes no event for `idle` (the server's
+/// `stream_idle_secs`) is given up: the item is cancelled and its worker's slot freed.
+pub fn sse<E: Events, G: Send + 'static>(
+    events: E,
+    opening: Opening,
+    guard: G,
+    idle: Duration,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(1);
     tokio::spawn(async move {
         let _guard = guard;
-        forward(&events, opening, &tx).await;
+        forward(&events, opening, &tx, idle).await;
     });
     Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
@@ -128,10 +136,17 @@ async fn forward<E: Events>(
     events: &E,
     opening: Opening,
     tx: &mpsc::Sender<Result<Event, Infallible>>,
+    idle: Duration,
 ) {
+    // False when the connection is gone, or its reader took nothing for `idle`.
     let send = |value: Value| {
         let event = Event::default().data(value.to_string());
-        async move { tx.send(Ok(event)).await.is_ok() }
+        async move {
+            matches!(
+                tokio::time::timeout(idle, tx.send(Ok(event))).await,
+                Ok(Ok(()))
+            )
+        }
     };
     let mut opened = false;
     let answer = match opening {
@@ -175,6 +190,6 @@ async fn forward<E: Events>(
         }
     }
     if let Some(done) = events.done() {
-        let _ = tx.send(Ok(Event::default().data(done))).await;
+        let _ = tokio::time::timeout(idle, tx.send(Ok(Event::default().data(done)))).await;
     }
 }

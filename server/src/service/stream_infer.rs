@@ -13,9 +13,10 @@
 //!   stream goes on.
 //! - At most [`IN_FLIGHT`] requests of one stream run at once: past that, the stream is read no
 //!   further until one ends. Responses wait for the client to read them (a channel of
-//!   [`RESPONSES`]): a slow reader slows its own generations, through their windows. A client
-//!   that goes away (the call cancelled) drops the stream's requests, which cancels their items
-//!   at their workers.
+//!   [`RESPONSES`]): a slow reader slows its own generations, through their windows; one that
+//!   reads nothing for [`READER_IDLE`] has its generations given up. A client that goes away
+//!   (the call cancelled) drops the stream's requests, which cancels their items at their
+//!   workers. A request message refused on the way in ends the stream with its status.
 //! - Each request's deadline is the server's longest request time from its arrival, for the
 //!   first part of a generation; then the stream limits apply.
 
@@ -43,6 +44,9 @@ use modelshare_core::tenants::Caller;
 pub const IN_FLIGHT: usize = 64;
 /// Responses waiting for the client to read them, per stream.
 pub const RESPONSES: usize = 16;
+/// How long the client may read nothing while a response waits for it: past it, the
+/// generation is given up (its item cancelled, its worker's slot freed).
+pub const READER_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 /// The input that makes a request a generation.
 pub const TEXT_INPUT: &str = "text_input";
 /// The output a generation's text is in.
@@ -78,8 +82,13 @@ pub fn start(
             };
             let req = match request {
                 Ok(Some(req)) => req,
-                // The client closed its side (the requests running finish), or the call broke.
-                Ok(None) | Err(_) => return,
+                // The client closed its side: the requests running finish.
+                Ok(None) => return,
+                // A message refused (too large, malformed): the stream ends with its status.
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
             };
             let (app, caller, trace, tx) = (app.clone(), caller.clone(), trace.clone(), tx.clone());
             tokio::spawn(async move {
@@ -221,12 +230,16 @@ async fn generate(
     Ok(())
 }
 
+/// Sends a response; false when the client is gone or read nothing for [`READER_IDLE`].
 async fn send(tx: &Sender, response: oip::ModelInferResponse) -> bool {
     let response = oip::ModelStreamInferResponse {
         error_message: String::new(),
         infer_response: Some(response),
     };
-    tx.send(Ok(response)).await.is_ok()
+    matches!(
+        tokio::time::timeout(READER_IDLE, tx.send(Ok(response))).await,
+        Ok(Ok(()))
+    )
 }
 
 fn final_flag(parameters: &mut HashMap<String, oip::InferParameter>, last: bool) {

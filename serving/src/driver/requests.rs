@@ -119,7 +119,7 @@ impl Driver {
         self.dirty.insert(waiter.model.clone());
         self.dirty_tenants.insert(waiter.tenant.clone());
         self.count(&waiter, why);
-        let in_flight = self.sched.cancel(id).unwrap_or_default();
+        let in_flight = self.sched.cancel(id, Instant::now()).unwrap_or_default();
         let mut by_worker: HashMap<WorkerId, Vec<u64>> = HashMap::new();
         for item in in_flight {
             by_worker

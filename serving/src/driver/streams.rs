@@ -32,18 +32,26 @@ impl Driver {
                 ),
             );
         };
+        // A part of an item that does not stream breaks the protocol before it counts as a
+        // start (the item is then requeued, not interrupted).
+        match self.waiters.get(&item.request).map(|w| w.parts.is_some()) {
+            None => return, // answered or cancelled meanwhile: a late part is dropped
+            Some(false) => {
+                return self.protocol_error(
+                    id,
+                    format!("a part of item {}, which is not streamed", part.item_id),
+                );
+            }
+            Some(true) => {}
+        }
         if !self.sched.started(id, BatchId(part.batch_id), item) {
-            // Answered or cancelled meanwhile: a late part is dropped.
             return;
         }
         let Some(waiter) = self.waiters.get_mut(&item.request) else {
             return;
         };
         let Some(parts) = waiter.parts.as_ref() else {
-            return self.protocol_error(
-                id,
-                format!("a part of item {}, which is not streamed", part.item_id),
-            );
+            return;
         };
         waiter.streaming = Some((id, part.item_id));
         let output = part.output.unwrap_or_default();

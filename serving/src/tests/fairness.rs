@@ -81,7 +81,7 @@ fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
     // Answered after the cancel: the share comes back with the answer.
     let id = submit(&mut s, &a, &[1], t0);
     let batch = s.next_batch(w, t0).batch.expect("dispatched");
-    assert_eq!(s.cancel(id).expect("outstanding").len(), 1, "in flight");
+    assert_eq!(s.cancel(id, t0).expect("outstanding").len(), 1, "in flight");
     assert_eq!(s.outstanding_for_tenant(&a), 1, "still at the worker");
     assert_eq!(
         s.counted_tenants(),
@@ -107,7 +107,7 @@ fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
     // worker is gone the share is free.
     let id = submit(&mut s, &a, &[1], t0);
     let _held = s.next_batch(w, t0).batch.expect("dispatched");
-    s.cancel(id).expect("outstanding");
+    s.cancel(id, t0).expect("outstanding");
     let deadline = t0 + Duration::from_secs(60);
     assert_eq!(s.next_cancel_due(), Some(deadline + grace));
     assert!(s.overdue_workers(deadline).is_empty(), "within the grace");
@@ -118,6 +118,38 @@ fn a_cancelled_request_counts_until_its_worker_answers_or_overruns_the_grace() {
     assert_eq!(s.outstanding_for_tenant(&a), 0);
     assert_eq!(s.next_cancel_due(), None);
     assert!(s.is_drained());
+}
+
+/// A streamed answer outlives its deadline (which bounds its first part): cancelled long after
+/// it, its worker was named overdue at once, and its whole Serve stream (every other tenant's
+/// stream on it) was ended. Its grace now runs from the cancel.
+#[test]
+fn a_stream_cancelled_after_its_deadline_gets_the_grace_from_the_cancel() {
+    let t0 = Instant::now();
+    let grace = Duration::from_secs(5);
+    let mut s: Scheduler = Scheduler::new(Limits {
+        cancel_grace: grace,
+        ..Limits::default()
+    });
+    let a = tenant("a");
+    let w = WorkerId(1);
+    assert!(s.register_worker(w, spec(1, 4, 1, 0)));
+    let id = s
+        .submit(NewRequest {
+            deadline: t0 + Duration::from_secs(1),
+            ..request(&a, &[1], t0)
+        })
+        .expect("admitted");
+    let _streaming = s.next_batch(w, t0).batch.expect("dispatched");
+    // Cancelled (the client went away) 30 s into the stream.
+    let cancelled = t0 + Duration::from_secs(30);
+    s.cancel(id, cancelled).expect("outstanding");
+    assert_eq!(s.next_cancel_due(), Some(cancelled + grace));
+    assert!(
+        s.overdue_workers(cancelled + Duration::from_secs(1))
+            .is_empty()
+    );
+    assert_eq!(s.overdue_workers(cancelled + grace), vec![w]);
 }
 
 /// Generations would be shared by requests: a tenant asking 1,000 tokens a request would get

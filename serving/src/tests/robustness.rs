@@ -60,7 +60,7 @@ fn nothing_leaks_after_a_mixed_workload() {
     for round in 0..200 {
         if round == 1 {
             for id in cancel_me.drain(..) {
-                let _ = s.cancel(id);
+                let _ = s.cancel(id, now);
             }
         }
         for w in [w1, w2] {

@@ -13,7 +13,7 @@ fn cancel_queued_and_in_flight() {
     let w = register(&mut s, 1, spec(1, 1, 2, u64::MAX));
     let r = submit(&mut s, &None, &[1, 1, 1], t0);
     let batch = s.next_batch(w, t0).batch.expect("two of three");
-    let in_flight = s.cancel(r).expect("outstanding");
+    let in_flight = s.cancel(r, t0).expect("outstanding");
     let ids: Vec<ItemId> = in_flight.iter().map(|i| i.item).collect();
     let sent: Vec<ItemId> = batch.items.iter().map(|i| i.id).collect();
     assert_eq!(ids, sent);
@@ -23,7 +23,7 @@ fn cancel_queued_and_in_flight() {
             .all(|i| i.worker == w && i.batch == batch.id)
     );
     assert_eq!(s.queue_depth(MODEL), 0, "the third item is gone");
-    assert_eq!(s.cancel(r), None, "cancelled once");
+    assert_eq!(s.cancel(r, t0), None, "cancelled once");
     assert!(
         s.complete(w, batch.id, ok(2)).is_empty(),
         "results are dropped"
@@ -31,7 +31,7 @@ fn cancel_queued_and_in_flight() {
     assert_eq!(s.in_flight(w), Some(0));
     // Queued only.
     let r = submit(&mut s, &None, &[1], t0);
-    assert_eq!(s.cancel(r), Some(Vec::new()));
+    assert_eq!(s.cancel(r, t0), Some(Vec::new()));
     assert_eq!(s.next_batch(w, t0 + ms(9)).batch, None);
     assert!(s.is_drained());
 }
@@ -73,7 +73,7 @@ fn lost_worker_requeues_once_then_unavailable() {
     assert_eq!(late, Vec::new(), "a late result is ignored");
     assert_eq!(s.queue_depth(MODEL), 1);
     assert_eq!(s.outstanding(), 1, "only the second is left");
-    assert!(s.cancel(second).is_some());
+    assert!(s.cancel(second, t0).is_some());
     assert!(s.is_drained());
 }
 
