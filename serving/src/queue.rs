@@ -36,7 +36,8 @@ pub(super) struct QueuedItem {
 pub const TOKEN_COST_CAP: u64 = 4096;
 
 /// What a streamed item costs in the fair queue: its `max_tokens` (int64 parameter, the
-/// generation convention), at most [`TOKEN_COST_CAP`]; 1 for any other item.
+/// generation convention), at most [`TOKEN_COST_CAP`]; one that names none may generate any
+/// number, and costs [`TOKEN_COST_CAP`] (what it does not use is refunded).
 pub fn generation_cost(item: &modelshare_proto::v1::Item) -> u64 {
     use modelshare_proto::v1::parameter::Value;
     match item
@@ -45,7 +46,7 @@ pub fn generation_cost(item: &modelshare_proto::v1::Item) -> u64 {
         .and_then(|p| p.value.as_ref())
     {
         Some(Value::Int64Value(n)) => u64::try_from(*n).unwrap_or(1).clamp(1, TOKEN_COST_CAP),
-        _ => 1,
+        _ => TOKEN_COST_CAP,
     }
 }
 
@@ -373,7 +374,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_generation_costs_its_max_tokens_capped_and_other_items_one() {
+    fn a_generation_costs_its_max_tokens_capped_or_the_cap_when_it_names_none() {
         let item = |max: Option<i64>| pb::Item {
             parameters: max
                 .map(|n| {
@@ -384,7 +385,7 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        assert_eq!(generation_cost(&item(None)), 1);
+        assert_eq!(generation_cost(&item(None)), TOKEN_COST_CAP);
         assert_eq!(generation_cost(&item(Some(300))), 300);
         assert_eq!(generation_cost(&item(Some(1 << 20))), TOKEN_COST_CAP);
         assert_eq!(generation_cost(&item(Some(-5))), 1);
