@@ -725,3 +725,43 @@ async fn a_dropped_stream_cancels_its_item_at_the_worker() {
     e.worker_result(w.id, answer(&batch)).await;
     drained(&e).await;
 }
+
+/// A worker's parts wait at the server for a slow reader, a window of them: unbounded in
+/// bytes, one stream could hold gigabytes. A part over MAX_PART_BYTES ends the worker's stream.
+#[tokio::test]
+async fn a_part_over_the_size_limit_ends_the_worker_and_interrupts_its_stream() {
+    let e = engine(quick());
+    let mut w = e.open_worker(offer(1, 1, 1)).expect("open");
+    let stream = e
+        .infer_stream(request(None, &["abc"], Duration::from_secs(5)), window(4))
+        .expect("submitted");
+    let batch = next_batch(&mut w).await;
+    e.worker_part(w.id, part(&batch, 0, 0)).await;
+    let mut big = part(&batch, 1, 0);
+    big.output = Some(pb::ItemOutput {
+        tensors: vec![pb::TensorOutput {
+            name: "part".into(),
+            data: vec![0u8; (1 << 20) + 1].into(),
+            ..Default::default()
+        }],
+        parameters: Default::default(),
+    });
+    e.worker_part(w.id, big).await;
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match w.events.recv().await {
+                Some(Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream was ended with an error");
+    e.worker_ended(w.id, StreamEnd::Lost).await;
+    let error = stream.finish().await.expect_err("interrupted");
+    assert!(
+        matches!(error, InferError::StreamInterrupted { .. }),
+        "{error:?}"
+    );
+    drained(&e).await;
+}

@@ -145,6 +145,8 @@ struct Waiter {
     last_part: Option<Instant>,
     /// What its item cost its tenant in the fair queue (a generation: its `max_tokens`).
     cost: u64,
+    /// Parts forwarded (a streamed item's tokens, as near as the server can count them).
+    parts_sent: u64,
 }
 
 /// A batch sent to a worker: its items in order, and those failed here instead of being sent

@@ -102,6 +102,7 @@ impl Driver {
                 streaming: None,
                 last_part: None,
                 cost,
+                parts_sent: 0,
             },
         );
     }
@@ -120,6 +121,10 @@ impl Driver {
         self.dirty_tenants.insert(waiter.tenant.clone());
         self.count(&waiter, why);
         let in_flight = self.sched.cancel(id, Instant::now()).unwrap_or_default();
+        if !in_flight.is_empty() {
+            // A generation cut short charged its max_tokens: what it did not send comes back.
+            self.refund(&waiter, waiter.parts_sent);
+        }
         let mut by_worker: HashMap<WorkerId, Vec<u64>> = HashMap::new();
         for item in in_flight {
             by_worker
@@ -196,14 +201,13 @@ impl Driver {
         };
         let code = result.as_ref().map_or_else(InferError::kind, |_| Kind::Ok);
         self.count(&waiter, code);
-        if let Ok(r) = &result
-            && waiter.cost > 1
-        {
-            // A generation charged its max_tokens: what it did not generate goes back.
-            let used = r.outputs.first().map_or(0, completion_tokens);
-            let unused = waiter.cost.saturating_sub(used);
-            self.sched.refund(&waiter.model, &waiter.tenant, unused);
-        }
+        // A generation charged its max_tokens: what it did not generate (its own count, or
+        // the parts sent when it failed) goes back.
+        let used = match &result {
+            Ok(r) => r.outputs.first().map_or(0, completion_tokens),
+            Err(_) => waiter.parts_sent,
+        };
+        self.refund(&waiter, used);
         if let Some(version) = version {
             let items = result.as_ref().ok().map(|r| r.outputs.len());
             let model = &waiter.model;
@@ -212,6 +216,14 @@ impl Driver {
                 .answered(model, version, items, took, super::now_unix_ms());
         }
         let _ = waiter.reply.send(result);
+    }
+
+    /// Gives back to `waiter`'s tenant what its generation was charged and did not `use`.
+    fn refund(&mut self, waiter: &Waiter, used: u64) {
+        if waiter.cost > 1 {
+            let unused = waiter.cost.saturating_sub(used);
+            self.sched.refund(&waiter.model, &waiter.tenant, unused);
+        }
     }
 
     pub(super) fn infer_error(

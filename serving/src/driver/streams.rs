@@ -6,9 +6,14 @@
 //! part the caller takes out comes back as `Took`, and the driver grants the worker one more
 //! part (`Window`). So the worker never has more parts out than the channel holds: a part that
 //! does not fit is the worker breaking the window, a protocol error. A slow caller closes its
-//! own window only.
+//! own window only. A part is at most [`MAX_PART_BYTES`], so what a stream holds is bounded in
+//! bytes too.
 
 use std::time::Instant;
+
+/// The most bytes of one part's output: a window of them is what a slow reader may hold at
+/// the server (16 MiB a stream at the default window).
+pub const MAX_PART_BYTES: usize = 1 << 20;
 
 use tokio::sync::mpsc::error::TrySendError;
 
@@ -55,6 +60,17 @@ impl Driver {
         };
         waiter.streaming = Some((id, part.item_id));
         let output = part.output.unwrap_or_default();
+        let size = prost::Message::encoded_len(&output);
+        if size > MAX_PART_BYTES {
+            return self.protocol_error(
+                id,
+                format!(
+                    "a part of item {} of {size} bytes; a part is at most {MAX_PART_BYTES}",
+                    part.item_id
+                ),
+            );
+        }
+        waiter.parts_sent = waiter.parts_sent.saturating_add(1);
         match parts.try_send(Part {
             seq: part.seq,
             output,
