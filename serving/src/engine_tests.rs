@@ -588,6 +588,28 @@ fn part(batch: &pb::Batch, seq: u64, b: u8) -> pb::ItemPart {
     }
 }
 
+/// The worker's Serve stream is ended with an error (a protocol error), and once the stream is
+/// gone its started item's caller hears StreamInterrupted.
+async fn broken_and_interrupted(e: &Engine, w: &mut WorkerStream, stream: PartStream) {
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match w.events.recv().await {
+                Some(Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream was ended with an error");
+    e.worker_ended(w.id, StreamEnd::Lost).await;
+    let error = stream.finish().await.expect_err("interrupted");
+    assert!(
+        matches!(error, InferError::StreamInterrupted { .. }),
+        "{error:?}"
+    );
+    drained(e).await;
+}
+
 /// Stream limits of `window` parts, a minute idle and an hour long.
 fn window(window: u32) -> StreamLimits {
     StreamLimits {
@@ -683,23 +705,7 @@ async fn past_the_window_ends_the_worker_and_a_started_item_is_not_requeued() {
     let batch = next_batch(&mut w).await;
     e.worker_part(w.id, part(&batch, 0, 0)).await;
     e.worker_part(w.id, part(&batch, 1, 1)).await;
-    let ended = tokio::time::timeout(Duration::from_secs(2), async {
-        loop {
-            match w.events.recv().await {
-                Some(Err(_)) | None => break,
-                Some(Ok(_)) => {}
-            }
-        }
-    })
-    .await;
-    assert!(ended.is_ok(), "the stream was ended with an error");
-    e.worker_ended(w.id, StreamEnd::Lost).await;
-    let error = stream.finish().await.expect_err("interrupted");
-    assert!(
-        matches!(error, InferError::StreamInterrupted { .. }),
-        "{error:?}"
-    );
-    drained(&e).await;
+    broken_and_interrupted(&e, &mut w, stream).await;
 }
 
 /// A caller that goes away mid-stream leaves its item running at the worker.
@@ -747,21 +753,5 @@ async fn a_part_over_the_size_limit_ends_the_worker_and_interrupts_its_stream() 
         parameters: Default::default(),
     });
     e.worker_part(w.id, big).await;
-    let ended = tokio::time::timeout(Duration::from_secs(2), async {
-        loop {
-            match w.events.recv().await {
-                Some(Err(_)) | None => break,
-                Some(Ok(_)) => {}
-            }
-        }
-    })
-    .await;
-    assert!(ended.is_ok(), "the stream was ended with an error");
-    e.worker_ended(w.id, StreamEnd::Lost).await;
-    let error = stream.finish().await.expect_err("interrupted");
-    assert!(
-        matches!(error, InferError::StreamInterrupted { .. }),
-        "{error:?}"
-    );
-    drained(&e).await;
+    broken_and_interrupted(&e, &mut w, stream).await;
 }

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 pub use failure::ItemFailure;
-pub use handler::Handler;
+pub use handler::{Handler, handle_alone};
 pub use item::{
     Accepts, Batch, Input, InputTensor, Item, Parameter, element_size, oip_datatype, tensor_spec,
 };

@@ -19,7 +19,8 @@
 use std::time::Instant;
 
 use modelshare_proto::v1 as pb;
-use modelshare_serving::{InferError, InferRequest, PartStream, StreamLimits};
+use modelshare_serving::{InferError, InferResponse, PartStream, StreamLimits};
+use prometheus::IntCounterVec;
 
 use crate::app::App;
 use modelshare_core::tenants::Caller;
@@ -232,6 +233,45 @@ impl Finish {
     }
 }
 
+/// Where an answer's tokens are counted: `modelshare_generated_tokens_total` for the caller's
+/// tenant. Every door that generates reads an answer's end through it.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    /// The counter family.
+    pub counter: IntCounterVec,
+    /// The caller's tenant label.
+    pub tenant: String,
+}
+
+impl Tokens {
+    /// `caller`'s, on `app`'s metrics.
+    pub fn of(app: &App, caller: &Caller) -> Self {
+        Self {
+            counter: app.host.metrics.generated_tokens.clone(),
+            tenant: caller
+                .tenant()
+                .unwrap_or(modelshare_core::metrics::ADMIN_TENANT)
+                .to_owned(),
+        }
+    }
+
+    /// The end of the answer, from its final output; its tokens are counted.
+    pub fn finish(&self, r: &InferResponse) -> Result<Finish, InferError> {
+        let finish = r
+            .outputs
+            .first()
+            .map(Finish::of)
+            .ok_or_else(|| InferError::BadOutput {
+                model: r.model.clone(),
+                reason: "no output".into(),
+            })?;
+        self.counter
+            .with_label_values(&[r.model.as_str(), self.tenant.as_str()])
+            .inc_by(u64::try_from(finish.completion_tokens).unwrap_or(0));
+        Ok(finish)
+    }
+}
+
 /// Submits `item` to `model` for `caller` as a streamed request (see
 /// [`modelshare_serving::Engine::infer_stream`]): the deadline bounds the time to its first
 /// part, the server's stream limits (`stream_idle_secs`, `max_stream_secs`) the rest. A model the caller may not see is unknown.
@@ -243,21 +283,11 @@ pub fn stream(
     deadline: Instant,
 ) -> Result<PartStream, InferError> {
     let model = super::visible_model(app, caller, model)?;
-    let (max_outstanding, item) = match caller {
-        Caller::Admin => (None, item),
-        Caller::Tenant { quota, .. } => (
-            quota.requests.and_then(|n| usize::try_from(n).ok()),
-            capped(item, quota.max_tokens, quota.prompt_tokens)?,
-        ),
+    let item = match caller {
+        Caller::Admin => item,
+        Caller::Tenant { quota, .. } => capped(item, quota.max_tokens, quota.prompt_tokens)?,
     };
-    let request = InferRequest {
-        tenant: caller.tenant().map(str::to_owned),
-        model,
-        items: vec![item],
-        deadline,
-        max_outstanding,
-        text_input: None,
-    };
+    let request = super::request(caller, &model, vec![item], deadline, None);
     let limits = StreamLimits {
         idle: app.config.serving.stream_idle,
         longest: app.config.serving.max_stream_time,

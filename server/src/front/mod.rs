@@ -79,21 +79,33 @@ pub async fn infer(
             "parameter '{name}' is for generation, through /v1/completions, /v1/chat/completions, .../generate or ModelStreamInfer with a text_input"
         )));
     }
-    // The tenant's own quota; without one the scheduler applies the server's
-    // `max_tenant_requests`, and the admin has none.
+    app.engine
+        .infer(request(caller, model, items, deadline, text_input))
+        .await
+}
+
+/// The request of `caller` for `model` (its recorded spelling), with the tenant's own request
+/// quota; without one the scheduler applies the server's `max_tenant_requests`, and the admin
+/// has none.
+pub fn request(
+    caller: &Caller,
+    model: &str,
+    items: Vec<pb::Item>,
+    deadline: Instant,
+    text_input: Option<String>,
+) -> InferRequest {
     let max_outstanding = match caller {
         Caller::Admin => None,
         Caller::Tenant { quota, .. } => quota.requests.and_then(|n| usize::try_from(n).ok()),
     };
-    let request = InferRequest {
+    InferRequest {
         tenant: caller.tenant().map(str::to_owned),
         model: model.to_owned(),
         items,
         deadline,
         max_outstanding,
         text_input,
-    };
-    app.engine.infer(request).await
+    }
 }
 
 /// What the request path knows of `model` for `caller` (its serving versions, and the inputs

@@ -31,11 +31,10 @@ use serde_json::{Value, json};
 use super::door::{self, DoorError};
 use super::openai::error;
 use super::state::HttpState;
-use super::streamed::{self, Events, Tokens};
+use super::streamed::{self, Events};
 use crate::connections::Connection;
-use crate::front::generation::{self, Finish, Generation, Task};
+use crate::front::generation::{self, Finish, Generation, Task, Tokens};
 use crate::request_id::RequestTrace;
-use modelshare_core::metrics::ADMIN_TENANT;
 use modelshare_serving::InferError;
 
 /// Most chat messages in one request.
@@ -270,10 +269,7 @@ pub async fn generate<const CHAT: bool>(
             model: asked.model,
             created: unix_now(),
             include_usage: asked.include_usage,
-            tokens: Tokens {
-                counter: state.app.host.metrics.generated_tokens.clone(),
-                tenant: caller.tenant().unwrap_or(ADMIN_TENANT).to_owned(),
-            },
+            tokens: Tokens::of(&state.app, &caller),
         };
         if asked.stream {
             // The in-flight count lasts as long as the stream.
@@ -284,7 +280,7 @@ pub async fn generate<const CHAT: bool>(
                 state.app.config.serving.stream_idle,
             ))
         } else {
-            let (text, finish, _) = reply.tokens.collect(opening).await?;
+            let (text, finish, _) = opening.collect(&reply.tokens).await?;
             drop(guard);
             Ok(Json(reply.whole(&text, &finish)).into_response())
         }

@@ -28,11 +28,10 @@ use serde_json::{Map, Value, json};
 use super::door::{self, DoorError};
 use super::oip::{ModelPath, error, version};
 use super::state::HttpState;
-use super::streamed::{self, Events, Tokens};
+use super::streamed::{self, Events};
 use crate::connections::Connection;
-use crate::front::generation::{self, Finish, Generation};
+use crate::front::generation::{self, Finish, Generation, Tokens};
 use crate::request_id::RequestTrace;
-use modelshare_core::metrics::ADMIN_TENANT;
 use modelshare_serving::InferError;
 
 /// The request's fields this door reads.
@@ -116,10 +115,7 @@ pub async fn generate<const STREAM: bool>(
         let reply = Reply {
             model: path.name,
             id,
-            tokens: Tokens {
-                counter: state.app.host.metrics.generated_tokens.clone(),
-                tenant: caller.tenant().unwrap_or(ADMIN_TENANT).to_owned(),
-            },
+            tokens: Tokens::of(&state.app, &caller),
         };
         if STREAM {
             Ok::<_, DoorError>(streamed::sse(
@@ -129,7 +125,7 @@ pub async fn generate<const STREAM: bool>(
                 state.app.config.serving.stream_idle,
             ))
         } else {
-            let (text, finish, version) = reply.tokens.collect(opening).await?;
+            let (text, finish, version) = opening.collect(&reply.tokens).await?;
             drop(guard);
             Ok(Json(reply.object(&text, Some((&finish, version)))).into_response())
         }

@@ -8,7 +8,7 @@
 //!   one event): the reader's pace is the worker's, through the stream's window. A connection
 //!   gone drops the stream, which cancels the item at its worker, also while the worker is slow;
 //!   so does a reader that takes no event for the stream idle limit.
-//! - The answer's end ([`Tokens::finish`]) counts its tokens (`modelshare_generated_tokens_total`).
+//! - The answer's end is read through [`Tokens::finish`], which counts its tokens.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -16,12 +16,11 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use modelshare_serving::{InferError, InferResponse, Part, PartStream};
-use prometheus::IntCounterVec;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::front::generation::{Finish, part_text};
+use crate::front::generation::{Finish, Tokens, part_text};
 
 /// Most bytes of text collected for an answer that is not streamed.
 pub const MAX_COLLECTED: usize = 64 << 20;
@@ -45,38 +44,12 @@ pub async fn open(mut parts: PartStream) -> Result<Opening, InferError> {
     })
 }
 
-/// Where an answer's tokens are counted: `modelshare_generated_tokens_total` for the caller's
-/// tenant.
-#[derive(Debug, Clone)]
-pub struct Tokens {
-    /// The counter family.
-    pub counter: IntCounterVec,
-    /// The caller's tenant label.
-    pub tenant: String,
-}
-
-impl Tokens {
-    /// The end of the answer, from its final output; its tokens are counted.
-    pub fn finish(&self, r: &InferResponse) -> Result<Finish, InferError> {
-        let finish = r
-            .outputs
-            .first()
-            .map(Finish::of)
-            .ok_or_else(|| InferError::BadOutput {
-                model: r.model.clone(),
-                reason: "no output".into(),
-            })?;
-        self.counter
-            .with_label_values(&[r.model.as_str(), self.tenant.as_str()])
-            .inc_by(u64::try_from(finish.completion_tokens).unwrap_or(0));
-        Ok(finish)
-    }
-
+impl Opening {
     /// Every part's text and the end, for an answer that is not streamed, and the version
     /// that computed it.
-    pub async fn collect(&self, opening: Opening) -> Result<(String, Finish, u32), InferError> {
+    pub async fn collect(self, tokens: &Tokens) -> Result<(String, Finish, u32), InferError> {
         let mut text = String::new();
-        let answer = match opening {
+        let answer = match self {
             Opening::Answer(r) => r,
             Opening::Part(first, mut parts) => {
                 let mut next = Some(first);
@@ -92,7 +65,7 @@ impl Tokens {
                 parts.finish().await?
             }
         };
-        let finish = self.finish(&answer)?;
+        let finish = tokens.finish(&answer)?;
         text.push_str(&finish.text);
         Ok((text, finish, answer.version()))
     }

@@ -34,7 +34,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::app::App;
-use crate::front::generation::{self, Finish, part_text};
+use crate::front::generation::{self, Tokens, part_text};
 use crate::front::oip::{self as tensors, bytes_elements, element_count, encode_bytes};
 use crate::request_id::RequestTrace;
 use crate::status::OrStatus;
@@ -214,12 +214,7 @@ async fn generate(
         answer = parts.finish() => answer.or_status()?,
         () = tx.closed() => return Ok(()),
     };
-    let finish = answer.outputs.first().map(Finish::of).ok_or_else(|| {
-        Status::internal(format!(
-            "the worker of model '{}' gave no output",
-            answer.model
-        ))
-    })?;
+    let finish = Tokens::of(app, caller).finish(&answer).or_status()?;
     let mut last = response(&finish.text, true);
     last.model_version = answer.version().to_string();
     let p = &mut last.parameters;

@@ -56,23 +56,33 @@ pub trait Handler: Send + Sync + 'static {
     ///
     /// The default runs [`Handler::handle`] on a batch of the item alone and sends no parts.
     fn handle_stream(&self, item: Item, sink: PartSink) -> impl Future<Output = Outcome> + Send {
-        let batch = Batch {
-            id: sink.batch_id(),
-            version: sink.version(),
-            items: vec![item],
-        };
-        async move {
-            self.handle(batch)
-                .await
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| {
-                    Err(ItemFailure::internal(
-                        "the worker's handler returned no outcome for this item",
-                    ))
-                })
-        }
+        async move { handle_alone(self, item, &sink).await }
     }
+}
+
+/// Runs `item` through `handler`'s [`Handler::handle`] as a batch of its own, with no parts:
+/// the default [`Handler::handle_stream`], and what a streaming handler does with an item it
+/// does not stream.
+pub async fn handle_alone<H: Handler + ?Sized>(
+    handler: &H,
+    item: Item,
+    sink: &PartSink,
+) -> Outcome {
+    let batch = Batch {
+        id: sink.batch_id(),
+        version: sink.version(),
+        items: vec![item],
+    };
+    handler
+        .handle(batch)
+        .await
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| {
+            Err(ItemFailure::internal(
+                "the worker's handler returned no outcome for this item",
+            ))
+        })
 }
 
 impl<F, Fut> Handler for F

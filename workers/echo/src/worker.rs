@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use modelshare_proto::v1 as pb;
 use modelshare_worker::serve::{
-    Batch, Item, ItemFailure, Outcome, PartSink, ServeOptions, Target, tensor_spec,
+    Batch, Item, ItemFailure, Outcome, PartSink, ServeOptions, Target, handle_alone, tensor_spec,
 };
 use modelshare_worker::{ConnectOptions, Handler, Model, TokenArg, WorkerError};
 use tracing::info;
@@ -142,15 +142,7 @@ impl Handler for Echo {
             }
             return outcome;
         }
-        let batch = Batch {
-            id: sink.batch_id(),
-            version: sink.version(),
-            items: vec![item],
-        };
-        self.handle(batch)
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(ItemFailure::internal("no outcome")))
+        handle_alone(self, item, &sink).await
     }
 }
 
