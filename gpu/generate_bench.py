@@ -17,8 +17,9 @@ The model: a Llama of about 1.1B parameters (TinyLlama's shape) with random bf16
 word-level tokenizer of its 32,000 words, made here (no hub is reachable).
 
     python3 gpu/generate_bench.py --carry gpu-carry/pyserve --out $OUT [--only alone,served,memory]
+                                  [--engine auto|continuous|steps]
 
---carry holds modelshare.xz (release, xz) and the wheel. Writes generate-bench.json and
+--engine is the workers' (auto: transformers' continuous batching where it has it). --carry holds modelshare.xz (release, xz) and the wheel. Writes generate-bench.json and
 generate-bench.md under --out.
 """
 
@@ -190,7 +191,8 @@ def spawn_worker(server: Server, name: str, args: argparse.Namespace, log_path: 
     env = dict(os.environ, MODELSHARE_SERVER=server.address)
     out = open(log_path, "w")
     return subprocess.Popen([sys.executable, WORKER, "--model", "lm", "--name", name, "--streams",
-                             str(args.streams), "--ignore-eos"], stdout=out, stderr=subprocess.STDOUT, env=env)
+                             str(args.streams), "--ignore-eos", "--engine", args.engine],
+                            stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def worker_memory() -> dict[int, int]:
@@ -215,6 +217,7 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=128, help="tokens generated per stream")
     ap.add_argument("--streams", type=int, default=32, help="the worker's streams")
     ap.add_argument("--workers", type=int, default=2, help="workers of the memory row")
+    ap.add_argument("--engine", default="auto", help="the workers' --engine (auto, continuous, steps)")
     ap.add_argument("--model-dir")
     ap.add_argument("--started")
     ap.add_argument("--dry-run", action="store_true",
@@ -246,7 +249,7 @@ def main() -> int:
         subprocess.run([sys.executable, __file__, "--role", "make", "--model-dir", folder,
                         *(["--dry-run"] if args.dry_run else [])], check=True, timeout=600)
     only = args.only.split(",")
-    results: dict = {"new_tokens": args.new, "prompt_tokens": PROMPT_WORDS}
+    results: dict = {"new_tokens": args.new, "prompt_tokens": PROMPT_WORDS, "engine": args.engine}
     if "alone" in only:
         p = subprocess.run([sys.executable, __file__, "--role", "alone", "--model-dir", folder, "--new", str(args.new),
                             "--started", str(time.time()), *(["--dry-run"] if args.dry_run else [])],
@@ -272,7 +275,8 @@ def main() -> int:
                 except RuntimeError:
                     time.sleep(0.2)
             results["served_start_to_first_token_s"] = first
-            results["worker_start_log"] = open(os.path.join(args.out, "worker-0.log")).readline().strip()
+            results["worker_start_log"] = next((line.strip() for line in open(os.path.join(args.out, "worker-0.log"))
+                                                if "since the process started" in line), None)
             log(f"a new worker's first token {first:.2f} s after its start ({results['worker_start_log']})")
             concurrent(server.http, "lm", 4, 4)  # warm
             results["served"] = {f"s{c}": concurrent(server.http, "lm", c, args.new) for c in CONCURRENCY}

@@ -22,14 +22,15 @@ waits in the worker, at most ``max_tokens`` of it. Generation stops at an end-of
 token (unless ``--ignore-eos``), after ``max_tokens``, or at a stop string (the text is cut
 before it; text that may be the start of a stop string is held back until it is not).
 
-Batching: one engine thread steps every running sequence together (step-level batching). Each
-step is one forward pass of the whole batch: a decode step over the batch's cache, or, when
-sequences joined (or more than half the rows have finished), a prefill of every running
-sequence, left-padded, which rebuilds the cache. A new request so waits at most one step.
-Up to ``--streams`` sequences run at once; the server queues the rest.
+Batching (``--engine``): by default transformers' continuous batching where the installed
+transformers has it (continuous_engine.py: a paged cache of ``--cache-tokens`` tokens; a request
+joins the running batch at the next step), else step-level batching (step_engine.py: every
+running sequence stepped together; a joining request rebuilds the batch's cache). Up to
+``--streams`` sequences run at once; the server queues the rest. A request's ``seed`` is kept
+exactly by the step engine only (continuous batching: best effort, as in OpenAI's API).
 
 Usage: generate_worker.py --model NAME [--server ADDR] [--streams 32] [--device cuda:0]
-                          [--ignore-eos]
+                          [--engine auto|continuous|steps] [--cache-tokens N] [--ignore-eos]
 ``Generator`` (model files + tensors -> tokens) is importable, so that a benchmark can run the
 same code in one process, without the server.
 """
@@ -41,10 +42,8 @@ import json
 import logging
 import queue
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 #: When the process started, as near as Python can tell (before torch's import).
 STARTED = time.time()
@@ -52,7 +51,11 @@ STARTED = time.time()
 import torch  # noqa: E402
 
 import modelshare  # noqa: E402
+import continuous_engine  # noqa: E402
+from continuous_engine import ContinuousEngine  # noqa: E402
 from hf_files import json_file, tokenizer_of  # noqa: E402
+from sequence import Sequence  # noqa: E402
+from step_engine import StepEngine  # noqa: E402
 
 log = logging.getLogger("generate_worker")
 
@@ -107,183 +110,6 @@ class Generator:
         return list(self.tokenizer(item_text)["input_ids"])
 
 
-class Sequence:
-    """One request being generated: its tokens, its sampler, and the events its handler
-    reads (``("text", str)`` as text is ready, then ``("end", finish_reason)``)."""
-
-    def __init__(self, ids: list[int], *, max_tokens: int, temperature: float, top_p: float,
-                 seed: int | None, stop: list[str], ignore_eos: bool) -> None:
-        self.ids = list(ids)
-        self.prompt_tokens = len(ids)
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.rng = torch.Generator()
-        if seed is not None:
-            self.rng.manual_seed(seed)
-        else:
-            self.rng.seed()
-        self.stop = stop
-        self.ignore_eos = ignore_eos
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.generated: list[int] = []
-        self.sent = 0  # characters of the decoded text already sent
-        self.done = False
-        self.cancelled = False
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.generated)
-
-
-class Engine:
-    """Steps every running sequence together on a thread of its own (see the module's docs)."""
-
-    def __init__(self, generator: Generator, max_batch: int) -> None:
-        self.g = generator
-        self.max_batch = max(1, max_batch)
-        self.pending: queue.Queue[Sequence] = queue.Queue()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="generate-engine", daemon=True)
-        self.thread.start()
-
-    def submit(self, seq: Sequence) -> None:
-        self.pending.put(seq)
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=10)
-
-    def _run(self) -> None:
-        rows: list[Sequence] = []  # the batch's rows, finished ones included until a rebuild
-        cache = None
-        mask = None
-        rebuild = True
-        while not self.stopped.is_set():
-            live = [s for s in rows if not s.done]
-            joined = False
-            while len(live) < self.max_batch:
-                try:
-                    seq = self.pending.get(timeout=0.05 if not live else 0)
-                except queue.Empty:
-                    break
-                live.append(seq)
-                joined = True
-            if not live:
-                rows, cache, mask = [], None, None
-                continue
-            if joined or len(live) * 2 < len(rows):
-                rows, rebuild = live, True
-            try:
-                logits, cache, mask = self._step(rows, cache, mask, rebuild)
-            except Exception as e:  # noqa: BLE001 - every running sequence fails with it
-                log.exception("a generation step failed")
-                for s in rows:
-                    if not s.done:
-                        s.done = True
-                        s.events.put(("error", e))
-                rows, cache, mask, rebuild = [], None, None, True
-                continue
-            rebuild = False
-            for i, s in enumerate(rows):
-                if not s.done:
-                    try:
-                        self._advance(s, logits[i])
-                    except Exception as e:  # noqa: BLE001 - that sequence fails, the others go on
-                        log.exception("a sequence failed")
-                        s.done = True
-                        s.events.put(("error", e))
-
-    @torch.inference_mode()
-    def _step(self, rows: list[Sequence], cache: Any, mask: torch.Tensor | None, rebuild: bool):
-        device = self.g.device
-        if rebuild:
-            longest = max(len(s.ids) for s in rows)
-            ids = torch.tensor([[self.g.pad] * (longest - len(s.ids)) + s.ids for s in rows], device=device)
-            mask = torch.tensor([[0] * (longest - len(s.ids)) + [1] * len(s.ids) for s in rows], device=device)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.g.net(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        else:
-            ids = torch.tensor([[s.ids[-1]] for s in rows], device=device)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=1)
-            positions = mask.sum(-1, keepdim=True) - 1
-            out = self.g.net(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True)
-        return out.logits[:, -1, :].float().cpu(), out.past_key_values, mask
-
-    def _advance(self, s: Sequence, logits: torch.Tensor) -> None:
-        if s.cancelled:
-            s.done = True
-            s.events.put(("end", "cancelled"))
-            return
-        token = _sample(logits, s)
-        s.ids.append(token)
-        s.generated.append(token)
-        if token in self.g.eos and not s.ignore_eos:
-            s.generated.pop()
-            text = self.g.tokenizer.decode(s.generated, skip_special_tokens=True)
-            cut = _first_stop(text, s.stop, s.sent)
-            self._emit(s, text if cut is None else text[:cut])
-            return self._end(s, "stop")
-        text = self.g.tokenizer.decode(s.generated, skip_special_tokens=True)
-        cut = _first_stop(text, s.stop, s.sent)
-        if cut is not None:
-            self._emit(s, text[:cut])
-            return self._end(s, "stop")
-        if len(s.generated) >= s.max_tokens or len(s.ids) >= self.g.max_positions:
-            self._emit(s, text)
-            return self._end(s, "length")
-        # Hold back an incomplete character and what may begin a stop string.
-        ready = len(text.rstrip("\ufffd"))
-        ready -= _stop_prefix(text[:ready], s.stop)
-        self._emit(s, text[:ready])
-
-    @staticmethod
-    def _emit(s: Sequence, text: str) -> None:
-        if len(text) > s.sent:
-            s.events.put(("text", text[s.sent:]))
-            s.sent = len(text)
-
-    @staticmethod
-    def _end(s: Sequence, reason: str) -> None:
-        s.done = True
-        s.events.put(("end", reason))
-
-
-#: Temperatures below this sample greedily (dividing by them overflows the logits).
-MIN_TEMPERATURE = 1e-4
-
-
-def _sample(logits: torch.Tensor, s: Sequence) -> int:
-    if s.temperature < MIN_TEMPERATURE:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / s.temperature, dim=-1)
-    if s.top_p < 1.0:
-        ordered, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(ordered, dim=-1) - ordered < s.top_p
-        ordered = ordered * keep
-        return int(order[torch.multinomial(ordered / ordered.sum(), 1, generator=s.rng)])
-    return int(torch.multinomial(probs, 1, generator=s.rng))
-
-
-def _first_stop(text: str, stops: list[str], sent: int) -> int | None:
-    """Where the first stop string begins in ``text`` (searching from what may still hold one
-    that was not sent), or None."""
-    found = [i for i in (text.find(stop, max(0, sent - len(stop) + 1)) for stop in stops) if i >= 0]
-    return min(found) if found else None
-
-
-def _stop_prefix(text: str, stops: list[str]) -> int:
-    """The length of the longest end of ``text`` that begins a stop string."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
-
-
 def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequence:
     """The sequence an item asks for; ``ValueError`` (INVALID_ARGUMENT) says what is wrong."""
     p = item.parameters
@@ -314,7 +140,7 @@ def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequenc
                     stop=[str(s) for s in stop if s], ignore_eos=ignore_eos)
 
 
-def handler_for(engine: Engine, ignore_eos: bool = False):
+def handler_for(engine: ContinuousEngine | StepEngine, ignore_eos: bool = False):
     """A streaming handler: each item's text as the engine makes it, then its usage."""
 
     def handle(item: modelshare.Item) -> Iterator[str]:
@@ -331,7 +157,7 @@ def handler_for(engine: Engine, ignore_eos: bool = False):
                     if item.cancelled:
                         value = "cancelled"
                         break
-                    if not engine.thread.is_alive():
+                    if not engine.alive():
                         raise RuntimeError("the generation engine stopped") from None
                     continue
                 if kind == "text":
@@ -341,12 +167,28 @@ def handler_for(engine: Engine, ignore_eos: bool = False):
                 else:
                     break
         finally:
-            # Closed early (the item was cancelled): the engine drops it at its next step.
-            seq.cancelled = True
+            # Closed early (the item was cancelled): the engine stops generating it.
+            if not seq.done:
+                engine.drop(seq)
         return modelshare.Output(parameters={"finish_reason": value, "prompt_tokens": seq.prompt_tokens,
                                              "completion_tokens": seq.completion_tokens})
 
     return handle
+
+
+def engine_for(g: Generator, args: argparse.Namespace) -> ContinuousEngine | StepEngine:
+    """The engine ``--engine`` names (``auto``: continuous batching where transformers has it)."""
+    if args.engine == "steps" or not continuous_engine.available():
+        return StepEngine(g, args.streams)
+    cache = args.cache_tokens or args.streams * min(g.max_positions, 2048)
+    try:
+        return ContinuousEngine(g, args.streams, cache_tokens=max(cache, min(g.max_positions, 2048)),
+                                batch_tokens=args.batch_tokens, cuda_graphs=not args.no_cuda_graphs)
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+        if args.engine == "continuous":
+            raise
+        log.warning("continuous batching does not take this model (%s): step-level batching", e)
+        return StepEngine(g, args.streams)
 
 
 def main() -> int:
@@ -359,9 +201,23 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=32, help="sequences generated at once")
     ap.add_argument("--device", help="run on this torch device (default: where the weights are)")
     ap.add_argument("--ignore-eos", action="store_true", help="generate max_tokens whatever the model says")
+    ap.add_argument("--engine", choices=("auto", "continuous", "steps"), default="auto",
+                    help="continuous batching (transformers'), step-level batching, or the first the installed "
+                         "transformers has (default)")
+    ap.add_argument("--cache-tokens", type=int,
+                    help="continuous batching: tokens of keys and values in the paged cache (default: --streams x "
+                         "the model's context, at most 2048 a stream)")
+    ap.add_argument("--batch-tokens", type=int, default=2048,
+                    help="continuous batching: tokens computed per step at most (prefill chunks and decodes)")
+    ap.add_argument("--no-cuda-graphs", action="store_true",
+                    help="continuous batching on CUDA: launch each step's kernels one by one, not as CUDA graphs")
     args = ap.parse_args()
+    if args.streams < 1 or (args.cache_tokens is not None and args.cache_tokens < 1) or args.batch_tokens < 1:
+        ap.error("--streams, --cache-tokens and --batch-tokens are at least 1")
+    if args.engine == "continuous" and not continuous_engine.available():
+        ap.error("--engine continuous: the installed transformers has no continuous batching")
     logging.basicConfig(level=logging.INFO, format="generate_worker: %(message)s")
-    engines: list[Engine] = []
+    engines: list[ContinuousEngine | StepEngine] = []
 
     def on_version(model: modelshare.Model):
         t0 = time.perf_counter()
@@ -369,12 +225,12 @@ def main() -> int:
         t1 = time.perf_counter()
         g = Generator(model.metadata, tensors, device=args.device)
         t2 = time.perf_counter()
-        log.info("%s v%d: %s on %s, %d streams; views %.2f s, module and tokenizer %.2f s (%.2f s since the "
-                 "process started)", model.name, model.version, type(g.net).__name__, g.device, args.streams,
-                 t1 - t0, t2 - t1, time.time() - STARTED)
         for old in engines:
             old.close()
-        engines[:] = [Engine(g, args.streams)]
+        engines[:] = [engine_for(g, args)]
+        log.info("%s v%d: %s on %s, %s, %d streams; views %.2f s, module and tokenizer %.2f s, ready %.2f s "
+                 "since the process started", model.name, model.version, type(g.net).__name__, g.device,
+                 type(engines[0]).__name__, args.streams, t1 - t0, t2 - t1, time.time() - STARTED)
         return handler_for(engines[0], args.ignore_eos)
 
     try:
