@@ -288,7 +288,8 @@ impl<O> Scheduler<O> {
     }
 
     /// Removes a worker that left or was lost. Its items in flight go back to the front of
-    /// their tenants' queues, once: an item already requeued fails with
+    /// their tenants' queues, once, their cost given back to their tenants' deficits (they are
+    /// charged again when dispatched again): an item already requeued fails with
     /// [`ItemError::Unavailable`], and a started one (part of its answer sent,
     /// [`Scheduler::started`]) with [`ItemError::Interrupted`]. Returns the requests that this
     /// completed.
@@ -321,7 +322,10 @@ impl<O> Scheduler<O> {
             for (tenant, mut item) in requeue.into_iter().rev() {
                 item.requeued = true;
                 self.requests.set_queued(item.id);
+                // It was charged when dispatched and will be again: what it cost comes back.
+                let cost = item.cost;
                 queue.push_front(&tenant, item);
+                queue.refund(&tenant, cost);
             }
         }
         completed

@@ -71,7 +71,7 @@ class Stack:
             f.write(f'[[tenants]]\nname = "a"\ntoken_hashes = ["{sha(TA)}"]\n\n')
             f.write(f'[[tenants]]\nname = "b"\ntoken_hashes = ["{sha(TB)}"]\n[tenants.quota]\nrequests = 2\n')
             f.write(f'\n[[tenants]]\nname = "c"\ntoken_hashes = ["{sha(TC)}"]\n[tenants.quota]\nmax_tokens = 3\n'
-                    'prompt_tokens = 6\n')
+                    'prompt_tokens = 6\nstop_strings = 1\n')
         with open(os.path.join(tmp, "modelshare.toml"), "w") as f:
             f.write("[serving]\nmax_request_bytes = 1048576\nstream_idle_secs = 2\n\n")
             f.write('[[models]]\nname = "enc"\npath = "enc"\npublic = true\n\n')

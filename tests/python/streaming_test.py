@@ -6,7 +6,7 @@ tokens, docs in workers/echo/src/generate.rs).
 - The openai client streams a completion and a chat completion (with usage), and gets the same
   text whole when it does not stream.
 - Errors before the stream starts are plain OpenAI errors with their status (unknown model,
-  bad max_tokens, n > 1, a tenant's caps on max_tokens and prompt tokens); an error after it is
+  bad max_tokens, n > 1, a tenant's caps on max_tokens, prompt tokens and stop strings); an error after it is
   an error event the client raises.
 - A client that goes away mid-stream cancels the item at the worker: the worker logs the cancel,
   its slot is free again (the time printed).
@@ -206,7 +206,7 @@ def check_errors(stack):
         else:
             raise AssertionError(f"expected {want.__name__}")
     # Tenant c's caps: at most 3 tokens (asking none asks 3), prompts of at most 6 (the worker
-    # counts them).
+    # counts them), one stop string.
     cc = client(stack, TC)
     try:
         cc.completions.create(model="enc", prompt="a b", max_tokens=5)
@@ -222,6 +222,13 @@ def check_errors(stack):
         assert "at most 6" in str(e), e
     else:
         raise AssertionError("a prompt over the tenant's cap was taken")
+    try:
+        cc.chat.completions.create(model="enc", messages=[{"role": "user", "content": "a b"}], stop=["x", "y"])
+    except openai.BadRequestError as e:
+        assert "at most 1" in str(e), e
+    else:
+        raise AssertionError("stop strings over the tenant's cap were taken")
+    assert cc.completions.create(model="enc", prompt="a b", stop=["b"]).choices[0].text == "a ", "one stop string"
     # The generation parameters come only through the generation doors: on a plain door they
     # would skip the caps and the token fairness.
     body = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a b"]}],

@@ -20,6 +20,7 @@
 //! loads = 1
 //! max_tokens = 1024                     # generation: most tokens one request may ask
 //! prompt_tokens = 8192                  # generation: most prompt tokens (the worker counts)
+//! stop_strings = 1                      # generation: most stop strings of one request
 //! ```
 //!
 //! Only hashes are ever in the file; a value that is not `sha256:<64 hex digits>` is refused
@@ -88,6 +89,7 @@ struct RawQuota {
     loads: Option<u32>,
     max_tokens: Option<u32>,
     prompt_tokens: Option<u32>,
+    stop_strings: Option<u32>,
 }
 
 /// One tenant, validated.
@@ -147,6 +149,7 @@ const SCHEMA_KEYS: &[&str] = &[
     "loads",
     "max_tokens",
     "prompt_tokens",
+    "stop_strings",
 ];
 
 /// Whether a key the file used may be shown: keys are names, not secrets, unless a token was
@@ -274,6 +277,7 @@ fn quota(raw: &RawQuota) -> Quota {
         loads: nonzero(raw.loads),
         max_tokens: nonzero(raw.max_tokens),
         prompt_tokens: nonzero(raw.prompt_tokens),
+        stop_strings: nonzero(raw.stop_strings),
     }
 }
 
@@ -396,6 +400,7 @@ mod tests {
             leases = 0
             max_tokens = 512
             prompt_tokens = 4096
+            stop_strings = 1
             [[tenants]]
             name = "ads"
             token_hashes = ["{}"]
@@ -413,8 +418,12 @@ mod tests {
         assert_eq!(s.quota.device_bytes, Some(1000));
         assert_eq!(s.quota.leases, None, "0 means unlimited");
         assert_eq!(
-            (s.quota.max_tokens, s.quota.prompt_tokens),
-            (Some(512), Some(4096))
+            (
+                s.quota.max_tokens,
+                s.quota.prompt_tokens,
+                s.quota.stop_strings
+            ),
+            (Some(512), Some(4096), Some(1))
         );
         assert_eq!(t.tenants["ads"].quota, Quota::default());
     }

@@ -27,6 +27,9 @@ pub struct Quota {
     /// The most prompt tokens of one generation request (the worker, which tokenizes, refuses
     /// a longer prompt).
     pub prompt_tokens: Option<u32>,
+    /// The most stop strings one generation request may send (the server's own limit, 4,
+    /// applies to every caller).
+    pub stop_strings: Option<u32>,
 }
 
 /// What a quota limits.

@@ -23,7 +23,7 @@ use modelshare_serving::{InferError, InferResponse, PartStream, StreamLimits};
 use prometheus::IntCounterVec;
 
 use crate::app::App;
-use modelshare_core::tenants::Caller;
+use modelshare_core::tenants::{Caller, Quota};
 
 /// Most stop strings (OpenAI's own limit).
 pub const MAX_STOP: usize = 4;
@@ -285,7 +285,7 @@ pub fn stream(
     let model = super::visible_model(app, caller, model)?;
     let item = match caller {
         Caller::Admin => item,
-        Caller::Tenant { quota, .. } => capped(item, quota.max_tokens, quota.prompt_tokens)?,
+        Caller::Tenant { quota, .. } => capped(item, quota)?,
     };
     let request = super::request(caller, &model, vec![item], deadline, None);
     let limits = StreamLimits {
@@ -297,15 +297,25 @@ pub fn stream(
 }
 
 /// A tenant's caps on a generation item: `max_tokens` over `max_tokens` is refused, and an item
-/// naming none asks that many; `prompt_tokens` goes to the worker as the item parameter
-/// `max_prompt_tokens` (it tokenizes, and refuses a longer prompt).
-fn capped(
-    mut item: pb::Item,
-    max_tokens: Option<u32>,
-    prompt_tokens: Option<u32>,
-) -> Result<pb::Item, InferError> {
+/// naming none asks that many; more stop strings than `stop_strings` are refused;
+/// `prompt_tokens` goes to the worker as the item parameter `max_prompt_tokens` (it tokenizes,
+/// and refuses a longer prompt).
+fn capped(mut item: pb::Item, quota: &Quota) -> Result<pb::Item, InferError> {
     use pb::parameter::Value;
-    if let Some(cap) = max_tokens {
+    if let Some(cap) = quota.stop_strings {
+        let sent = match item.parameters.get("stop").and_then(|p| p.value.as_ref()) {
+            Some(Value::StringValue(json)) => serde_json::from_str::<Vec<serde_json::Value>>(json)
+                .map(|stops| stops.len())
+                .unwrap_or(0),
+            _ => 0,
+        };
+        if sent > cap as usize {
+            return Err(InferError::InvalidInput(format!(
+                "'stop' has {sent} strings; this tenant may send at most {cap}"
+            )));
+        }
+    }
+    if let Some(cap) = quota.max_tokens {
         let asked = match item
             .parameters
             .get("max_tokens")
@@ -331,7 +341,7 @@ fn capped(
             }
         }
     }
-    if let Some(cap) = prompt_tokens {
+    if let Some(cap) = quota.prompt_tokens {
         item.parameters.insert(
             "max_prompt_tokens".into(),
             pb::Parameter {
@@ -418,19 +428,37 @@ mod tests {
             }
             .item()
         };
-        let item = capped(asked(None), Some(64), Some(1000)).expect("capped");
+        let quota = |max_tokens, prompt_tokens, stop_strings| Quota {
+            max_tokens,
+            prompt_tokens,
+            stop_strings,
+            ..Quota::default()
+        };
+        let item = capped(asked(None), &quota(Some(64), Some(1000), None)).expect("capped");
         assert_eq!(
             (int(&item, "max_tokens"), int(&item, "max_prompt_tokens")),
             (Some(64), Some(1000))
         );
-        let item = capped(asked(Some(10)), Some(64), None).expect("under the cap");
+        let item = capped(asked(Some(10)), &quota(Some(64), None, None)).expect("under the cap");
         assert_eq!(
             (int(&item, "max_tokens"), int(&item, "max_prompt_tokens")),
             (Some(10), None)
         );
-        assert!(capped(asked(Some(65)), Some(64), None).is_err());
-        let item = capped(asked(Some(1 << 20)), None, None).expect("no cap");
+        assert!(capped(asked(Some(65)), &quota(Some(64), None, None)).is_err());
+        let item = capped(asked(Some(1 << 20)), &Quota::default()).expect("no cap");
         assert_eq!(int(&item, "max_tokens"), Some(1 << 20));
+        let stops = |n: usize| {
+            Generation {
+                stop: vec!["x".into(); n],
+                ..Default::default()
+            }
+            .item()
+        };
+        let one = quota(None, None, Some(1));
+        assert!(capped(stops(1), &one).is_ok());
+        assert!(capped(stops(0), &one).is_ok());
+        let err = capped(stops(2), &one).expect_err("two stop strings over a cap of one");
+        assert!(err.to_string().contains("at most 1"), "{err}");
     }
 
     #[test]

@@ -213,3 +213,55 @@ fn generations_share_a_model_by_tokens_and_unused_tokens_come_back() {
         "{between} of B's between A's first and second"
     );
 }
+
+/// A generation whose worker was lost before it started goes back to the front of its
+/// tenant's queue, and is charged once: its cost comes back to its tenant as it is requeued, so
+/// it goes again at once instead of after another turn's worth of the other tenant's items.
+#[test]
+fn a_requeued_generation_is_charged_once() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(Limits {
+        max_tenant_requests: 1000,
+        ..Limits::default()
+    });
+    let w1 = register(&mut s, 1, spec(1, 1, 1, u64::MAX));
+    let (a, b) = (tenant("a"), tenant("b"));
+    let generation = |who: &Tenant, tokens: u64| NewRequest {
+        cost: tokens,
+        ..request(who, &[8], t0)
+    };
+    let mut owners = Vec::new();
+    owners.push((s.submit(generation(&a, 1000)).expect("a"), a.clone()));
+    for _ in 0..400 {
+        owners.push((s.submit(generation(&b, 10)).expect("b"), b.clone()));
+    }
+    let owner = |batch: &crate::Batch| {
+        let request = batch.items[0].id.request;
+        owners
+            .iter()
+            .find(|(id, _)| *id == request)
+            .map(|(_, t)| t.clone())
+    };
+    // B's items go (each answered) until A has saved up for its generation, which stays on w1.
+    let mut before = 0;
+    loop {
+        let batch = s.next_batch(w1, t0 + ms(2)).batch.expect("a batch");
+        if owner(&batch) == Some(a.clone()) {
+            break;
+        }
+        before += 1;
+        let _ = s.complete(w1, batch.id, ok(batch.items.len()));
+    }
+    assert!((95..=105).contains(&before), "{before} of B's before A's");
+    // w1 is lost: A's generation is requeued, and goes first on the next worker.
+    assert!(s.unregister_worker(w1).is_empty(), "requeued, not failed");
+    let w2 = register(&mut s, 2, spec(1, 1, 1, u64::MAX));
+    let mut between = 0;
+    while dispatch_one_by_one(&mut s, w2, &owners, 1, t0 + ms(3)) == vec![b.clone()] {
+        between += 1;
+    }
+    assert!(
+        between <= 1,
+        "{between} of B's before A's requeued generation"
+    );
+}
