@@ -132,6 +132,9 @@ pub struct WorkerOffer {
     pub inputs: Vec<pb::TensorSpec>,
     /// The outputs it declared.
     pub outputs: Vec<pb::TensorSpec>,
+    /// The GPU its weights are mapped on (its lease's device), `None` or `"host"` off a GPU:
+    /// the workers of one GPU are dispatched to together (see `driver::workers`).
+    pub device: Option<String>,
 }
 
 /// How a Serve stream ended, as its handler saw it.

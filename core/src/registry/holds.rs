@@ -83,15 +83,16 @@ impl Registry {
     }
 
     /// What a Serve offer of `session` (which must be `caller`'s) for `model`@`version` serves:
-    /// the version (0: the newest ready version the session holds a lease on) and the model's
-    /// owner. The session must hold a lease on that version, and it must be ready.
+    /// the version (0: the newest ready version the session holds a lease on), the model's
+    /// owner, and the device the session's lease maps (the worker's GPU; `None` where the lease
+    /// names none). The session must hold a lease on that version, and it must be ready.
     pub fn serve_target(
         &self,
         caller: &Caller,
         session: &str,
         model: &str,
         version: u32,
-    ) -> Result<(u32, Option<String>), CoreError> {
+    ) -> Result<(u32, Option<String>, Option<String>), CoreError> {
         let st = self.lock();
         let rec = st.own_session(caller, session)?;
         let model_rec = st.visible_model(caller, model)?;
@@ -135,7 +136,13 @@ impl Registry {
                 state,
             });
         }
-        Ok((chosen, model_rec.owner.clone()))
+        let device = rec
+            .leases
+            .iter()
+            .filter_map(|l| st.leases.get(l))
+            .find(|l| l.model == model && l.version == chosen)
+            .and_then(|l| l.device.clone());
+        Ok((chosen, model_rec.owner.clone(), device))
     }
 
     /// Takes a lease on `model`@`version` (0: latest ready) for `session`, which must be

@@ -61,7 +61,7 @@ pub async fn open(
         .get(&offer.session_id)
         .filter(|l| modelshare_core::tenants::policy::may_use_session(l.caller().tenant(), &caller))
         .ok_or_else(|| Status::not_found(format!("session '{}' not found", offer.session_id)))?;
-    let (version, owner) = app
+    let (version, owner, device) = app
         .host
         .registry
         .serve_target(&caller, &offer.session_id, &offer.model, offer.version)
@@ -95,6 +95,7 @@ pub async fn open(
             accepts_tensors,
             inputs: offer.inputs,
             outputs: offer.outputs,
+            device,
         })
         .map_err(crate::status::from_infer)?;
     let id = stream.id;

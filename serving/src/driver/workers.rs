@@ -175,22 +175,37 @@ impl Driver {
             .expire_without_workers(now, self.config.no_worker_wait);
         self.finish_all(no_worker);
         self.retry_at = None;
-        // Newest versions first, so that a worker of an older one takes only the overflow.
-        let mut ids: Vec<(u32, WorkerId)> = self
+        // Newest versions first, so that a worker of an older one takes only the overflow;
+        // then, among the workers of one GPU, the one holding the most batches first.
+        let mut ids: Vec<(u32, usize, WorkerId)> = self
             .conns
             .iter()
-            .map(|(id, c)| (c.offer.spec.version, *id))
+            .map(|(id, c)| (c.offer.spec.version, c.batches.len(), *id))
             .collect();
         ids.sort_by(|a, b| b.cmp(a));
-        for (_, id) in ids {
+        let mut gpus = gpu_dispatch(&self.conns);
+        for (_, _, id) in ids {
+            let gpu = self.conns.get(&id).and_then(|c| gpu_of(&c.offer));
             loop {
+                // The workers of one GPU together take what the largest of them would: they
+                // take turns on it rather than time-slicing it (a CUDA context at a time).
+                if let Some((in_flight, most)) = gpu.as_ref().and_then(|g| gpus.get(g))
+                    && in_flight >= most
+                {
+                    break;
+                }
                 let dispatch = self.sched.next_batch(id, now);
                 self.finish_all(dispatch.expired);
                 if let Some(at) = dispatch.retry_at {
                     self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
                 }
                 match dispatch.batch {
-                    Some(batch) => self.send_batch(batch, now),
+                    Some(batch) => {
+                        self.send_batch(batch, now);
+                        if let Some(load) = gpu.as_ref().and_then(|g| gpus.get_mut(g)) {
+                            load.0 += 1;
+                        }
+                    }
                     None => break,
                 }
             }
@@ -296,4 +311,23 @@ impl Driver {
             self.ended(batch.worker, StreamEnd::Lost);
         }
     }
+}
+
+/// The GPU a worker's weights are on, if it is on one (not the host backend).
+fn gpu_of(offer: &WorkerOffer) -> Option<String> {
+    offer.device.clone().filter(|d| d != "host")
+}
+
+/// For every GPU with workers: the batches they hold now, and the most they may hold together
+/// (the largest of their credits: one worker's worth).
+fn gpu_dispatch(conns: &HashMap<WorkerId, Conn>) -> HashMap<String, (usize, usize)> {
+    let mut gpus: HashMap<String, (usize, usize)> = HashMap::new();
+    for c in conns.values() {
+        if let Some(gpu) = gpu_of(&c.offer) {
+            let load = gpus.entry(gpu).or_default();
+            load.0 += c.batches.len();
+            load.1 = load.1.max(c.offer.spec.credits as usize);
+        }
+    }
+    gpus
 }
