@@ -14,8 +14,13 @@ mod fast_tests;
 
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use rayon::prelude::*;
+
 use self::bert::FastBert;
 use crate::spec::{ModelSpec, SpecError, TOKENIZER_FILE};
+
+/// The fewest texts one rayon task tokenizes (about 0.3 ms of a BERT tokenizer's work).
+const PARALLEL_MIN: usize = 32;
 
 /// One tokenized input: ids and token types, special tokens included.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -125,10 +130,16 @@ impl TextEncoder {
     }
 
     /// Tokenizes `texts`; an input whose `truncate` is false and that is too long fails alone.
+    /// A batch's texts are spread over the rayon pool's threads ([`PARALLEL_MIN`] a task):
+    /// a request waits for its whole batch, so its tokenization is on every request's path.
     pub fn encode(&self, texts: &[(&str, bool)]) -> Vec<Result<Sequence, TokenizeError>> {
         let lowered: Vec<String>;
         let texts: Vec<(&str, bool)> = if self.lower_case {
-            lowered = texts.iter().map(|(t, _)| t.to_lowercase()).collect();
+            lowered = texts
+                .par_iter()
+                .with_min_len(PARALLEL_MIN)
+                .map(|(t, _)| t.to_lowercase())
+                .collect();
             lowered
                 .iter()
                 .zip(texts)
@@ -139,11 +150,14 @@ impl TextEncoder {
         };
         let mut out: Vec<Option<Result<Sequence, TokenizeError>>> = vec![None; texts.len()];
         if let Some(fast) = &self.fast {
-            for (slot, (text, truncate)) in out.iter_mut().zip(&texts) {
-                *slot = fast
-                    .encode(text, truncate.then_some(self.max_len))
-                    .map(|(ids, type_ids)| self.checked(Sequence { ids, type_ids }));
-            }
+            out.par_iter_mut()
+                .zip(texts.par_iter())
+                .with_min_len(PARALLEL_MIN)
+                .for_each(|(slot, (text, truncate))| {
+                    *slot = fast
+                        .encode(text, truncate.then_some(self.max_len))
+                        .map(|(ids, type_ids)| self.checked(Sequence { ids, type_ids }));
+                });
         }
         for (tokenizer, truncate) in [(&self.truncating, true), (&self.whole, false)] {
             let (idx, inputs): (Vec<usize>, Vec<&str>) = texts
@@ -327,6 +341,43 @@ pub(crate) mod tests {
         // Truncation to 6 tokens keeps [CLS] ... [SEP].
         let long = t.encode(&[("hello world hello world hello world", true)]);
         assert_eq!(long[0].as_ref().expect("ok").ids, [2, 4, 5, 4, 5, 3]);
+    }
+
+    /// A batch large enough to be spread over the pool's threads must give each text what it
+    /// gives alone, in the batch's order, its failures alone (lowercased first or not).
+    #[test]
+    fn a_large_batch_is_tokenized_in_order_as_each_text_alone() {
+        let words = [
+            "hello",
+            "WORLD",
+            "日本",
+            "worlds",
+            "!",
+            "",
+            "hello world hello",
+        ];
+        for lower_case in [false, true] {
+            let t = encoder(5, lower_case);
+            assert!(t.fast.is_some(), "BERT's shape: FastBert runs it");
+            let texts: Vec<(String, bool)> = (0..1000)
+                .map(|i| {
+                    let text: Vec<&str> = (0..i % 5)
+                        .map(|k| words[(i * 7 + k) % words.len()])
+                        .collect();
+                    (text.join(" "), i % 11 != 0)
+                })
+                .collect();
+            let refs: Vec<(&str, bool)> = texts.iter().map(|(t, tr)| (t.as_str(), *tr)).collect();
+            let batch = t.encode(&refs);
+            assert_eq!(batch.len(), refs.len());
+            let mut failures = 0;
+            for (i, (got, one)) in batch.iter().zip(&refs).enumerate() {
+                let alone = t.encode(std::slice::from_ref(one)).remove(0);
+                assert_eq!(got, &alone, "text {i}: {one:?}");
+                failures += usize::from(got.is_err());
+            }
+            assert!(failures > 0, "some untruncated texts are too long");
+        }
     }
 
     /// An input the request asked not to truncate would be cut silently, or fail the batch.
