@@ -443,6 +443,8 @@ class Stack:
         config = os.path.join(self.tmp, "modelshare.toml")
         with open(config, "w") as f:
             f.write("[serving]\nmax_queue_items = 1048576\nmax_tenant_requests = 4096\n")
+            for line in bench.args.serving:
+                f.write(line + "\n")
         self.port, self.metrics_port = free_port(), free_port()
         self.prefix = f"{name}-{tag}" if tag else name
         self.server = bench.spawn(f"{self.prefix}-server", [
@@ -987,6 +989,8 @@ def parse_args():
     ap.add_argument("--baseline-worker-args", default="", help="flags for the baseline build's workers only "
                     "(an older build's defaults made explicit)")
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
+    ap.add_argument("--serving", action="append", default=[],
+                    help="a line for the servers' [serving] table (e.g. 'gpu_sharing = \"turns\"'); repeatable")
     ap.add_argument("--passes", type=int, default=1,
                     help="timed passes per modelshare row; the row shows the median pass (all in the JSON)")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")

@@ -54,6 +54,7 @@ fn engine_config(config: &Config, tenants: &TenantStore) -> EngineConfig {
         no_worker_wait: serving.no_worker_wait,
         mailbox: modelshare_serving::MAILBOX,
         stream_window: modelshare_serving::STREAM_WINDOW,
+        gpu_sharing: serving.gpu_sharing,
     }
 }
 

@@ -15,8 +15,8 @@ use super::kind::Kind;
 use super::scheduler::WorkerId;
 use super::stats::VersionStats;
 pub use super::types::{
-    EngineConfig, InferRequest, InferResponse, MAILBOX, ModelServing, Part, STREAM_WINDOW,
-    ServingSnapshot, StreamEnd, StreamError, WorkerInfo, WorkerOffer,
+    EngineConfig, GpuSharing, InferRequest, InferResponse, MAILBOX, ModelServing, Part,
+    STREAM_WINDOW, ServingSnapshot, StreamEnd, StreamError, WorkerInfo, WorkerOffer,
 };
 use modelshare_core::metrics::Metrics;
 

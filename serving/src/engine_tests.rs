@@ -757,53 +757,68 @@ async fn a_part_over_the_size_limit_ends_the_worker_and_interrupts_its_stream() 
     broken_and_interrupted(&e, &mut w, stream).await;
 }
 
-/// Two workers on one GPU, each of two credits, took four batches at once and time-sliced the
-/// GPU (a CUDA context at a time): N workers ran slower than one. They now hold together what
-/// one would (two), the one holding the most first; a worker elsewhere is not held back.
+/// Two workers on one GPU, each of two credits, take four batches at once side by side (the
+/// driver time-slices their CUDA contexts), or, taking turns, hold together what one would
+/// (two), the one holding the most first; a worker elsewhere is not held back. `Auto` starts
+/// side by side (driver::gpus measures both ways under load).
 #[tokio::test]
-async fn the_workers_of_one_gpu_take_turns_and_others_are_not_held_back() {
-    let e = engine(EngineConfig {
-        limits: Limits {
-            max_queue_delay: Duration::ZERO,
-            ..Limits::default()
-        },
-        ..quick()
-    });
-    let on = |gpu: Option<&str>| WorkerOffer {
-        device: gpu.map(str::to_owned),
-        ..offer(1, 2, 1)
-    };
-    let mut a = e.open_worker(on(Some("GPU-0"))).expect("a");
-    let mut b = e.open_worker(on(Some("GPU-0"))).expect("b");
-    let mut host = e.open_worker(on(Some("host"))).expect("host");
-    let mut requests = Vec::new();
-    for i in 0..8 {
-        let e = e.clone();
-        requests.push(tokio::spawn(async move {
-            e.infer(request(None, &["x"], Duration::from_secs(5))).await
-        }));
-        let _ = i;
-    }
-    // The GPU's two workers hold two batches between them; the host worker takes its two.
-    let mut got = [0usize; 3];
-    for _ in 0..4 {
-        tokio::select! {
-            Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(_)) })) = a.events.recv() => got[0] += 1,
-            Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(_)) })) = b.events.recv() => got[1] += 1,
-            Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(_)) })) = host.events.recv() => got[2] += 1,
+async fn the_workers_of_one_gpu_take_turns_or_run_side_by_side() {
+    for (sharing, on_gpu) in [
+        (GpuSharing::Turns, 2),
+        (GpuSharing::SideBySide, 4),
+        (GpuSharing::Auto, 4),
+    ] {
+        let e = engine(EngineConfig {
+            limits: Limits {
+                max_queue_delay: Duration::ZERO,
+                ..Limits::default()
+            },
+            gpu_sharing: sharing,
+            ..quick()
+        });
+        let on = |gpu: Option<&str>| WorkerOffer {
+            device: gpu.map(str::to_owned),
+            ..offer(1, 2, 1)
+        };
+        let mut a = e.open_worker(on(Some("GPU-0"))).expect("a");
+        let mut b = e.open_worker(on(Some("GPU-0"))).expect("b");
+        let mut host = e.open_worker(on(Some("host"))).expect("host");
+        let mut requests = Vec::new();
+        for _ in 0..8 {
+            let e = e.clone();
+            requests.push(tokio::spawn(async move {
+                e.infer(request(None, &["x"], Duration::from_secs(5))).await
+            }));
         }
-    }
-    let more = tokio::time::timeout(Duration::from_millis(200), async {
-        tokio::select! {
-            Some(_) = a.events.recv() => true,
-            Some(_) = b.events.recv() => true,
+        let mut got = [0usize; 3];
+        for _ in 0..on_gpu + 2 {
+            tokio::select! {
+                Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(_)) })) = a.events.recv() => got[0] += 1,
+                Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(_)) })) = b.events.recv() => got[1] += 1,
+                Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(_)) })) = host.events.recv() => got[2] += 1,
+            }
         }
-    })
-    .await;
-    assert!(more.is_err(), "a third batch on the GPU: {got:?}");
-    assert_eq!(got[0] + got[1], 2, "{got:?}");
-    assert_eq!(got[2], 2, "{got:?}");
-    for r in requests {
-        r.abort();
+        let more = tokio::time::timeout(Duration::from_millis(200), async {
+            tokio::select! {
+                Some(_) = a.events.recv() => true,
+                Some(_) = b.events.recv() => true,
+            }
+        })
+        .await;
+        assert!(
+            more.is_err(),
+            "{sharing:?}: another batch on the GPU: {got:?}"
+        );
+        assert_eq!(got[0] + got[1], on_gpu, "{sharing:?}: {got:?}");
+        assert_eq!(got[2], 2, "{sharing:?}: {got:?}");
+        if sharing == GpuSharing::Turns {
+            assert!(
+                got.contains(&2) && got[..2].contains(&0),
+                "one worker holds both: {got:?}"
+            );
+        }
+        for r in requests {
+            r.abort();
+        }
     }
 }

@@ -43,8 +43,8 @@ mod tests;
 mod types;
 
 pub use self::engine::{
-    Engine, EngineConfig, InferRequest, InferResponse, MAILBOX, Part, PartStream, STREAM_IDLE,
-    STREAM_LONGEST, STREAM_WINDOW, StreamError, StreamLimits, WorkerStream,
+    Engine, EngineConfig, GpuSharing, InferRequest, InferResponse, MAILBOX, Part, PartStream,
+    STREAM_IDLE, STREAM_LONGEST, STREAM_WINDOW, StreamError, StreamLimits, WorkerStream,
 };
 pub use self::error::InferError;
 pub use self::kind::Kind;

@@ -50,6 +50,21 @@ pub struct EngineConfig {
     /// Parts of one streamed item a worker may send before its caller has taken them (the
     /// stream's window, [`super::Engine::infer_stream`]).
     pub stream_window: u32,
+    /// How the workers of one GPU share it.
+    pub gpu_sharing: GpuSharing,
+}
+
+/// How the workers of one GPU share it (`[serving] gpu_sharing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuSharing {
+    /// Measured per GPU: side by side or taking turns, whichever completes more
+    /// (`driver::gpus`).
+    #[default]
+    Auto,
+    /// Always side by side.
+    SideBySide,
+    /// Always taking turns.
+    Turns,
 }
 
 /// Default of [`EngineConfig::stream_window`].
@@ -64,6 +79,7 @@ impl Default for EngineConfig {
             no_worker_wait: Duration::from_secs(5),
             mailbox: MAILBOX,
             stream_window: STREAM_WINDOW,
+            gpu_sharing: GpuSharing::Auto,
         }
     }
 }

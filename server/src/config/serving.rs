@@ -19,6 +19,10 @@
 //! stream_idle_secs = 60         # a streamed answer (text generation): the longest wait for
 //!                               # its next part once one came (the deadline bounds the first)
 //! max_stream_secs = 3600        # the longest a streamed answer may last
+//! gpu_sharing = "auto"          # the workers of one GPU: "auto" (measured: side by side or
+//!                               # taking turns, whichever completes more), "side-by-side"
+//!                               # (each its own credits) or "turns" (one worker's credits
+//!                               # on the GPU at once)
 //! [serving.queue_delay_us]      # per model
 //! my-encoder = 0
 //! ```
@@ -26,6 +30,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use modelshare_serving::GpuSharing;
 use serde::Deserialize;
 
 /// The `[serving]` table, as written.
@@ -43,6 +48,7 @@ pub(super) struct FileServing {
     pub(super) cancel_grace_ms: Option<u64>,
     pub(super) stream_idle_secs: Option<u64>,
     pub(super) max_stream_secs: Option<u64>,
+    pub(super) gpu_sharing: Option<String>,
     #[serde(default)]
     pub(super) queue_delay_us: HashMap<String, u64>,
 }
@@ -82,6 +88,8 @@ pub struct ServingSettings {
     pub stream_idle: Duration,
     /// The longest a streamed answer may last.
     pub max_stream_time: Duration,
+    /// How the workers of one GPU share it.
+    pub gpu_sharing: GpuSharing,
 }
 
 impl ServingSettings {
@@ -107,6 +115,7 @@ impl Default for ServingSettings {
             cancel_grace: Duration::from_secs(5),
             stream_idle: modelshare_serving::STREAM_IDLE,
             max_stream_time: modelshare_serving::STREAM_LONGEST,
+            gpu_sharing: GpuSharing::Auto,
         }
     }
 }
@@ -194,7 +203,18 @@ impl ServingSettings {
                 "serving.stream_idle_secs and serving.max_stream_secs must be between 1 and 86400, got {idle_secs} and {stream_secs}"
             ));
         }
+        let gpu_sharing = match file.gpu_sharing.as_deref() {
+            None | Some("auto") => GpuSharing::Auto,
+            Some("side-by-side") => GpuSharing::SideBySide,
+            Some("turns") => GpuSharing::Turns,
+            Some(other) => {
+                return invalid(format!(
+                    "serving.gpu_sharing must be \"auto\", \"side-by-side\" or \"turns\", got {other:?}"
+                ));
+            }
+        };
         Ok(Self {
+            gpu_sharing,
             stream_idle: Duration::from_secs(idle_secs),
             max_stream_time: Duration::from_secs(stream_secs),
             cancel_grace: Duration::from_millis(grace_ms),

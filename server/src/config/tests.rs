@@ -81,6 +81,26 @@ fn stream_limits_are_read_and_bounded() {
     }
 }
 
+/// How a GPU's workers share it: measured by default, or fixed; anything else is refused.
+#[test]
+fn gpu_sharing_is_read_and_checked() {
+    use modelshare_serving::GpuSharing;
+    let c = Config::merge(ServeArgs::default(), FileConfig::default()).expect("defaults");
+    assert_eq!(c.serving.gpu_sharing, GpuSharing::Auto);
+    for (text, want) in [
+        ("auto", GpuSharing::Auto),
+        ("side-by-side", GpuSharing::SideBySide),
+        ("turns", GpuSharing::Turns),
+    ] {
+        let file = parse(&format!("[serving]\ngpu_sharing = \"{text}\"\n"));
+        let c = Config::merge(ServeArgs::default(), file).expect("config");
+        assert_eq!(c.serving.gpu_sharing, want, "{text}");
+    }
+    let file = parse("[serving]\ngpu_sharing = \"mps\"\n");
+    let err = Config::merge(ServeArgs::default(), file).expect_err("unknown");
+    assert!(err.to_string().contains("gpu_sharing"), "{err}");
+}
+
 /// With only a Unix socket, no TCP port must be opened by default.
 #[test]
 fn unix_only_has_no_tcp_listener() {

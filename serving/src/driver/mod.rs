@@ -34,6 +34,7 @@ use super::types::{
 };
 use modelshare_core::metrics::Metrics;
 
+mod gpus;
 mod inputs;
 mod report;
 mod requests;
@@ -182,6 +183,8 @@ struct Driver {
     dirty_tenants: BTreeSet<Tenant>,
     shutting_down: bool,
     stats: Stats,
+    /// How each GPU with workers is shared now, by its name (a lease's device).
+    gpus: HashMap<String, gpus::Turns>,
 }
 
 /// Runs the driver until every engine handle is gone.
@@ -292,6 +295,7 @@ impl Driver {
             dirty_tenants: BTreeSet::new(),
             shutting_down: false,
             stats: Stats::default(),
+            gpus: HashMap::new(),
         }
     }
 

@@ -124,6 +124,9 @@ impl Driver {
         };
         conn.batches_done += 1;
         let computed = sent.items.len() - sent.local.len();
+        if let Some(turns) = gpu_of(&conn.offer).and_then(|g| self.gpus.get_mut(g)) {
+            turns.completed(computed);
+        }
         if computed > 0 {
             let (model, version) = (&conn.offer.spec.model, conn.offer.spec.version);
             self.stats
@@ -175,22 +178,37 @@ impl Driver {
             .expire_without_workers(now, self.config.no_worker_wait);
         self.finish_all(no_worker);
         self.retry_at = None;
+        let mut gpus = self.gpu_loads(now);
         // Newest versions first, so that a worker of an older one takes only the overflow;
-        // then, among the workers of one GPU, the one holding the most batches first.
+        // then, among the workers of a GPU taking turns, the one holding the most first, and
+        // of those the longest serving (the warmest: its turn goes on while it has work).
         let mut ids: Vec<(u32, usize, WorkerId)> = self
             .conns
             .iter()
-            .map(|(id, c)| (c.offer.spec.version, c.batches.len(), *id))
+            .map(|(id, c)| {
+                let turns = gpu_of(&c.offer)
+                    .and_then(|g| gpus.get(g))
+                    .is_some_and(|l| l.turns);
+                (
+                    c.offer.spec.version,
+                    if turns { c.batches.len() } else { 0 },
+                    *id,
+                )
+            })
             .collect();
-        ids.sort_by(|a, b| b.cmp(a));
-        let mut gpus = gpu_dispatch(&self.conns);
+        ids.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)).then(a.2.cmp(&b.2)));
         for (_, _, id) in ids {
-            let gpu = self.conns.get(&id).and_then(|c| gpu_of(&c.offer));
+            let gpu = self
+                .conns
+                .get(&id)
+                .and_then(|c| gpu_of(&c.offer))
+                .map(str::to_owned);
             loop {
-                // The workers of one GPU together take what the largest of them would: they
-                // take turns on it rather than time-slicing it (a CUDA context at a time).
-                if let Some((in_flight, most)) = gpu.as_ref().and_then(|g| gpus.get(g))
-                    && in_flight >= most
+                // Taking turns, the workers of a GPU together hold what the largest of them
+                // would (driver::gpus).
+                if let Some(load) = gpu.as_ref().and_then(|g| gpus.get(g))
+                    && load.turns
+                    && load.in_flight >= load.most
                 {
                     break;
                 }
@@ -203,13 +221,46 @@ impl Driver {
                     Some(batch) => {
                         self.send_batch(batch, now);
                         if let Some(load) = gpu.as_ref().and_then(|g| gpus.get_mut(g)) {
-                            load.0 += 1;
+                            load.in_flight += 1;
                         }
                     }
                     None => break,
                 }
             }
         }
+    }
+
+    /// For every GPU with two workers or more: the batches they hold, the most they may hold
+    /// together when taking turns (the largest of their credits), and whether they take turns
+    /// now (their [`super::gpus::Turns`], whose epoch ends here when it is over).
+    fn gpu_loads(&mut self, now: Instant) -> HashMap<String, GpuLoad> {
+        // Per GPU: its workers, how many of them are warm, and its load.
+        let mut loads: HashMap<String, (usize, usize, GpuLoad)> = HashMap::new();
+        for c in self.conns.values() {
+            if let Some(gpu) = gpu_of(&c.offer) {
+                let (workers, warm, load) = loads.entry(gpu.to_owned()).or_default();
+                *workers += 1;
+                *warm += usize::from(c.batches_done >= super::gpus::WARM_BATCHES);
+                load.in_flight += c.batches.len();
+                load.most = load.most.max(c.offer.spec.credits as usize);
+            }
+        }
+        loads.retain(|_, (workers, _, _)| *workers >= 2);
+        // A GPU back to one worker measures afresh when a second comes.
+        self.gpus.retain(|gpu, _| loads.contains_key(gpu));
+        let policy = self.config.gpu_sharing;
+        loads
+            .into_iter()
+            .map(|(gpu, (workers, warm, mut load))| {
+                let turns = self
+                    .gpus
+                    .entry(gpu.clone())
+                    .or_insert_with(|| super::gpus::Turns::new(policy, now));
+                turns.tick(&gpu, now, workers, warm == workers);
+                load.turns = turns.taking_turns();
+                (gpu, load)
+            })
+            .collect()
     }
 
     pub(super) fn send_batch(&mut self, batch: Batch, now: Instant) {
@@ -314,20 +365,14 @@ impl Driver {
 }
 
 /// The GPU a worker's weights are on, if it is on one (not the host backend).
-fn gpu_of(offer: &WorkerOffer) -> Option<String> {
-    offer.device.clone().filter(|d| d != "host")
+fn gpu_of(offer: &WorkerOffer) -> Option<&str> {
+    offer.device.as_deref().filter(|d| *d != "host")
 }
 
-/// For every GPU with workers: the batches they hold now, and the most they may hold together
-/// (the largest of their credits: one worker's worth).
-fn gpu_dispatch(conns: &HashMap<WorkerId, Conn>) -> HashMap<String, (usize, usize)> {
-    let mut gpus: HashMap<String, (usize, usize)> = HashMap::new();
-    for c in conns.values() {
-        if let Some(gpu) = gpu_of(&c.offer) {
-            let load = gpus.entry(gpu).or_default();
-            load.0 += c.batches.len();
-            load.1 = load.1.max(c.offer.spec.credits as usize);
-        }
-    }
-    gpus
+/// The workers of one GPU now (see [`Driver::gpu_loads`]).
+#[derive(Debug, Default)]
+struct GpuLoad {
+    in_flight: usize,
+    most: usize,
+    turns: bool,
 }
