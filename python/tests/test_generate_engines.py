@@ -22,7 +22,7 @@ pytest.importorskip("tokenizers")
 
 sys.path.insert(0, str(ROOT / "workers" / "python"))
 import continuous_engine  # noqa: E402
-from generate_worker import Generator  # noqa: E402
+from generate_worker import Generator, request_of  # noqa: E402
 from sequence import Sequence  # noqa: E402
 from step_engine import StepEngine  # noqa: E402
 from test_generate_worker import llama  # noqa: E402
@@ -137,6 +137,33 @@ def test_a_stop_string_ends_the_request_in_the_manager(model) -> None:
         got, kind, reason = events(cut)
         assert (got, kind, reason) == (text[:text.find(stop)], "end", "stop")
         assert idle(engine), "the stopped request still runs in transformers' manager"
+    finally:
+        engine.close()
+
+
+def test_a_request_longer_than_the_cache_is_refused_at_once(model) -> None:
+    """Continuous batching could never run a sequence longer than its cache (it would wait in
+    transformers' queue for ever): such a request is refused before it starts, and a chat's
+    default max_tokens fills the cache, not the model's positions."""
+    from types import SimpleNamespace
+
+    g, _ = model
+    engine = continuous_engine.ContinuousEngine(g, 2, cache_tokens=40, batch_tokens=64)
+    try:
+        assert engine.longest == 40 < g.max_positions
+        item = lambda text, **p: SimpleNamespace(text=text, parameters={"task": "completion", **p})  # noqa: E731
+        ids = g.prompt_ids("hello world", "completion")
+        with pytest.raises(ValueError, match="this worker's 40 tokens a sequence"):
+            request_of(item("hello world", max_tokens=41 - len(ids)), g, False, engine.longest)
+        seq = request_of(item("hello world", max_tokens=40 - len(ids)), g, True, engine.longest)
+        engine.submit(seq)
+        assert events(seq)[1:] == ("end", "length")
+        assert len(seq.ids) == 40
+        with pytest.raises(ValueError, match="leave no room"):
+            request_of(item("hello " * 60), g, False, engine.longest)
+        chat = SimpleNamespace(text='[{"role": "user", "content": "hello"}]', parameters={"task": "chat"})
+        assert len(request_of(chat, g, False, engine.longest).ids) + \
+            request_of(chat, g, False, engine.longest).max_tokens == 40
     finally:
         engine.close()
 

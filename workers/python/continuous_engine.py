@@ -53,6 +53,8 @@ class ContinuousEngine:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         self.g = generator
+        #: The most tokens one sequence may have: the cache's (a longer one could never run).
+        self.longest = min(self.g.max_positions, cache_tokens)
         fields = inspect.signature(ContinuousBatchingConfig).parameters
         page = 256
         # Every running sequence may leave a page partly used.
@@ -85,8 +87,12 @@ class ContinuousEngine:
         eos = -1 if seq.ignore_eos or not self.g.eos else sorted(self.g.eos)
         sampled = {"temperature": 1.0, "top_p": GREEDY_TOP_P} if seq.greedy else \
             {"temperature": float(seq.temperature), "top_p": float(seq.top_p)}
-        added = self.manager.add_request(list(seq.ids), request_id=rid, max_new_tokens=seq.max_tokens,
-                                         streaming=True, eos_token_id=eos, **sampled)
+        try:
+            added = self.manager.add_request(list(seq.ids), request_id=rid, max_new_tokens=seq.max_tokens,
+                                             streaming=True, eos_token_id=eos, **sampled)
+        except BaseException:
+            self._forget(rid)
+            raise
         if added is None:
             self._forget(rid)
             seq.fail(RuntimeError("the generation engine is stopping"))

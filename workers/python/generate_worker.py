@@ -110,8 +110,10 @@ class Generator:
         return list(self.tokenizer(item_text)["input_ids"])
 
 
-def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequence:
-    """The sequence an item asks for; ``ValueError`` (INVALID_ARGUMENT) says what is wrong."""
+def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool, longest: int | None = None) -> Sequence:
+    """The sequence an item asks for; ``ValueError`` (INVALID_ARGUMENT) says what is wrong.
+    ``longest``: the most tokens, prompt and generated, one sequence may have (the engine's;
+    at most the model's positions)."""
     p = item.parameters
     task = p.get("task")
     if task not in ("completion", "chat"):
@@ -126,14 +128,18 @@ def request_of(item: modelshare.Item, g: Generator, ignore_eos: bool) -> Sequenc
     cap = p.get("max_prompt_tokens")
     if cap is not None and len(ids) > int(cap):
         raise ValueError(f"the prompt has {len(ids)} tokens; at most {int(cap)}")
+    longest = min(g.max_positions, longest or g.max_positions)
+    what = (f"the model's {g.max_positions} positions" if longest == g.max_positions
+            else f"this worker's {longest} tokens a sequence (its cache)")
+    if len(ids) >= longest:
+        raise ValueError(f"the prompt's {len(ids)} tokens leave no room within {what}")
     # OpenAI's defaults: a completion generates 16 tokens, a chat until the context is full.
-    default = DEFAULT_MAX_TOKENS if task == "completion" else g.max_positions - len(ids)
+    default = DEFAULT_MAX_TOKENS if task == "completion" else longest - len(ids)
     max_tokens = int(p.get("max_tokens", default))
     if max_tokens < 1:
         raise ValueError("'max_tokens' must be at least 1")
-    if len(ids) + max_tokens > g.max_positions:
-        raise ValueError(f"the prompt's {len(ids)} tokens and max_tokens {max_tokens} exceed the model's "
-                         f"{g.max_positions} positions")
+    if len(ids) + max_tokens > longest:
+        raise ValueError(f"the prompt's {len(ids)} tokens and max_tokens {max_tokens} exceed {what}")
     stop = json.loads(p["stop"]) if "stop" in p else []
     return Sequence(ids, max_tokens=max_tokens, temperature=float(p.get("temperature", 1.0)),
                     top_p=float(p.get("top_p", 1.0)), seed=int(p["seed"]) if "seed" in p else None,
@@ -144,7 +150,7 @@ def handler_for(engine: ContinuousEngine | StepEngine, ignore_eos: bool = False)
     """A streaming handler: each item's text as the engine makes it, then its usage."""
 
     def handle(item: modelshare.Item) -> Iterator[str]:
-        seq = request_of(item, engine.g, ignore_eos)
+        seq = request_of(item, engine.g, ignore_eos, engine.longest)
         engine.submit(seq)
         value = "cancelled"
         try:
@@ -182,7 +188,7 @@ def engine_for(g: Generator, args: argparse.Namespace) -> ContinuousEngine | Ste
         return StepEngine(g, args.streams)
     cache = args.cache_tokens or args.streams * min(g.max_positions, 2048)
     try:
-        return ContinuousEngine(g, args.streams, cache_tokens=max(cache, min(g.max_positions, 2048)),
+        return ContinuousEngine(g, args.streams, cache_tokens=cache,
                                 batch_tokens=args.batch_tokens, cuda_graphs=not args.no_cuda_graphs)
     except (ValueError, NotImplementedError, RuntimeError) as e:
         if args.engine == "continuous":

@@ -28,6 +28,8 @@ class StepEngine:
 
     def __init__(self, generator: Any, max_batch: int) -> None:
         self.g = generator
+        #: The most tokens one sequence may have: the model's positions.
+        self.longest = generator.max_positions
         self.max_batch = max(1, max_batch)
         self.pending: queue.Queue[Sequence] = queue.Queue()
         self.stopped = threading.Event()
