@@ -419,6 +419,9 @@ pub fn tenant_usage(
             inflight: quota.inflight.unwrap_or(0),
             loads: quota.loads.unwrap_or(0),
             requests: quota.requests.unwrap_or(0),
+            max_tokens: quota.max_tokens.unwrap_or(0),
+            prompt_tokens: quota.prompt_tokens.unwrap_or(0),
+            stop_strings: quota.stop_strings.unwrap_or(0),
         }),
     }
 }

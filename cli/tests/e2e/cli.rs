@@ -473,14 +473,14 @@ async fn make_token_files(keys: &std::path::Path) -> (Vec<String>, Vec<String>) 
     (hashes, files)
 }
 
-/// Writes `tenants.toml` under `keys`: the admin, a (leases quota 7) and b, by their
-/// `hashes`.
+/// Writes `tenants.toml` under `keys`: the admin, a (leases quota 7, generation caps of 512
+/// tokens and 1 stop string) and b, by their `hashes`.
 fn write_tenants_file(keys: &std::path::Path, hashes: &[String]) -> std::path::PathBuf {
     let tenants = keys.join("tenants.toml");
     std::fs::write(
         &tenants,
         format!(
-            "[admin]\ntoken_hashes = [\"{}\"]\n[[tenants]]\nname = \"a\"\ntoken_hashes = [\"{}\"]\n[tenants.quota]\nleases = 7\n[[tenants]]\nname = \"b\"\ntoken_hashes = [\"{}\"]\n",
+            "[admin]\ntoken_hashes = [\"{}\"]\n[[tenants]]\nname = \"a\"\ntoken_hashes = [\"{}\"]\n[tenants.quota]\nleases = 7\nmax_tokens = 512\nstop_strings = 1\n[[tenants]]\nname = \"b\"\ntoken_hashes = [\"{}\"]\n",
             hashes[0], hashes[1], hashes[2]
         ),
     )
@@ -548,6 +548,10 @@ async fn reload_and_stats_as_the_admin(addr: &str, admin: &str, a: &str) {
     assert!(
         stats.contains("/7") || stats.contains("/ 7"),
         "the leases quota: {stats}"
+    );
+    assert!(
+        stats.contains("max_tokens 512, stop 1"),
+        "a's generation caps: {stats}"
     );
 }
 

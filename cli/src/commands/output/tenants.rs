@@ -82,8 +82,29 @@ pub(super) fn tenant_usage_json(t: &pb::TenantUsage) -> Value {
             "inflight": q.inflight,
             "loads": q.loads,
             "requests": q.requests,
+            "max_tokens": q.max_tokens,
+            "prompt_tokens": q.prompt_tokens,
+            "stop_strings": q.stop_strings,
         },
     })
+}
+
+/// A tenant's generation caps, `max_tokens 1024, prompt 8192, stop 2`; `-` when it has none.
+fn generation_caps(q: &pb::TenantQuota) -> String {
+    let caps: Vec<String> = [
+        ("max_tokens", q.max_tokens),
+        ("prompt", q.prompt_tokens),
+        ("stop", q.stop_strings),
+    ]
+    .into_iter()
+    .filter(|(_, cap)| *cap > 0)
+    .map(|(name, cap)| format!("{name} {cap}"))
+    .collect();
+    if caps.is_empty() {
+        "-".to_owned()
+    } else {
+        caps.join(", ")
+    }
 }
 
 /// Usage against quota per tenant (`used/limit`; `-`: unlimited).
@@ -97,6 +118,7 @@ pub(super) fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
         "INFLIGHT",
         "LOADS",
         "REQUESTS",
+        "GENERATION CAPS",
     ]);
     let count = |n: u64| n.to_string();
     for u in tenants {
@@ -114,6 +136,7 @@ pub(super) fn tenant_table(tenants: &[pb::TenantUsage]) -> Table {
             right(against(u.inflight, q.inflight.into(), count)),
             right(against(u.loads, q.loads.into(), count)),
             right(against(u.requests, q.requests.into(), count)),
+            Cell::new(generation_caps(&q)),
         ]);
     }
     t
@@ -138,6 +161,8 @@ mod tests {
             models: 2,
             quota: Some(pb::TenantQuota {
                 models: 4,
+                max_tokens: 1024,
+                stop_strings: 2,
                 ..Default::default()
             }),
             ..Default::default()
@@ -147,6 +172,21 @@ mod tests {
             shown.contains("search") && shown.contains("2/4") && shown.contains("0/-"),
             "{shown}"
         );
-        assert_eq!(tenant_usage_json(&usage)["quota"]["models"], 4);
+        assert!(shown.contains("max_tokens 1024, stop 2"), "{shown}");
+        let json = tenant_usage_json(&usage);
+        assert_eq!(json["quota"]["models"], 4);
+        assert_eq!(
+            (
+                &json["quota"]["max_tokens"],
+                &json["quota"]["prompt_tokens"]
+            ),
+            (&serde_json::json!(1024), &serde_json::json!(0))
+        );
+        let none = pb::TenantUsage::default();
+        assert!(
+            tenant_table(std::slice::from_ref(&none))
+                .to_string()
+                .contains(" - ")
+        );
     }
 }
