@@ -137,7 +137,7 @@ def check_triton_stream(stack):
         assert error is None and result.as_numpy("text_output")[0] == b"the", (result, error)
         results.get(timeout=10)  # its final response
         # A client that cancels its stream mid-generation cancels the item at the worker.
-        cancels = worker_log(stack).count("generation cancelled by the server")
+        cancels = cancels_seen(stack)
         slow = tg.InferInput("text_input", [1], "BYTES")
         slow.set_data_from_numpy(np.array([("sleep:100 " + WORDS).encode()], dtype=object))
         c.async_stream_infer("enc", [slow], request_id="slow", parameters={"max_tokens": 150})
@@ -146,7 +146,7 @@ def check_triton_stream(stack):
             assert error is None, error
         t0 = time.monotonic()
         c.stop_stream(cancel_requests=True)
-        while worker_log(stack).count("generation cancelled by the server") == cancels or in_flight(stack):
+        while cancels_seen(stack) == cancels or in_flight(stack):
             assert time.monotonic() - t0 < 5, "the worker still holds the cancelled stream's item"
             time.sleep(0.02)
         print(f"  tritonclient's cancel to the worker's slot free: {1000 * (time.monotonic() - t0):.0f} ms")
@@ -259,7 +259,7 @@ def check_stalled_worker(stack):
     import openai
 
     c = client(stack, TA)
-    cancels = worker_log(stack).count("generation cancelled by the server")
+    cancels = cancels_seen(stack)
     # A token every 3 s: the first within the deadline, the second past the idle limit.
     t0 = time.monotonic()
     stream = c.completions.create(model="enc", prompt="sleep:3000 a b c", max_tokens=4, stream=True)
@@ -273,10 +273,7 @@ def check_stalled_worker(stack):
         raise AssertionError(f"the stream was not ended: {got}")
     took = time.monotonic() - t0
     assert got == ["sleep:3000"] and 4.5 < took < 8, (got, took)
-    deadline = time.monotonic() + 5
-    while worker_log(stack).count("generation cancelled by the server") == cancels:
-        assert time.monotonic() < deadline, "the worker did not see the cancel"
-        time.sleep(0.05)
+    wait_for_cancel_at_worker(stack, cancels)
     print(f"  a stalled stream ended {took:.1f} s after it started (first part at 3 s, idle limit 2 s)")
     stack.assert_drained()
 
@@ -285,9 +282,22 @@ def worker_log(stack):
     return "".join(open(os.path.join(stack.tmp, f)).read() for f in os.listdir(stack.tmp) if f.startswith("worker-"))
 
 
+def cancels_seen(stack):
+    """The cancels the echo workers logged so far."""
+    return worker_log(stack).count("generation cancelled by the server")
+
+
+def wait_for_cancel_at_worker(stack, before):
+    """Waits (5 s at most) until a worker logs a cancel after the ``before`` seen."""
+    deadline = time.monotonic() + 5
+    while cancels_seen(stack) == before:
+        assert time.monotonic() < deadline, "the worker did not see the cancel"
+        time.sleep(0.05)
+
+
 def check_disconnect(stack):
     c = client(stack, TA)
-    cancels = worker_log(stack).count("generation cancelled by the server")
+    cancels = cancels_seen(stack)
     stream = c.completions.create(model="enc", prompt="sleep:100 " + WORDS, max_tokens=150, stream=True)
     got = [next(stream).choices[0].text for _ in range(3)]
     assert got[0] == "sleep:100", got
@@ -298,10 +308,7 @@ def check_disconnect(stack):
         assert time.monotonic() - t0 < 5, "the worker still holds the item 5 s after the disconnect"
         time.sleep(0.01)
     freed = time.monotonic() - t0
-    deadline = time.monotonic() + 5
-    while worker_log(stack).count("generation cancelled by the server") == cancels:
-        assert time.monotonic() < deadline, "the worker did not see the cancel"
-        time.sleep(0.05)
+    wait_for_cancel_at_worker(stack, cancels)
     print(f"  disconnect to the worker's slot free: {freed * 1000:.0f} ms (the stream had ~15 s to go)")
     stack.assert_drained()
 

@@ -23,6 +23,7 @@ use modelshare_serving::{InferError, InferResponse, PartStream, StreamLimits};
 use prometheus::IntCounterVec;
 
 use crate::app::App;
+use crate::request_id::RequestTrace;
 use modelshare_core::tenants::{Caller, Quota};
 
 /// Most stop strings (OpenAI's own limit).
@@ -272,21 +273,27 @@ impl Tokens {
     }
 }
 
-/// Submits `item` to `model` for `caller` as a streamed request (see
-/// [`modelshare_serving::Engine::infer_stream`]): the deadline bounds the time to its first
-/// part, the server's stream limits (`stream_idle_secs`, `max_stream_secs`) the rest. A model the caller may not see is unknown.
+/// Submits what `asked` to `model` for `caller` as a streamed request (see
+/// [`modelshare_serving::Engine::infer_stream`]), within the tenant's caps ([`capped`]) and
+/// marked with the request's `trace`: the deadline bounds the time to its first part, the
+/// server's stream limits (`stream_idle_secs`, `max_stream_secs`) the rest. A model the caller
+/// may not see is unknown.
 pub fn stream(
     app: &App,
     caller: &Caller,
     model: &str,
-    item: pb::Item,
+    asked: Generation,
+    trace: Option<&RequestTrace>,
     deadline: Instant,
 ) -> Result<PartStream, InferError> {
     let model = super::visible_model(app, caller, model)?;
-    let item = match caller {
-        Caller::Admin => item,
-        Caller::Tenant { quota, .. } => capped(item, quota)?,
+    let mut item = match caller {
+        Caller::Admin => asked.item(),
+        Caller::Tenant { quota, .. } => capped(asked, quota)?,
     };
+    if let Some(trace) = trace {
+        trace.stamp(std::slice::from_mut(&mut item));
+    }
     let request = super::request(caller, &model, vec![item], deadline, None);
     let limits = StreamLimits {
         idle: app.config.serving.stream_idle,
@@ -296,56 +303,36 @@ pub fn stream(
     app.engine.infer_stream(request, limits)
 }
 
-/// A tenant's caps on a generation item: `max_tokens` over `max_tokens` is refused, and an item
-/// naming none asks that many; more stop strings than `stop_strings` are refused;
-/// `prompt_tokens` goes to the worker as the item parameter `max_prompt_tokens` (it tokenizes,
-/// and refuses a longer prompt).
-fn capped(mut item: pb::Item, quota: &Quota) -> Result<pb::Item, InferError> {
-    use pb::parameter::Value;
-    if let Some(cap) = quota.stop_strings {
-        let sent = match item.parameters.get("stop").and_then(|p| p.value.as_ref()) {
-            Some(Value::StringValue(json)) => serde_json::from_str::<Vec<serde_json::Value>>(json)
-                .map(|stops| stops.len())
-                .unwrap_or(0),
-            _ => 0,
-        };
-        if sent > cap as usize {
-            return Err(InferError::InvalidInput(format!(
-                "'stop' has {sent} strings; this tenant may send at most {cap}"
-            )));
-        }
+/// The item of a tenant's generation, within its caps: `max_tokens` over `max_tokens` is
+/// refused, and a request naming none asks that many; more stop strings than `stop_strings`
+/// are refused; `prompt_tokens` goes to the worker as the item parameter `max_prompt_tokens`
+/// (it tokenizes, and refuses a longer prompt).
+fn capped(mut asked: Generation, quota: &Quota) -> Result<pb::Item, InferError> {
+    if let Some(cap) = quota.stop_strings
+        && asked.stop.len() > cap as usize
+    {
+        return Err(InferError::InvalidInput(format!(
+            "'stop' has {} strings; this tenant may send at most {cap}",
+            asked.stop.len()
+        )));
     }
     if let Some(cap) = quota.max_tokens {
-        let asked = match item
-            .parameters
-            .get("max_tokens")
-            .and_then(|p| p.value.as_ref())
-        {
-            Some(Value::Int64Value(n)) => Some(*n),
-            _ => None,
-        };
-        match asked {
+        match asked.max_tokens {
             Some(n) if n > i64::from(cap) => {
                 return Err(InferError::InvalidInput(format!(
                     "'max_tokens' is {n}; this tenant may ask at most {cap}"
                 )));
             }
             Some(_) => {}
-            None => {
-                item.parameters.insert(
-                    "max_tokens".into(),
-                    pb::Parameter {
-                        value: Some(Value::Int64Value(i64::from(cap))),
-                    },
-                );
-            }
+            None => asked.max_tokens = Some(i64::from(cap)),
         }
     }
+    let mut item = asked.item();
     if let Some(cap) = quota.prompt_tokens {
         item.parameters.insert(
             "max_prompt_tokens".into(),
             pb::Parameter {
-                value: Some(Value::Int64Value(i64::from(cap))),
+                value: Some(pb::parameter::Value::Int64Value(i64::from(cap))),
             },
         );
     }
@@ -421,12 +408,9 @@ mod tests {
             Some(pb::parameter::Value::Int64Value(n)) => Some(*n),
             _ => None,
         };
-        let asked = |n: Option<i64>| {
-            Generation {
-                max_tokens: n,
-                ..Default::default()
-            }
-            .item()
+        let asked = |n: Option<i64>| Generation {
+            max_tokens: n,
+            ..Default::default()
         };
         let quota = |max_tokens, prompt_tokens, stop_strings| Quota {
             max_tokens,
@@ -447,12 +431,9 @@ mod tests {
         assert!(capped(asked(Some(65)), &quota(Some(64), None, None)).is_err());
         let item = capped(asked(Some(1 << 20)), &Quota::default()).expect("no cap");
         assert_eq!(int(&item, "max_tokens"), Some(1 << 20));
-        let stops = |n: usize| {
-            Generation {
-                stop: vec!["x".into(); n],
-                ..Default::default()
-            }
-            .item()
+        let stops = |n: usize| Generation {
+            stop: vec!["x".into(); n],
+            ..Default::default()
         };
         let one = quota(None, None, Some(1));
         assert!(capped(stops(1), &one).is_ok());

@@ -252,15 +252,18 @@ pub async fn generate<const CHAT: bool>(
             .run_sized(bytes.len(), deadline, move || asked(task, &bytes))
             .await??;
         drop(hold);
-        let mut item = asked.generation.item();
         let id = trace.as_ref().map_or_else(
             || uuid::Uuid::new_v4().simple().to_string(),
             |t| t.id.clone(),
         );
-        if let Some(trace) = &trace {
-            trace.stamp(std::slice::from_mut(&mut item));
-        }
-        let parts = generation::stream(&state.app, &caller, &asked.model, item, deadline)?;
+        let parts = generation::stream(
+            &state.app,
+            &caller,
+            &asked.model,
+            asked.generation,
+            trace.as_ref(),
+            deadline,
+        )?;
         // The first part (or the answer) decides between an error and a stream.
         let opening = streamed::open(parts).await?;
         let reply = Reply {

@@ -106,11 +106,8 @@ pub async fn generate<const STREAM: bool>(
             .run_sized(bytes.len(), deadline, move || asked(&bytes))
             .await??;
         drop(hold);
-        let mut item = asked.item();
-        if let Some(Extension(trace)) = &trace {
-            trace.stamp(std::slice::from_mut(&mut item));
-        }
-        let parts = generation::stream(&state.app, &caller, &path.name, item, deadline)?;
+        let trace = trace.as_ref().map(|Extension(t)| t);
+        let parts = generation::stream(&state.app, &caller, &path.name, asked, trace, deadline)?;
         let opening = streamed::open(parts).await?;
         let reply = Reply {
             model: path.name,

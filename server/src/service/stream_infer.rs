@@ -176,12 +176,8 @@ async fn generate(
     super::oip_infer::version(&req.model_version)?;
     let parameters = tensors::parameters(&req.parameters);
     let asked = generation::kserve(text, &parameters).or_status()?;
-    let mut item = asked.item();
-    if let Some(trace) = trace {
-        trace.stamp(std::slice::from_mut(&mut item));
-    }
     let mut parts: PartStream =
-        generation::stream(app, caller, &req.model_name, item, deadline).or_status()?;
+        generation::stream(app, caller, &req.model_name, asked, trace, deadline).or_status()?;
     let response = |text: &str, last: bool| {
         let mut r = oip::ModelInferResponse {
             model_name: req.model_name.clone(),

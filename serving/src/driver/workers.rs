@@ -178,36 +178,25 @@ impl Driver {
             .expire_without_workers(now, self.config.no_worker_wait);
         self.finish_all(no_worker);
         self.retry_at = None;
-        let mut gpus = self.gpu_loads(now);
+        let mut turns = turns_loads(&self.conns, &mut self.gpus, self.config.gpu_sharing, now);
         // Newest versions first, so that a worker of an older one takes only the overflow;
         // then, among the workers of a GPU taking turns, the one holding the most first, and
         // of those the longest serving (the warmest: its turn goes on while it has work).
-        let mut ids: Vec<(u32, usize, WorkerId)> = self
+        let mut ids: Vec<(u32, usize, WorkerId, Option<String>)> = self
             .conns
             .iter()
             .map(|(id, c)| {
-                let turns = gpu_of(&c.offer)
-                    .and_then(|g| gpus.get(g))
-                    .is_some_and(|l| l.turns);
-                (
-                    c.offer.spec.version,
-                    if turns { c.batches.len() } else { 0 },
-                    *id,
-                )
+                let gpu = gpu_of(&c.offer).filter(|g| turns.contains_key(*g));
+                let held = if gpu.is_some() { c.batches.len() } else { 0 };
+                (c.offer.spec.version, held, *id, gpu.map(str::to_owned))
             })
             .collect();
         ids.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)).then(a.2.cmp(&b.2)));
-        for (_, _, id) in ids {
-            let gpu = self
-                .conns
-                .get(&id)
-                .and_then(|c| gpu_of(&c.offer))
-                .map(str::to_owned);
+        for (_, _, id, gpu) in ids {
             loop {
                 // Taking turns, the workers of a GPU together hold what the largest of them
                 // would (driver::gpus).
-                if let Some(load) = gpu.as_ref().and_then(|g| gpus.get(g))
-                    && load.turns
+                if let Some(load) = gpu.as_deref().and_then(|g| turns.get(g))
                     && load.in_flight >= load.most
                 {
                     break;
@@ -220,7 +209,7 @@ impl Driver {
                 match dispatch.batch {
                     Some(batch) => {
                         self.send_batch(batch, now);
-                        if let Some(load) = gpu.as_ref().and_then(|g| gpus.get_mut(g)) {
+                        if let Some(load) = gpu.as_deref().and_then(|g| turns.get_mut(g)) {
                             load.in_flight += 1;
                         }
                     }
@@ -228,39 +217,6 @@ impl Driver {
                 }
             }
         }
-    }
-
-    /// For every GPU with two workers or more: the batches they hold, the most they may hold
-    /// together when taking turns (the largest of their credits), and whether they take turns
-    /// now (their [`super::gpus::Turns`], whose epoch ends here when it is over).
-    fn gpu_loads(&mut self, now: Instant) -> HashMap<String, GpuLoad> {
-        // Per GPU: its workers, how many of them are warm, and its load.
-        let mut loads: HashMap<String, (usize, usize, GpuLoad)> = HashMap::new();
-        for c in self.conns.values() {
-            if let Some(gpu) = gpu_of(&c.offer) {
-                let (workers, warm, load) = loads.entry(gpu.to_owned()).or_default();
-                *workers += 1;
-                *warm += usize::from(c.batches_done >= super::gpus::WARM_BATCHES);
-                load.in_flight += c.batches.len();
-                load.most = load.most.max(c.offer.spec.credits as usize);
-            }
-        }
-        loads.retain(|_, (workers, _, _)| *workers >= 2);
-        // A GPU back to one worker measures afresh when a second comes.
-        self.gpus.retain(|gpu, _| loads.contains_key(gpu));
-        let policy = self.config.gpu_sharing;
-        loads
-            .into_iter()
-            .map(|(gpu, (workers, warm, mut load))| {
-                let turns = self
-                    .gpus
-                    .entry(gpu.clone())
-                    .or_insert_with(|| super::gpus::Turns::new(policy, now));
-                turns.tick(&gpu, now, workers, warm == workers);
-                load.turns = turns.taking_turns();
-                (gpu, load)
-            })
-            .collect()
     }
 
     pub(super) fn send_batch(&mut self, batch: Batch, now: Instant) {
@@ -369,10 +325,52 @@ fn gpu_of(offer: &WorkerOffer) -> Option<&str> {
     offer.device.as_deref().filter(|d| *d != "host")
 }
 
-/// The workers of one GPU now (see [`Driver::gpu_loads`]).
+/// The workers of one GPU taking turns now (see [`turns_loads`]).
 #[derive(Debug, Default)]
 struct GpuLoad {
     in_flight: usize,
     most: usize,
-    turns: bool,
+}
+
+/// For every GPU whose workers take turns now: the batches they hold, and the most they may
+/// hold together (the largest of their credits). Each GPU with two workers or more has its
+/// [`super::gpus::Turns`] in `gpus` (ticked here: its epoch ends when it is over); a GPU back
+/// to one worker loses it, and measures afresh when a second comes.
+fn turns_loads(
+    conns: &HashMap<WorkerId, Conn>,
+    gpus: &mut HashMap<String, super::gpus::Turns>,
+    policy: crate::types::GpuSharing,
+    now: Instant,
+) -> HashMap<String, GpuLoad> {
+    if conns.len() < 2 {
+        gpus.clear();
+        return HashMap::new();
+    }
+    // Per GPU: its workers, how many of them are warm, and its load.
+    let mut loads: HashMap<&str, (usize, usize, GpuLoad)> = HashMap::new();
+    for c in conns.values() {
+        if let Some(gpu) = gpu_of(&c.offer) {
+            let (workers, warm, load) = loads.entry(gpu).or_default();
+            *workers += 1;
+            *warm += usize::from(c.batches_done >= super::gpus::WARM_BATCHES);
+            load.in_flight += c.batches.len();
+            load.most = load.most.max(c.offer.spec.credits as usize);
+        }
+    }
+    loads.retain(|_, (workers, _, _)| *workers >= 2);
+    gpus.retain(|gpu, _| loads.contains_key(gpu.as_str()));
+    let mut taking_turns = HashMap::new();
+    for (gpu, (workers, warm, load)) in loads {
+        if !gpus.contains_key(gpu) {
+            gpus.insert(gpu.to_owned(), super::gpus::Turns::new(policy, now));
+        }
+        let Some(turns) = gpus.get_mut(gpu) else {
+            continue;
+        };
+        turns.tick(gpu, now, workers, warm == workers);
+        if turns.taking_turns() {
+            taking_turns.insert(gpu.to_owned(), load);
+        }
+    }
+    taking_turns
 }
