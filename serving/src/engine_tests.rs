@@ -822,3 +822,58 @@ async fn the_workers_of_one_gpu_take_turns_or_run_side_by_side() {
         }
     }
 }
+
+/// Taking turns, the worker with the turn batches as one worker would: while it holds a batch
+/// (not idle) and waits `max_queue_delay` to fill the next, the other idle worker of its GPU
+/// does not take the queued item at once (it would switch the GPU to its context for a small
+/// batch).
+#[tokio::test]
+async fn the_worker_with_the_turn_keeps_it_while_it_batches() {
+    let delay = Duration::from_millis(400);
+    let e = engine(EngineConfig {
+        limits: Limits {
+            max_queue_delay: delay,
+            ..Limits::default()
+        },
+        gpu_sharing: GpuSharing::Turns,
+        ..quick()
+    });
+    let on_gpu = || WorkerOffer {
+        device: Some("GPU-0".into()),
+        ..offer(1, 2, 8)
+    };
+    let mut a = e.open_worker(on_gpu()).expect("a");
+    let mut b = e.open_worker(on_gpu()).expect("b");
+    let send = |text: &'static str| {
+        let e = e.clone();
+        tokio::spawn(async move {
+            e.infer(request(None, &[text], Duration::from_secs(5)))
+                .await
+        })
+    };
+    // Both idle: the first item goes at once, to one of them (the turn).
+    let first = send("x");
+    let (mut turn, mut other) = tokio::select! {
+        Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(batch)) })) = a.events.recv() => ((a, batch), b),
+        Some(Ok(pb::ServeEvent { kind: Some(pb::serve_event::Kind::Batch(batch)) })) = b.events.recv() => ((b, batch), a),
+    };
+    let sent = Instant::now();
+    let second = send("yy");
+    // The worker with the turn holds a batch, so the second item waits for its batch to
+    // fill or for the delay, as with one worker; the idle one takes nothing meanwhile.
+    let batch = next_batch(&mut turn.0).await;
+    assert!(
+        sent.elapsed() >= delay - Duration::from_millis(50),
+        "the second batch closed after {:?}, before the queue delay",
+        sent.elapsed()
+    );
+    assert!(
+        other.events.try_recv().is_err(),
+        "the idle worker took a batch while the turn was another's"
+    );
+    e.worker_result(turn.0.id, answer(&turn.1)).await;
+    e.worker_result(turn.0.id, answer(&batch)).await;
+    assert_eq!(lens(&first.await.expect("join").expect("first")), [1]);
+    assert_eq!(lens(&second.await.expect("join").expect("second")), [2]);
+    drop(other);
+}

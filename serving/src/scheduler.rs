@@ -359,6 +359,14 @@ impl<O> Scheduler<O> {
             .any(|w| w.spec.model == spec.model && w.spec.version > spec.version && w.has_credit())
     }
 
+    /// Whether the worker would take a batch that closes: it has a credit left and no worker
+    /// of a newer version of its model has one.
+    pub fn can_take(&self, worker_id: WorkerId) -> bool {
+        self.workers
+            .get(&worker_id)
+            .is_some_and(|w| w.has_credit() && !self.outranked(&w.spec))
+    }
+
     /// Cuts the next batch for a worker, if it has a credit and one closes; fails the model's
     /// queued items whose deadline has passed on the way.
     pub fn next_batch(&mut self, worker_id: WorkerId, now: Instant) -> Dispatch<O> {

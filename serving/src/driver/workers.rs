@@ -8,6 +8,7 @@ use modelshare_proto::v1 as pb;
 use tracing::{info, warn};
 
 use super::*;
+use crate::ids::Serves;
 
 impl Driver {
     pub(super) fn open_worker(&mut self, id: WorkerId, offer: WorkerOffer, events: Events) {
@@ -182,21 +183,35 @@ impl Driver {
         // Newest versions first, so that a worker of an older one takes only the overflow;
         // then, among the workers of a GPU taking turns, the one holding the most first, and
         // of those the longest serving (the warmest: its turn goes on while it has work).
-        let mut ids: Vec<(u32, usize, WorkerId, Option<String>)> = self
+        let mut ids: Vec<(u32, usize, WorkerId, Option<TurnKey>)> = self
             .conns
             .iter()
             .map(|(id, c)| {
                 let gpu = gpu_of(&c.offer).filter(|g| turns.contains_key(*g));
                 let held = if gpu.is_some() { c.batches.len() } else { 0 };
-                (c.offer.spec.version, held, *id, gpu.map(str::to_owned))
+                let key = gpu.map(|g| TurnKey {
+                    gpu: g.to_owned(),
+                    model: c.offer.spec.model.clone(),
+                    serves: c.offer.spec.serves.clone(),
+                });
+                (c.offer.spec.version, held, *id, key)
             })
             .collect();
         ids.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)).then(a.2.cmp(&b.2)));
-        for (_, _, id, gpu) in ids {
+        // Taking turns, the workers of a GPU serving the same requests are offered batches one
+        // at a time: the first in that order that can take one has the turn, and the others
+        // get none while it can (else an idle one would take at once what the worker with the
+        // turn waits to batch, and the GPU would switch contexts for a small batch).
+        let mut turn_taken: Vec<TurnKey> = Vec::new();
+        for (_, _, id, key) in ids {
+            if key.as_ref().is_some_and(|k| turn_taken.contains(k)) {
+                continue;
+            }
+            let gpu = key.as_ref().map(|k| k.gpu.as_str());
             loop {
                 // Taking turns, the workers of a GPU together hold what the largest of them
                 // would (driver::gpus).
-                if let Some(load) = gpu.as_deref().and_then(|g| turns.get(g))
+                if let Some(load) = gpu.and_then(|g| turns.get(g))
                     && load.in_flight >= load.most
                 {
                     break;
@@ -209,12 +224,17 @@ impl Driver {
                 match dispatch.batch {
                     Some(batch) => {
                         self.send_batch(batch, now);
-                        if let Some(load) = gpu.as_deref().and_then(|g| turns.get_mut(g)) {
+                        if let Some(load) = gpu.and_then(|g| turns.get_mut(g)) {
                             load.in_flight += 1;
                         }
                     }
                     None => break,
                 }
+            }
+            if let Some(key) = key
+                && self.sched.can_take(id)
+            {
+                turn_taken.push(key);
             }
         }
     }
@@ -323,6 +343,14 @@ impl Driver {
 /// The GPU a worker's weights are on, if it is on one (not the host backend).
 fn gpu_of(offer: &WorkerOffer) -> Option<&str> {
     offer.device.as_deref().filter(|d| *d != "host")
+}
+
+/// Workers of one GPU taking turns that serve the same requests: one of them has the turn.
+#[derive(Debug, PartialEq)]
+struct TurnKey {
+    gpu: String,
+    model: String,
+    serves: Serves,
 }
 
 /// The workers of one GPU taking turns now (see [`turns_loads`]).
