@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 use modelshare_device::Mapping;
 
 use super::buffers::Buffers;
@@ -41,6 +41,11 @@ pub struct CudaBert {
     /// Page-locked host memory the groups' integer inputs are staged in for their copies up
     /// (asynchronous, one per group), room for [`STAGED_GROUPS`] full groups between waits.
     pub(super) staging: PinnedHostSlice<i32>,
+    /// Recorded behind the queued groups and waited for with the thread asleep (a blocking
+    /// sync event): a stream's own wait spins a core for as long as the GPU works, and a
+    /// worker's compute slots would spin one each, cores its tokenization, the server and the
+    /// other workers of the machine need.
+    done: CudaEvent,
 }
 
 /// Full-size groups whose inputs the staging holds at once (a job's groups are mostly far
@@ -100,6 +105,9 @@ impl CudaBert {
                 cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
             )?
         };
+        let done = ctx.new_event(Some(
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC,
+        ))?;
         Ok(Self {
             dims,
             limits,
@@ -114,6 +122,7 @@ impl CudaBert {
             stages: None,
             pinned,
             staging,
+            done,
         })
     }
 
@@ -206,7 +215,8 @@ impl CudaBert {
         if queued.is_empty() {
             return Ok(());
         }
-        self.stream.synchronize()?;
+        self.done.record(&self.stream)?;
+        self.done.synchronize()?;
         let h = self.dims.hidden;
         // The copies down were queued on this stream, which has just been waited for.
         let rows = self.pinned.as_slice()?;
