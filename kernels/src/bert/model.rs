@@ -6,7 +6,7 @@ use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 use modelshare_device::Mapping;
 
 use super::buffers::Buffers;
-use super::pack::{Packed, Tokens, input_ints, pack};
+use super::pack::{Packed, Padding, Tokens, input_ints, pack};
 use super::placement::{Placed, place};
 use super::sizes::{Dims, Limits, buffer_tokens, check_dims};
 use super::stages::{Marks, Stage, StageTimes};
@@ -142,6 +142,22 @@ impl CudaBert {
         self.limits
     }
 
+    /// Whether a group's sequences are padded to its longest, so that `max_tokens` bounds
+    /// its sequences × their padded length: only without the fused attention (whose
+    /// buffers are all per real token; its kernel skips the padding), else `max_tokens`
+    /// bounds the sum of the lengths, and a group's lengths may differ as they will.
+    pub fn pads(&self) -> bool {
+        self.padding() == Padding::Padded
+    }
+
+    fn padding(&self) -> Padding {
+        if self.fused_attention {
+            Padding::Packed
+        } else {
+            Padding::Padded
+        }
+    }
+
     /// The pooled vectors of `seqs`, row-major `[seqs.len(), hidden]` f32. The group must fit
     /// the limits (sequences of 1 to `max_seq_len` tokens; their count times the longest at
     /// most `max_tokens`), ids inside the vocabularies. Blocks until the result is on the host.
@@ -180,7 +196,7 @@ impl CudaBert {
         // Rows of the pinned output and ints of the staging taken by the queued groups.
         let (mut offset, mut staged) = (0, 0);
         for seqs in groups {
-            let Some(packed) = pack(self.dims, self.limits, seqs)? else {
+            let Some(packed) = pack(self.dims, self.limits, self.padding(), seqs)? else {
                 self.collect(&mut queued, out)?;
                 out.push(Vec::new());
                 (offset, staged) = (0, 0);

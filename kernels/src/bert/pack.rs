@@ -22,7 +22,8 @@ pub struct Tokens<'a> {
 /// of a pass rests on that: the pointers are the encoder's own buffers, sized in
 /// [`CudaBert::new`](super::CudaBert::new) for its limits (`b ≤ max_sequences`,
 /// `s ≤ max_seq_len` padded, and `t` within the `max_tokens + 8·max_sequences` tokens the
-/// buffers hold; `t ≤ b·s`), or weights whose ranges `new` checked inside the arena that `_arena` keeps
+/// buffers hold; `t ≤ b·s`; with the split heads, whose buffers hold `b·s` rows, `b·s`
+/// within them too: [`Padding`]), or weights whose ranges `new` checked inside the arena that `_arena` keeps
 /// alive; all work is on the encoder's stream, in order, and nothing else touches the
 /// buffers; the arena's weights are only read.
 #[derive(Clone, Copy, Debug)]
@@ -51,16 +52,37 @@ pub(super) struct Packed {
     pub(super) offsets: Vec<i32>,
 }
 
-/// Checks `seqs` against the limits `l` and the vocabularies of `d`, and lays out their ids,
-/// types and lengths as the kernels read them (`None` for no sequences).
-pub(super) fn pack(d: Dims, l: Limits, seqs: &[Tokens<'_>]) -> Result<Option<Packed>, KernelError> {
+/// What [`Limits::max_tokens`] bounds in a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Padding {
+    /// Its sequences padded to the longest (`b·longest`): the split heads and the scores
+    /// hold every sequence at the padded length.
+    Padded,
+    /// Its real tokens (`t`): every buffer is per token (the fused attention over the
+    /// packed projections), so lengths may differ as they will.
+    Packed,
+}
+
+/// Checks `seqs` against the limits `l` (tokens counted as `padding` says) and the
+/// vocabularies of `d`, and lays out their ids, types and lengths as the kernels read them
+/// (`None` for no sequences).
+pub(super) fn pack(
+    d: Dims,
+    l: Limits,
+    padding: Padding,
+    seqs: &[Tokens<'_>],
+) -> Result<Option<Packed>, KernelError> {
     let b = seqs.len();
     let longest = seqs.iter().map(|q| q.ids.len()).max().unwrap_or(0);
     if b == 0 {
         return Ok(None);
     }
+    let tokens = match padding {
+        Padding::Padded => b * longest,
+        Padding::Packed => seqs.iter().map(|q| q.ids.len()).sum(),
+    };
     if b > l.max_sequences
-        || b * longest > l.max_tokens
+        || tokens > l.max_tokens
         || longest > l.max_seq_len
         || seqs.iter().any(|q| q.ids.is_empty())
     {

@@ -33,7 +33,8 @@ pub struct Dims {
 /// What one call may hold, sizing the activation buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Most tokens (sequences × their padded length) in one call.
+    /// Most tokens in one call: its sequences × their padded length, or, with the fused
+    /// attention, the sum of their lengths (see [`CudaBert::pads`](super::CudaBert::pads)).
     pub max_tokens: usize,
     /// Most sequences in one call.
     pub max_sequences: usize,

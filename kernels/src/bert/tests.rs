@@ -128,7 +128,7 @@ fn padding_and_limits_are_checked() {
 /// an id outside the vocabulary or a group past the limits through.
 #[test]
 fn groups_are_packed_without_padding() {
-    use super::pack::{Tokens, pack};
+    use super::pack::{Padding, Tokens, pack};
     let (a, b, c) = ([5u32, 6, 7], [8u32], [9u32, 10, 11, 12, 13]);
     let types = [0u32; 5];
     let seqs = [
@@ -145,7 +145,9 @@ fn groups_are_packed_without_padding() {
             type_ids: &types[..5],
         },
     ];
-    let p = pack(dims(2), limits(), &seqs).expect("fits").expect("some");
+    let p = pack(dims(2), limits(), Padding::Padded, &seqs)
+        .expect("fits")
+        .expect("some");
     assert_eq!((p.group.b, p.group.s, p.group.t), (3, 8, 9));
     assert_eq!(p.ids, [5, 6, 7, 8, 9, 10, 11, 12, 13]);
     assert_eq!(p.positions, [0, 1, 2, 0, 0, 1, 2, 3, 4]);
@@ -163,20 +165,58 @@ fn groups_are_packed_without_padding() {
         .chain([-7, -7])
         .collect();
     assert_eq!(ints, want);
-    assert!(pack(dims(2), limits(), &[]).expect("empty").is_none());
+    assert!(
+        pack(dims(2), limits(), Padding::Padded, &[])
+            .expect("empty")
+            .is_none()
+    );
     let bad = [10_000u32];
     let outside = [Tokens {
         ids: &bad,
         type_ids: &types[..1],
     }];
-    assert!(pack(dims(2), limits(), &outside).is_err());
+    assert!(pack(dims(2), limits(), Padding::Padded, &outside).is_err());
     let long = [1u32; 40];
     let too_long = [Tokens {
         ids: &long,
         type_ids: &[0; 40],
     }];
     assert!(
-        pack(dims(2), limits(), &too_long).is_err(),
+        pack(dims(2), limits(), Padding::Padded, &too_long).is_err(),
         "past max_seq_len 30"
     );
+}
+
+/// Packed (the fused attention), `max_tokens` bounds the real tokens: one long sequence and
+/// many short ones fit a group that padded to the longest would not.
+#[test]
+fn packed_groups_count_real_tokens() {
+    use super::pack::{Padding, Tokens, pack};
+    let long = [1u32; 30];
+    let short = [2u32; 2];
+    let types = [0u32; 30];
+    let mut seqs = vec![Tokens {
+        ids: &long,
+        type_ids: &types,
+    }];
+    seqs.extend((0..7).map(|_| Tokens {
+        ids: &short,
+        type_ids: &types[..2],
+    }));
+    // 8 × 30 = 240 padded, 44 real; a limit of 100 tokens takes it only packed.
+    let l = Limits {
+        max_tokens: 100,
+        ..limits()
+    };
+    assert!(pack(dims(2), l, Padding::Padded, &seqs).is_err());
+    let p = pack(dims(2), l, Padding::Packed, &seqs)
+        .expect("fits")
+        .expect("some");
+    assert_eq!((p.group.b, p.group.s, p.group.t), (8, 32, 44));
+    // Past the limit in real tokens, refused either way.
+    let tight = Limits {
+        max_tokens: 43,
+        ..limits()
+    };
+    assert!(pack(dims(2), tight, Padding::Packed, &seqs).is_err());
 }

@@ -70,8 +70,9 @@ impl Encoder for CudaEncoder {
         self.bert.limits().max_tokens
     }
 
+    /// Only without the fused attention (see [`CudaBert::pads`]).
     fn pads(&self) -> bool {
-        true
+        self.bert.pads()
     }
 
     fn max_sequences(&self) -> usize {

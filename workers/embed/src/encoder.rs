@@ -33,14 +33,15 @@ pub trait Encoder: Send {
     /// Length of a sentence vector.
     fn hidden(&self) -> usize;
 
-    /// Most tokens (sequences times their padded length) one call takes.
+    /// Most tokens one call takes: its sequences times their padded length when it
+    /// [`pads`](Encoder::pads), else the sum of their lengths.
     fn max_tokens(&self) -> usize;
 
     /// Most sequences one call takes.
     fn max_sequences(&self) -> usize;
 
     /// Whether a call pads its sequences to the longest (so groups should be of like
-    /// lengths).
+    /// lengths, and [`max_tokens`](Encoder::max_tokens) counts the padding).
     fn pads(&self) -> bool;
 
     /// Whether the encoder may be called again after a call of it panicked. `false` when a

@@ -22,12 +22,11 @@ pub(super) fn run(
     let lengths: Vec<usize> = seqs.iter().map(Sequence::len).collect();
     let mut out = vec![0.0f32; seqs.len() * hidden];
     let mut cancelled = vec![false; seqs.len()];
-    let waste = if encoder.pads() { MAX_PADDING } else { 1.0 };
     let groups = plan(
         &lengths,
         encoder.max_tokens(),
         encoder.max_sequences(),
-        waste,
+        encoder.pads().then_some(MAX_PADDING),
     );
     let mut wanted = |group: Vec<usize>| -> Vec<usize> {
         group

@@ -270,7 +270,7 @@ fn a_panic_while_building_is_an_error() {
 #[test]
 fn plans_groups_within_limits_longest_first() {
     let lengths = [3, 10, 2, 10, 7, 1, 30];
-    let groups = plan(&lengths, 24, 3, 1.0);
+    let groups = plan(&lengths, 24, 3, Some(1.0));
     assert_eq!(groups, vec![vec![6], vec![1, 3], vec![4, 0, 2], vec![5]]);
     let mut all: Vec<usize> = groups.concat();
     all.sort_unstable();
@@ -279,14 +279,14 @@ fn plans_groups_within_limits_longest_first() {
         assert!(g.len() <= 3);
         assert!(g.len() == 1 || g.len() * lengths[g[0]] <= 24);
     }
-    assert!(plan(&[], 10, 10, 1.0).is_empty());
+    assert!(plan(&[], 10, 10, Some(1.0)).is_empty());
 }
 
 /// A padding encoder would get short sequences padded to long ones.
 #[test]
 fn bounds_padding_once_groups_are_big_enough() {
     let lengths: Vec<usize> = (0..64).map(|i| 100 - i).collect(); // 100 down to 37
-    let groups = plan(&lengths, 1 << 20, 1000, 0.25);
+    let groups = plan(&lengths, 1 << 20, 1000, Some(0.25));
     for g in &groups {
         let (first, last) = (lengths[g[0]], lengths[*g.last().expect("member")]);
         assert!(
@@ -296,7 +296,31 @@ fn bounds_padding_once_groups_are_big_enough() {
     }
     assert_eq!(groups.len(), 4, "{groups:?}");
     // Without the bound: one group.
-    assert_eq!(plan(&lengths, 1 << 20, 1000, 1.0).len(), 1);
+    assert_eq!(plan(&lengths, 1 << 20, 1000, Some(1.0)).len(), 1);
+}
+
+/// An encoder that computes only the real tokens gets groups bounded by their sum, whatever
+/// the lengths: one long sequence does not make the short ones count as long.
+#[test]
+fn packs_real_tokens_without_padding() {
+    let lengths = [3, 10, 2, 10, 7, 1, 30];
+    let groups = plan(&lengths, 24, 8, None);
+    assert_eq!(groups, vec![vec![6], vec![1, 3], vec![4, 0, 2, 5]]);
+    assert_eq!(
+        plan(&lengths, 24, 8, Some(1.0)).len(),
+        4,
+        "padded: 4 × 7 > 24"
+    );
+    for g in &groups {
+        assert!(g.len() == 1 || g.iter().map(|&i| lengths[i]).sum::<usize>() <= 24);
+    }
+    // One 30 and a hundred 2s: padded, the 2s would count as 30 each.
+    let mut mixed = vec![30];
+    mixed.extend([2; 100]);
+    let groups = plan(&mixed, 256, 1000, None);
+    assert_eq!(groups.len(), 1, "230 real tokens fit 256");
+    assert!(plan(&mixed, 256, 1000, Some(1.0)).len() > 1);
+    assert!(plan(&[], 10, 10, None).is_empty());
 }
 
 /// Meets the other slots' encoders inside `encode`: each call waits (up to `wait`) until
