@@ -19,7 +19,8 @@ What it measures, per model:
                          (the worker's own batch defaults); clients are --concurrency processes POSTing
                          /v1/embeddings with 64 sentences each over keep-alive HTTP: sentences/s
                          and tokens/s (from usage.prompt_tokens) for the whole set, timed on the
-                         second pass.
+                         second pass (several workers: after --warm-s seconds of load, by which the
+                         server has measured how the GPU's workers share it; the row notes its choice).
                          A sample of the answers is checked against sentence-transformers (cosine
                          >= 0.999).
   PyTorch alone          the same model in transformers' BertModel (fp16, SDPA) on input tokenized
@@ -56,6 +57,7 @@ import lzma
 import multiprocessing as mp
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -465,6 +467,20 @@ class Stack:
         except Exception:  # noqa: BLE001
             return None
 
+    def sharing_measured(self):
+        """The server's last measuring of how the GPU's workers share it (driver::gpus logs
+        "measured both ways" with the items/s of each), or None if it has not measured."""
+        try:
+            with open(os.path.join(self.bench.logs, f"{self.prefix}-server.log"), errors="replace") as f:
+                lines = [line for line in f if "measured both ways" in line]
+        except OSError:
+            return None
+        if not lines:
+            return None
+        fields = dict(re.findall(r"(\w+)=(\S+)", lines[-1]))
+        keep = ("workers", "side_by_side_items_per_s", "turns_items_per_s", "taking_turns")
+        return {k: fields[k] for k in keep if k in fields}
+
     def serving(self):
         """Workers serving the model, from /metrics (modelshare_serving_workers)."""
         want = f'modelshare_serving_workers{{model="{self.name}"}} '
@@ -785,6 +801,12 @@ class Bench:
         stack.scale(n)
         chunks = make_requests(len(self.sentences))
         http_load(stack.port, name, self.sentences, chunks, self.args.concurrency)  # warm, as for sentence-transformers
+        # Several workers on one GPU: load until the server has chosen how they share it (by
+        # default it measures both ways for ~6 s once they are warm), so that the row is the
+        # steady state; the measuring itself is reported from the server's log.
+        warm_until = time.monotonic() + (self.args.warm_s if n > 1 else 0)
+        while time.monotonic() < warm_until:
+            http_load(stack.port, name, self.sentences, chunks, self.args.concurrency)
         before, clients0 = stack.path_times(), children_cpu_s()
         # --passes timed passes; the row is the median pass (a pass of a small model is short).
         runs, vectors = [], None
@@ -800,6 +822,8 @@ class Bench:
                "errors": sum(r["errors"] for r in runs), "first_errors": run["first_errors"], "path": path,
                "passes_sentences_per_s": [round(r["sentences"] / r["seconds"]) for r in runs]}
         row.update(self.verify(vectors, reference))
+        if n > 1:
+            row["gpu_sharing"] = stack.sharing_measured()
         flags = stack.worker_args
         setup = f"{n} worker{'s' if n > 1 else ''}{setup_suffix}" + (f" ({flags})" if flags else "")
         self.add_run(name, f"modelshare {self.args.backend}", setup, row)
@@ -938,6 +962,11 @@ class Bench:
                 check += f"; {run['errors']} failed requests"
             if run.get("tokens_match_st") is False:
                 check += "; usage tokens differ from sentence-transformers'"
+            sharing = run.get("gpu_sharing")
+            if sharing:
+                way = "turns" if sharing.get("taking_turns") == "true" else "side by side"
+                check += (f"; GPU shared {way} (measured side by side {sharing.get('side_by_side_items_per_s')}, "
+                          f"turns {sharing.get('turns_items_per_s')} items/s)")
             per_token = r["models"].get(run["model"], {}).get("product_flops_per_token")
             mfu = f"{run['tokens_per_s'] * per_token / peak:.0%}" if per_token and peak else ""
             path = run.get("path") or {}
@@ -991,6 +1020,9 @@ def parse_args():
     ap.add_argument("--budget-s", type=float, default=480, help="parts starting after this are skipped")
     ap.add_argument("--serving", action="append", default=[],
                     help="a line for the servers' [serving] table (e.g. 'gpu_sharing = \"turns\"'); repeatable")
+    ap.add_argument("--warm-s", type=float, default=15,
+                    help="with several workers, load for at least this long before the timed passes (the server "
+                         "measures how its GPU's workers share it in their first seconds)")
     ap.add_argument("--passes", type=int, default=1,
                     help="timed passes per modelshare row; the row shows the median pass (all in the JSON)")
     ap.add_argument("--wheels", default="gpu-carry/wheels", help="wheels to install sentence-transformers from")

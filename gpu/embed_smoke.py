@@ -4,7 +4,7 @@ MiniLM's shape and random weights (f16 safetensors, MiniLM's tokenizer and
 sentence-transformers files), served with `--backend cuda` by one worker, against the same
 weights upcast to f32 in transformers' BertModel with mean pooling and normalization.
 
-Usage: embed_smoke.py --bin gpu-carry/bin --files gpu-carry/minilm-files --out $OUT
+Usage: embed_smoke.py --bin gpu-carry/bin --files gpu-carry/minilm-files --out $OUT [--worker-args ARGS]
 Prints the worst cosines and one JSON line; exits 1 below --min-cosine (default 0.999).
 """
 
@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--files", default="gpu-carry/minilm-files")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/embed-smoke"))
     ap.add_argument("--min-cosine", type=float, default=0.999)
+    ap.add_argument("--worker-args", default="",
+                    help="more flags for the worker, e.g. --max-batch-tokens 512: with the fused attention the "
+                         "ten sentences (~360 real tokens, 10 × 256 padded) are then one group of mixed lengths")
     a = ap.parse_args()
     import numpy as np
     os.makedirs(a.out, exist_ok=True)
@@ -76,7 +79,8 @@ def main():
                                "--unix-socket", sock, "--handle-socket", os.path.join(tmp, "h.sock"),
                                "--listen", "127.0.0.1:0", "--unauthenticated-tcp", "--http-listen", "127.0.0.1:18080", "--model", "rand=rand"],
                               env=env, stdout=open(os.path.join(a.out, "smoke-server.log"), "w"), stderr=subprocess.STDOUT)
-    worker = subprocess.Popen([f"{a.bin}/modelshare-embed", "--server", f"unix:{sock}", "--model", "rand"],
+    worker = subprocess.Popen([f"{a.bin}/modelshare-embed", "--server", f"unix:{sock}", "--model", "rand",
+                               *a.worker_args.split()],
                               env=env, stdout=open(os.path.join(a.out, "smoke-worker.log"), "w"), stderr=subprocess.STDOUT)
     result = {"ok": False}
     try:
