@@ -65,33 +65,35 @@ struct Args {
     /// Worker name shown by `modelshare ps`.
     #[arg(long, default_value = "embed-worker")]
     name: String,
-    /// Batches taken at once (tokenizing one while computing another). Default: one more than
-    /// --compute-slots.
+    /// Batches taken at once (tokenizing some while others compute). Default: on CUDA, for a
+    /// model of at most 256 MiB of weights, two per compute slot and one more (17); else one
+    /// more than --compute-slots.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     credits: Option<u32>,
     /// Compute threads, each with an encoder of its own (on CUDA: its own stream, activation
     /// buffers and cuBLAS handle, so that several batches are on the GPU at once, as several
     /// workers under MPS would be, in one process). Each slot's buffers take GPU memory (see
     /// --max-batch-tokens); on the CPU, each slot widens its own f32 copy of f16/bf16 weights.
-    /// Default: on CUDA, 4 for a model of at most 256 MiB of weights (a small model's batches
-    /// are short on the GPU, and one thread's host work between them leaves it idle: MiniLM
-    /// went from ~30k to 48k sentences/s on an H200, at ~300 MiB a slot), else 2 (BERT-large
-    /// +2 to +4%, at 670 MiB); on the CPU, 1.
+    /// Default: on CUDA, 8 for a model of at most 256 MiB of weights (a small model's batches
+    /// are short on the GPU: many small ones in flight keep it busy), else 2 (BERT-large +2 to
+    /// +4% over one, at 670 MiB); on the CPU, 1.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
     compute_slots: Option<u32>,
-    /// Most items (inputs) in one batch (more of like length make bigger groups and faster
-    /// products: 1024 against 256 was 17-20% faster on an H200).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65_536))]
-    max_batch_items: u32,
+    /// Most items (inputs) in one batch. Default: on CUDA, 128 for a model of at most 256 MiB
+    /// of weights (small batches, many in flight: MiniLM on an H200 129,836 sentences/s
+    /// against 90,027 with batches of up to 1024 and 4 slots), else 1024.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    max_batch_items: Option<u32>,
     /// Most input bytes in one batch.
     #[arg(long, default_value_t = 16 << 20)]
     max_batch_bytes: u64,
-    /// Most tokens (sequences × their longest length) in one forward pass; sizes the GPU's
-    /// activation buffers, per compute slot (in f16 about 14 × hidden bytes per token, the
-    /// feed-forward's sharing the attention's, plus up to 64 MiB of attention scores: 560 MiB
-    /// for BERT-large at 32768, ~210 MiB for MiniLM).
-    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
-    max_batch_tokens: u64,
+    /// Most tokens in one forward pass (with the fused attention the sum of the sequences'
+    /// lengths, else sequences × their longest); sizes the GPU's activation buffers, per
+    /// compute slot (in f16 about 14 × hidden bytes per token, the feed-forward's sharing the
+    /// attention's: 480 MiB for BERT-large at 32768). Default: on CUDA, 16384 for a model of at
+    /// most 256 MiB of weights (its batches are small), else 32768.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
+    max_batch_tokens: Option<u64>,
     /// Longest input in tokens, special tokens included (default: the model's
     /// max_seq_length); longer inputs are truncated.
     #[arg(long)]
@@ -147,7 +149,7 @@ fn main() -> ExitCode {
         compute_slots: args.compute_slots.map(|n| n as usize),
         max_batch_items: args.max_batch_items,
         max_batch_bytes: args.max_batch_bytes,
-        max_batch_tokens: args.max_batch_tokens as usize,
+        max_batch_tokens: args.max_batch_tokens.map(|n| n as usize),
         overrides: Overrides {
             pooling: args.pooling,
             normalize: args.normalize,
