@@ -30,7 +30,8 @@ What it measures, per model:
                          at 8192 rows: what the products can reach on this GPU; each row's MFU is
                          its tokens/s times the products' FLOPs per token over the dense f16 peak.
   CPU                    cores each side kept busy during a timed pass (clients, server, workers):
-                         the load generator must not be the limit.
+                         the load generator must not be the limit; beside them nvidia-smi's
+                         utilization.gpu over the timed passes (the share of time a kernel ran).
   under MPS (--mps)      the worker counts again, server and workers clients of one MPS daemon
                          started for it (pipe and logs under the run's temporary folder).
   compute slots (--slots 2,4)  one worker of each of these --compute-slots counts (several
@@ -373,6 +374,32 @@ def _post(chunk):
     vectors = {start + d["index"]: np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
                for d in answer["data"] if start + d["index"] in _CLIENT["sample"]}
     return len(answer["data"]), answer["usage"]["prompt_tokens"], vectors, None
+
+
+class GpuBusy:
+    """nvidia-smi's utilization.gpu (the share of each sample period in which a kernel ran)
+    sampled every 100 ms while it is open: whether the GPU had idle gaps during a row. None
+    without nvidia-smi."""
+
+    def __init__(self):
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def close(self):
+        """The mean of the samples (percent), or None."""
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        samples = [float(v) for v in out.split() if v.replace(".", "", 1).isdigit()]
+        return round(sum(samples) / len(samples), 1) if samples else None
 
 
 def http_load(port, model, sentences, chunks, concurrency, sample=()):
@@ -810,12 +837,19 @@ class Bench:
         before, clients0 = stack.path_times(), children_cpu_s()
         # --passes timed passes; the row is the median pass (a pass of a small model is short).
         runs, vectors = [], None
-        for _ in range(max(1, self.args.passes)):
-            run, got = http_load(stack.port, name, self.sentences, chunks, self.args.concurrency, self.sample)
-            runs.append(run)
-            vectors = vectors if vectors is not None else got
+        busy = GpuBusy() if self.args.backend == "cuda" else None
+        try:
+            for _ in range(max(1, self.args.passes)):
+                run, got = http_load(stack.port, name, self.sentences, chunks, self.args.concurrency, self.sample)
+                runs.append(run)
+                vectors = vectors if vectors is not None else got
+            # Before the sampler is reaped: its CPU is not the clients'.
+            clients_s = children_cpu_s() - clients0
+        finally:
+            gpu_busy = busy.close() if busy else None
         seconds = sum(r["seconds"] for r in runs)
-        path = path_breakdown(before, stack.path_times(), seconds, children_cpu_s() - clients0)
+        path = path_breakdown(before, stack.path_times(), seconds, clients_s)
+        path["gpu_busy_percent"] = gpu_busy
         run = sorted(runs, key=lambda r: r["sentences"] / r["seconds"])[len(runs) // 2]
         row = {"seconds": run["seconds"], "sentences_per_s": run["sentences"] / run["seconds"],
                "tokens_per_s": run["prompt_tokens"] / run["seconds"], "prompt_tokens": run["prompt_tokens"],
@@ -972,6 +1006,8 @@ class Bench:
             path = run.get("path") or {}
             cpu = (f"{path['clients_cores']:.1f} / {path['server_cores']:.1f} / {path['workers_cores']:.1f}"
                    if path else "")
+            if path.get("gpu_busy_percent") is not None:
+                cpu += f"; GPU busy {path['gpu_busy_percent']:.0f}%"
             lines.append(f"| {run['model']} | {run['engine']} | {run['setup']} | {run['sentences_per_s']:.0f} | "
                          f"{run['tokens_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}'} | {mfu} | {cpu} | {check} |")
         if r["memory"]:
