@@ -57,17 +57,13 @@ class Sequence:
     def accept(self, token: int, model: Model) -> bool:
         """Takes the next token; True when the sequence has ended (its end event is sent)."""
         self.ids.append(token)
-        self.generated.append(token)
-        if token in model.eos and not self.ignore_eos:
-            self.generated.pop()
-            text = model.tokenizer.decode(self.generated, skip_special_tokens=True)
-            cut = first_stop(text, self.stop, self.sent)
-            self._emit(text if cut is None else text[:cut])
-            return self.end("stop")
+        eos = token in model.eos and not self.ignore_eos
+        if not eos:
+            self.generated.append(token)
         text = model.tokenizer.decode(self.generated, skip_special_tokens=True)
         cut = first_stop(text, self.stop, self.sent)
-        if cut is not None:
-            self._emit(text[:cut])
+        if eos or cut is not None:
+            self._emit(text if cut is None else text[:cut])
             return self.end("stop")
         if len(self.generated) >= self.max_tokens or len(self.ids) >= model.max_positions:
             self._emit(text)

@@ -4,10 +4,11 @@
 //! the most, then to the longest serving (so the GPU runs one context at a time, mostly the
 //! same one).
 //!
-//! Which is faster depends on the model. One that keeps the GPU busy loses to the time-slicing
-//! (BERT-large on an H200: two workers side by side 0.92× one, four 0.89×; taking turns 0.99×
-//! and 0.98×). One whose workers are limited by their host side gains from running side by
-//! side (MiniLM: four workers 1.05× one side by side, 0.91× taking turns). So by default
+//! Which is faster depends on the model and its workers. One that keeps the GPU busy loses to
+//! the time-slicing (BERT-large on an H200: two workers side by side 0.92× one, four 0.89×;
+//! taking turns 0.99× and 0.98×). Workers limited by their host side may gain from running
+//! side by side (MiniLM's, before its worker spread its tokenization over the cores: four
+//! 1.05× one side by side, 0.91× taking turns). So by default
 //! ([`GpuSharing::Auto`]) each GPU with two workers or more measures both ([`Turns`]): four
 //! epochs, the way it runs now, the other, the other again, the first again (so that a load
 //! that grows or shrinks steadily meanwhile favours neither), counting the items its workers
@@ -147,13 +148,24 @@ impl Turns {
 mod tests {
     use super::*;
 
-    /// Runs `epochs` epochs from `now`, each completing `rate(taking_turns)` items a second;
-    /// returns the time after them.
-    fn run(t: &mut Turns, mut now: Instant, epochs: u32, rate: impl Fn(bool) -> f64) -> Instant {
+    /// Runs `epochs` epochs from `now` with two warm workers, each epoch completing
+    /// `rate(taking_turns)` items a second; returns the time after them.
+    fn run(t: &mut Turns, now: Instant, epochs: u32, rate: impl Fn(bool) -> f64) -> Instant {
+        run_with(t, now, epochs, 2, rate)
+    }
+
+    /// [`run`] with `workers` warm workers.
+    fn run_with(
+        t: &mut Turns,
+        mut now: Instant,
+        epochs: u32,
+        workers: usize,
+        rate: impl Fn(bool) -> f64,
+    ) -> Instant {
         for _ in 0..epochs {
             t.completed((rate(t.taking_turns()) * EPOCH.as_secs_f64()) as usize);
             now += EPOCH;
-            t.tick("GPU-0", now, 2, true);
+            t.tick("GPU-0", now, workers, true);
         }
         now
     }
@@ -267,14 +279,13 @@ mod tests {
         // A third worker comes, cold: side by side is measured again once it is warm.
         t.tick("GPU-0", now, 3, false);
         assert!(t.taking_turns(), "kept while the new worker warms");
-        let mut now = now;
-        for _ in 0..MEASURE {
-            t.completed(
-                (if t.taking_turns() { 90.0 } else { 100.0 } * EPOCH.as_secs_f64()) as usize,
-            );
-            now += EPOCH;
-            t.tick("GPU-0", now, 3, true);
-        }
+        run_with(
+            &mut t,
+            now,
+            MEASURE,
+            3,
+            |turns| if turns { 90.0 } else { 100.0 },
+        );
         assert!(
             !t.taking_turns(),
             "three workers: side by side measured faster"

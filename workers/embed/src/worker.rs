@@ -49,7 +49,9 @@ pub const SMALL_MODEL_BYTES: u64 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Defaults {
     pub compute_slots: usize,
-    pub credits: u32,
+    /// Batches taken per compute slot, beyond one more for the whole worker (see
+    /// [`Defaults::credits`]).
+    pub batches_per_slot: u32,
     pub max_batch_items: u32,
     pub max_batch_tokens: usize,
 }
@@ -63,7 +65,7 @@ impl Defaults {
     /// is ~11,000 on mixed sentences), so eight slots take the memory four did.
     pub const SMALL_ON_DEVICE: Self = Self {
         compute_slots: 8,
-        credits: 17,
+        batches_per_slot: 2,
         max_batch_items: 128,
         max_batch_tokens: 16384,
     };
@@ -71,7 +73,7 @@ impl Defaults {
     /// the next: BERT-large +2 to +4%), big batches (its products want rows).
     pub const LARGE_ON_DEVICE: Self = Self {
         compute_slots: 2,
-        credits: 3,
+        batches_per_slot: 1,
         max_batch_items: 1024,
         max_batch_tokens: 32768,
     };
@@ -79,10 +81,19 @@ impl Defaults {
     /// weights), one batch tokenized while one computes.
     pub const HOST: Self = Self {
         compute_slots: 1,
-        credits: 2,
+        batches_per_slot: 1,
         max_batch_items: 1024,
         max_batch_tokens: 32768,
     };
+
+    /// The credits of `slots` compute slots: [`Defaults::batches_per_slot`] each, and one
+    /// more (a batch tokenized while the slots compute).
+    pub fn credits(&self, slots: usize) -> u32 {
+        u32::try_from(slots)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(self.batches_per_slot)
+            .saturating_add(1)
+    }
 
     /// The defaults for weights of `weight_bytes` on the device or on the host.
     pub fn of(on_device: bool, weight_bytes: u64) -> Self {
@@ -114,14 +125,9 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let weight_bytes = model.manifest().arena_bytes;
     let defaults = Defaults::of(on_device, weight_bytes);
     let compute_slots = config.compute_slots.unwrap_or(defaults.compute_slots);
-    // Named slots without credits: as many batches as the defaults take per slot.
-    let credits = config.credits.unwrap_or(match config.compute_slots {
-        None => defaults.credits,
-        Some(slots) => {
-            let per_slot = (defaults.credits - 1) / defaults.compute_slots as u32;
-            (slots as u32).saturating_mul(per_slot).saturating_add(1)
-        }
-    });
+    let credits = config
+        .credits
+        .unwrap_or_else(|| defaults.credits(compute_slots));
     let max_batch_items = config.max_batch_items.unwrap_or(defaults.max_batch_items);
     let max_batch_tokens = config.max_batch_tokens.unwrap_or(defaults.max_batch_tokens);
     info!(
@@ -218,12 +224,22 @@ mod tests {
         assert_eq!(Defaults::of(true, bert_large), Defaults::LARGE_ON_DEVICE);
         assert_eq!(Defaults::of(false, bert_large), Defaults::HOST);
         assert_eq!(Defaults::of(false, minilm), Defaults::HOST);
+        assert_eq!(Defaults::SMALL_ON_DEVICE.credits(8), 17);
+        assert_eq!(Defaults::LARGE_ON_DEVICE.credits(2), 3);
+        assert_eq!(
+            Defaults::SMALL_ON_DEVICE.credits(1),
+            3,
+            "named slots keep the ratio"
+        );
         for d in [
             Defaults::SMALL_ON_DEVICE,
             Defaults::LARGE_ON_DEVICE,
             Defaults::HOST,
         ] {
-            assert!(d.credits as usize > d.compute_slots, "{d:?}: a batch waits");
+            assert!(
+                d.credits(d.compute_slots) as usize > d.compute_slots,
+                "{d:?}: a batch waits"
+            );
             assert!(d.max_batch_items > 0 && d.max_batch_tokens > 0);
         }
     }

@@ -12,9 +12,8 @@ mod bert;
 #[cfg(test)]
 mod fast_tests;
 
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
-
 use rayon::prelude::*;
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use self::bert::FastBert;
 use crate::spec::{ModelSpec, SpecError, TOKENIZER_FILE};
