@@ -24,6 +24,7 @@
 pub mod body;
 pub mod completions;
 pub mod door;
+mod embedding_json;
 pub mod generate;
 pub mod json;
 pub mod metrics;

@@ -17,9 +17,8 @@ use std::time::Instant;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use modelshare_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,7 +28,7 @@ use super::state::HttpState;
 use crate::connections::Connection;
 use crate::front;
 use crate::request_id::RequestTrace;
-use modelshare_serving::{InferError, InferResponse};
+use modelshare_serving::InferError;
 
 /// Most inputs in one request (OpenAI's own limit).
 const MAX_INPUTS: usize = 2048;
@@ -260,105 +259,6 @@ pub fn items(body: &[u8]) -> Result<(String, Vec<pb::Item>, bool), DoorError> {
 }
 
 /// One item's embedding as f32 values.
-fn embedding(model: &str, output: &pb::ItemOutput) -> Result<Vec<f32>, InferError> {
-    let bad = |reason: String| InferError::BadOutput {
-        model: model.to_owned(),
-        reason,
-    };
-    let is_float = |t: &&pb::TensorOutput| {
-        matches!(
-            pb::DType::try_from(t.dtype),
-            Ok(pb::DType::DtypeF32
-                | pb::DType::DtypeF64
-                | pb::DType::DtypeF16
-                | pb::DType::DtypeBf16)
-        )
-    };
-    let t = output
-        .tensors
-        .iter()
-        .find(|t| t.name == "embedding")
-        .or_else(|| output.tensors.iter().find(is_float))
-        .ok_or_else(|| bad("no 'embedding' output and no float output".into()))?;
-    let vector = t.shape.len() == 1 || (t.shape.len() == 2 && t.shape[0] == 1);
-    if !vector {
-        return Err(bad(format!(
-            "output '{}' has shape {:?}; an embedding is one vector",
-            t.name, t.shape
-        )));
-    }
-    let values: Vec<f32> = match pb::DType::try_from(t.dtype) {
-        Ok(pb::DType::DtypeF32) => t
-            .data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Ok(pb::DType::DtypeF16) => t
-            .data
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Ok(pb::DType::DtypeBf16) => t
-            .data
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        // A Python worker's numpy arrays are float64 unless told otherwise: rounded to the
-        // f32 the answer carries (base64 is f32 by OpenAI's definition).
-        Ok(pb::DType::DtypeF64) => t
-            .data
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
-            .collect(),
-        _ => return Err(bad(format!("output '{}' is not a float tensor", t.name))),
-    };
-    let want = t.shape.iter().product::<i64>();
-    if values.len() as i64 != want {
-        return Err(bad(format!(
-            "output '{}' has {} values for shape {:?}",
-            t.name,
-            values.len(),
-            t.shape
-        )));
-    }
-    Ok(values)
-}
-
-fn prompt_tokens(output: &pb::ItemOutput) -> i64 {
-    match output
-        .parameters
-        .get("prompt_tokens")
-        .and_then(|p| p.value.as_ref())
-    {
-        Some(pb::parameter::Value::Int64Value(n)) => *n,
-        Some(pb::parameter::Value::Uint64Value(n)) => i64::try_from(*n).unwrap_or(i64::MAX),
-        _ => 0,
-    }
-}
-
-/// The response body of a computed request.
-fn answer(r: &InferResponse, floats: bool) -> Result<Value, InferError> {
-    let mut data = Vec::with_capacity(r.outputs.len());
-    let mut tokens: i64 = 0;
-    for (index, output) in r.outputs.iter().enumerate() {
-        let values = embedding(&r.model, output)?;
-        tokens = tokens.saturating_add(prompt_tokens(output));
-        let embedding = if floats {
-            json!(values)
-        } else {
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-        };
-        data.push(json!({ "object": "embedding", "index": index, "embedding": embedding }));
-    }
-    Ok(json!({
-        "object": "list",
-        "data": data,
-        "model": r.model,
-        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
-    }))
-}
-
 /// `POST /v1/embeddings`. The caller is admitted before a byte of the body is read; parsing
 /// and rendering run on the request pool ([`crate::cpu`]), off the async runtime.
 pub async fn embeddings(
@@ -392,7 +292,9 @@ pub async fn embeddings(
             .app
             .cpu
             .run_sized(size, render_by, move || {
-                answer(&r, floats).map(|v| Json(v).into_response())
+                super::embedding_json::render(&r, floats).map(|body| {
+                    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+                })
             })
             .await??;
         Ok::<_, DoorError>(rendered)
@@ -501,97 +403,6 @@ mod tests {
             );
         }
     }
-
-    /// More than MAX_INPUTS strings or token lists are refused while reading, before the
-    /// rest is read; one long list of token ids is one input.
-    #[test]
-    fn inputs_are_counted_while_read() {
-        let many = format!(
-            r#"{{"model":"m","input":[{}]}}"#,
-            vec![r#""a""#; MAX_INPUTS + 1].join(",")
-        );
-        let e = items(many.as_bytes()).expect_err("too many");
-        assert!(e.message.contains("more than 2048"), "{}", e.message);
-        let lists = format!(
-            r#"{{"model":"m","input":[{}]}}"#,
-            vec!["[1]"; MAX_INPUTS + 1].join(",")
-        );
-        assert!(items(lists.as_bytes()).is_err());
-        let long = format!(
-            r#"{{"model":"m","input":[{}]}}"#,
-            vec!["7"; 100_000].join(",")
-        );
-        let (_, it, _) = items(long.as_bytes()).expect("one long token list");
-        assert_eq!(it.len(), 1);
-    }
-
-    #[test]
-    fn answers_carry_floats_or_base64_and_usage() {
-        let out = |v: &[f32], tokens: i64| pb::ItemOutput {
-            tensors: vec![pb::TensorOutput {
-                name: "embedding".into(),
-                dtype: pb::DType::DtypeF32 as i32,
-                shape: vec![v.len() as i64],
-                data: v
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect::<Vec<u8>>()
-                    .into(),
-            }],
-            parameters: [(
-                "prompt_tokens".to_owned(),
-                pb::Parameter {
-                    value: Some(pb::parameter::Value::Int64Value(tokens)),
-                },
-            )]
-            .into(),
-        };
-        let r = InferResponse {
-            model: "m".into(),
-            versions: vec![1, 1],
-            outputs: vec![out(&[1.0, 2.0], 2), out(&[0.5, 0.25], 3)],
-        };
-        let v = answer(&r, true).expect("floats");
-        assert_eq!(v["data"][1]["embedding"], json!([0.5, 0.25]));
-        assert_eq!(v["usage"]["prompt_tokens"], 5);
-        let v = answer(&r, false).expect("base64");
-        let b = base64::engine::general_purpose::STANDARD
-            .decode(v["data"][0]["embedding"].as_str().expect("string"))
-            .expect("base64");
-        assert_eq!(
-            b,
-            [1.0f32, 2.0]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>()
-        );
-    }
-
-    /// A float64 embedding (numpy's default in a Python worker) is answered as f32, not
-    /// refused as "not a float tensor".
-    #[test]
-    fn f64_embeddings_are_answered_as_f32() {
-        let r = InferResponse {
-            model: "m".into(),
-            versions: vec![1],
-            outputs: vec![pb::ItemOutput {
-                tensors: vec![pb::TensorOutput {
-                    name: "embedding".into(),
-                    dtype: pb::DType::DtypeF64 as i32,
-                    shape: vec![2],
-                    data: [0.5f64, -0.1]
-                        .iter()
-                        .flat_map(|x| x.to_le_bytes())
-                        .collect::<Vec<u8>>()
-                        .into(),
-                }],
-                parameters: Default::default(),
-            }],
-        };
-        let v = answer(&r, true).expect("f64 taken");
-        assert_eq!(v["data"][0]["embedding"], json!([0.5, -0.1f32]));
-    }
-
     #[test]
     fn errors_have_openais_shape() {
         let e = DoorError {
