@@ -32,27 +32,41 @@ pub struct Embedder {
     compute: Slots,
     /// Held so that the version's lease and mapping live as long as the handler.
     _model: Arc<Model>,
-    /// With `--profile-stages`: tokenization's time, logged when the handler goes.
-    tokenizing: Option<Tokenizing>,
+    /// With `--profile-stages`: where a batch's time in the handler went, logged when the
+    /// handler goes.
+    profile: Option<Profile>,
 }
 
-/// Batches tokenized and the microseconds it took, summed.
+/// Batches handled and the microseconds of each step, summed: tokenization (on a blocking
+/// thread), the compute (waiting for a slot, then its run), and the answers made.
 #[derive(Debug, Default)]
-struct Tokenizing {
+struct Profile {
     batches: AtomicU64,
-    micros: AtomicU64,
+    tokenize: AtomicU64,
+    compute: AtomicU64,
+    answer: AtomicU64,
+}
+
+impl Profile {
+    fn add(&self, step: &AtomicU64, since: Instant) -> Instant {
+        let now = Instant::now();
+        step.fetch_add((now - since).as_micros() as u64, Ordering::Relaxed);
+        now
+    }
 }
 
 impl Drop for Embedder {
     fn drop(&mut self) {
-        if let Some(t) = &self.tokenizing {
-            let batches = t.batches.load(Ordering::Relaxed);
-            let micros = t.micros.load(Ordering::Relaxed);
+        if let Some(p) = &self.profile {
+            let batches = p.batches.load(Ordering::Relaxed).max(1) as f64;
+            let ms = |step: &AtomicU64| step.load(Ordering::Relaxed) as f64 / 1e3 / batches;
             tracing::info!(
                 batches,
-                tokenize_s = micros as f64 / 1e6,
-                per_batch_ms = micros as f64 / 1e3 / batches.max(1) as f64,
-                "profile: tokenization (blocking threads)"
+                tokenize_ms = ms(&p.tokenize),
+                compute_ms = ms(&p.compute),
+                answer_ms = ms(&p.answer),
+                "profile: a batch in the handler (means: tokenization on a blocking thread, \
+                 the compute with its wait for a slot, the answers)"
             );
         }
     }
@@ -60,13 +74,13 @@ impl Drop for Embedder {
 
 impl Embedder {
     /// A handler over a tokenizer and an compute serving `model`.
-    /// With `profile`, it logs tokenization's time when dropped.
+    /// With `profile`, it logs where a batch's time went when dropped.
     pub fn new(text: Arc<TextEncoder>, compute: Slots, model: Arc<Model>, profile: bool) -> Self {
         Self {
             text,
             compute,
             _model: model,
-            tokenizing: profile.then(Tokenizing::default),
+            profile: profile.then(Profile::default),
         }
     }
 }
@@ -78,12 +92,11 @@ impl Handler for Embedder {
         let count = items.len();
         let cancels: Vec<_> = items.iter().map(Item::cancellation).collect();
         let hidden = self.compute.hidden();
-        let started = Instant::now();
+        let mut at = Instant::now();
         let tokenized = tokio::task::spawn_blocking(move || tokenize(&text, &items, hidden)).await;
-        if let Some(t) = &self.tokenizing {
-            t.batches.fetch_add(1, Ordering::Relaxed);
-            t.micros
-                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if let Some(p) = &self.profile {
+            p.batches.fetch_add(1, Ordering::Relaxed);
+            at = p.add(&p.tokenize, at);
         }
         let Ok(tokenized) = tokenized else {
             return vec![Err(ItemFailure::internal("tokenization failed")); count];
@@ -112,6 +125,9 @@ impl Handler for Embedder {
         } else {
             self.compute.encode(seqs, cancels).await
         };
+        if let Some(p) = &self.profile {
+            at = p.add(&p.compute, at);
+        }
         match encoded {
             Ok(encoded) => {
                 for (((i, row), tokens), cancelled) in ok
@@ -135,6 +151,9 @@ impl Handler for Embedder {
                     outcomes[i] = Err(failure.clone());
                 }
             }
+        }
+        if let Some(p) = &self.profile {
+            p.add(&p.answer, at);
         }
         outcomes
     }

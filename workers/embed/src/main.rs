@@ -115,9 +115,10 @@ struct Args {
     /// MODELSHARE_TOKEN_FILE).
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
-    /// Log, when serving a version ends, where the time went: the compute thread's busy and
-    /// idle time, tokenization, and (CUDA) each stage's GPU time, from events between the
-    /// stages (which cost a little: for breakdowns, not for serving).
+    /// Log, when serving a version ends, where the time went: each compute thread's busy and
+    /// idle time and its jobs' wait for it, a batch's tokenization, compute and answer time,
+    /// and (CUDA) each stage's GPU time, from events between the stages (which cost a little:
+    /// for breakdowns, not for serving).
     #[arg(long)]
     profile_stages: bool,
 }
@@ -135,12 +136,15 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    if let Some(n) = args.threads
-        && let Err(e) = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
+    // The rayon pool (the CPU backend's products, big batches' tokenization), named so that
+    // its threads' CPU shows apart from the runtime's; 0 threads is one per core.
+    let n = args.threads.unwrap_or(0);
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("embed-pool-{i}"))
+        .build_global()
     {
-        eprintln!("error: cannot start {n} compute threads: {e}");
+        eprintln!("error: cannot start the rayon pool: {e}");
         return ExitCode::FAILURE;
     }
     let stop = Stop::default();

@@ -1,15 +1,19 @@
 //! What passes between the [`ComputeThread`](super::ComputeThread) and its thread: a job
 //! and its answer, and how the thread ends.
 
+use std::time::Instant;
+
 use modelshare_worker::CancellationToken;
 use tokio::sync::oneshot;
 
 use crate::encoder::EncodeError;
 use crate::tokenize::Sequence;
 
-/// A batch of sequences to encode, the cancellation of each, and where to answer.
+/// A batch of sequences to encode, the cancellation of each, where to answer, and when it
+/// was sent (the thread's profile counts the time it waited).
 pub(super) struct Job {
     pub(super) seqs: Vec<Sequence>,
+    pub(super) sent: Instant,
     pub(super) cancels: Vec<CancellationToken>,
     pub(super) reply: oneshot::Sender<Result<Encoded, EncodeError>>,
 }

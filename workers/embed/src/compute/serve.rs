@@ -47,6 +47,7 @@ pub(super) fn serve(
             sequences = time.sequences,
             busy_s = time.busy.as_secs_f64(),
             idle_s = time.idle.as_secs_f64(),
+            queued_s = time.queued.as_secs_f64(),
             "profile: compute thread; {stages}"
         );
     }
@@ -54,13 +55,15 @@ pub(super) fn serve(
     ended
 }
 
-/// Where the compute thread's time went: running jobs, or waiting for one.
+/// Where the compute thread's time went: running jobs, or waiting for one; and how long its
+/// jobs waited for it, summed.
 #[derive(Debug, Default)]
 struct Time {
     jobs: u64,
     sequences: u64,
     busy: Duration,
     idle: Duration,
+    queued: Duration,
 }
 
 /// Runs jobs in turn until the channel closes (`Ok`) or the encoder panicked and does not
@@ -77,6 +80,7 @@ fn take_jobs(encoder: &mut dyn Encoder, jobs: &mpsc::Receiver<Job>, time: &mut T
         if time.jobs > 0 {
             time.idle += started - waiting;
         }
+        time.queued += started.saturating_duration_since(job.sent);
         let result = run(encoder, &job.seqs, &job.cancels);
         waiting = Instant::now();
         time.busy += waiting - started;

@@ -100,6 +100,7 @@ impl ComputeThread {
             .ok_or_else(ended)?
             .send(Job {
                 seqs,
+                sent: std::time::Instant::now(),
                 cancels,
                 reply,
             })

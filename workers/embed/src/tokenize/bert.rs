@@ -13,14 +13,11 @@
 //! normalization. A text that holds an added token (`[CLS]` written inside an input, which the
 //! crate splits out as that token) is left to the crate too (`encode` returns `None`).
 
-use std::collections::HashMap;
-
-use foldhash::fast::RandomState;
 use serde_json::Value;
 use unicode_categories::UnicodeCategories;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-type Vocab = HashMap<Box<str>, u32, RandomState>;
+use super::vocab::Vocab;
 
 /// BERT's tokenizer over one `tokenizer.json`.
 #[derive(Debug)]
@@ -76,15 +73,15 @@ impl FastBert {
         let mut continuations = Vocab::default();
         for (piece, id) in model.get("vocab")?.as_object()? {
             let id = u32::try_from(id.as_u64()?).ok()?;
-            starts.insert(piece.as_str().into(), id);
+            starts.insert(piece, id);
             if let Some(rest) = piece.strip_prefix(prefix).filter(|_| !prefix.is_empty()) {
-                continuations.insert(rest.into(), id);
+                continuations.insert(rest, id);
             }
         }
         if prefix.is_empty() {
             continuations = starts.clone();
         }
-        let unk = *starts.get(model.get("unk_token")?.as_str()?)?;
+        let unk = starts.get(model.get("unk_token")?.as_str()?)?;
         let mut added = Vec::new();
         for token in json.get("added_tokens")?.as_array()? {
             // Matched in the normalized text: not reproduced here.
@@ -247,7 +244,7 @@ impl FastBert {
             };
             let mut end = word.len();
             let found = loop {
-                if let Some(&id) = vocab.get(&word[start..end]) {
+                if let Some(id) = vocab.get(&word[start..end]) {
                     break Some(id);
                 }
                 match word[start..end].chars().next_back() {

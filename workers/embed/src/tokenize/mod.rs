@@ -11,6 +11,7 @@
 mod bert;
 #[cfg(test)]
 mod fast_tests;
+mod vocab;
 
 use rayon::prelude::*;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
@@ -20,6 +21,13 @@ use crate::spec::{ModelSpec, SpecError, TOKENIZER_FILE};
 
 /// The fewest texts one rayon task tokenizes (about 0.3 ms of a BERT tokenizer's work).
 const PARALLEL_MIN: usize = 32;
+
+/// A batch's texts of this many bytes or fewer are tokenized on the calling thread: about a
+/// millisecond of the fast tokenizer's work, which spread over the rayon pool gains little
+/// on a loaded worker (it tokenizes several batches at once on the blocking threads anyway)
+/// and costs the pool's wake-ups and spinning, cores the server, the compute slots and the
+/// clients of the machine need.
+const SERIAL_MAX_BYTES: usize = 64 << 10;
 
 /// One tokenized input: ids and token types, special tokens included.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -129,16 +137,23 @@ impl TextEncoder {
     }
 
     /// Tokenizes `texts`; an input whose `truncate` is false and that is too long fails alone.
-    /// A batch's texts are spread over the rayon pool's threads ([`PARALLEL_MIN`] a task):
-    /// a request waits for its whole batch, so its tokenization is on every request's path.
+    /// A batch of more than [`SERIAL_MAX_BYTES`] is spread over the rayon pool's threads
+    /// ([`PARALLEL_MIN`] a task): a request waits for its whole batch, so a big batch's
+    /// tokenization would be long on every request's path.
     pub fn encode(&self, texts: &[(&str, bool)]) -> Vec<Result<Sequence, TokenizeError>> {
+        let parallel = texts.iter().map(|(t, _)| t.len()).sum::<usize>() > SERIAL_MAX_BYTES;
         let lowered: Vec<String>;
         let texts: Vec<(&str, bool)> = if self.lower_case {
-            lowered = texts
-                .par_iter()
-                .with_min_len(PARALLEL_MIN)
-                .map(|(t, _)| t.to_lowercase())
-                .collect();
+            let lower = |(t, _): &(&str, bool)| t.to_lowercase();
+            lowered = if parallel {
+                texts
+                    .par_iter()
+                    .with_min_len(PARALLEL_MIN)
+                    .map(lower)
+                    .collect()
+            } else {
+                texts.iter().map(lower).collect()
+            };
             lowered
                 .iter()
                 .zip(texts)
@@ -149,14 +164,19 @@ impl TextEncoder {
         };
         let mut out: Vec<Option<Result<Sequence, TokenizeError>>> = vec![None; texts.len()];
         if let Some(fast) = &self.fast {
-            out.par_iter_mut()
-                .zip(texts.par_iter())
-                .with_min_len(PARALLEL_MIN)
-                .for_each(|(slot, (text, truncate))| {
-                    *slot = fast
-                        .encode(text, truncate.then_some(self.max_len))
-                        .map(|(ids, type_ids)| self.checked(Sequence { ids, type_ids }));
-                });
+            let encode = |(slot, (text, truncate)): (&mut Option<_>, &(&str, bool))| {
+                *slot = fast
+                    .encode(text, truncate.then_some(self.max_len))
+                    .map(|(ids, type_ids)| self.checked(Sequence { ids, type_ids }));
+            };
+            if parallel {
+                out.par_iter_mut()
+                    .zip(texts.par_iter())
+                    .with_min_len(PARALLEL_MIN)
+                    .for_each(encode);
+            } else {
+                out.iter_mut().zip(&texts).for_each(encode);
+            }
         }
         for (tokenizer, truncate) in [(&self.truncating, true), (&self.whole, false)] {
             let (idx, inputs): (Vec<usize>, Vec<&str>) = texts
@@ -346,6 +366,7 @@ pub(crate) mod tests {
     /// gives alone, in the batch's order, its failures alone (lowercased first or not).
     #[test]
     fn a_large_batch_is_tokenized_in_order_as_each_text_alone() {
+        // A large batch over the rayon pool, each text alone on the calling thread.
         let words = [
             "hello",
             "WORLD",
@@ -358,7 +379,7 @@ pub(crate) mod tests {
         for lower_case in [false, true] {
             let t = encoder(5, lower_case);
             assert!(t.fast.is_some(), "BERT's shape: FastBert runs it");
-            let texts: Vec<(String, bool)> = (0..1000)
+            let texts: Vec<(String, bool)> = (0..12_000)
                 .map(|i| {
                     let text: Vec<&str> = (0..i % 5)
                         .map(|k| words[(i * 7 + k) % words.len()])
@@ -367,6 +388,11 @@ pub(crate) mod tests {
                 })
                 .collect();
             let refs: Vec<(&str, bool)> = texts.iter().map(|(t, tr)| (t.as_str(), *tr)).collect();
+            let bytes: usize = refs.iter().map(|(t, _)| t.len()).sum();
+            assert!(
+                bytes > SERIAL_MAX_BYTES,
+                "{bytes} bytes: the batch is spread over the pool"
+            );
             let batch = t.encode(&refs);
             assert_eq!(batch.len(), refs.len());
             let mut failures = 0;
