@@ -563,6 +563,12 @@ class Stack:
                         got[key] = got.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         got["server_cpu_s"] = cpu_seconds(self.server.pid)
         got["workers_cpu_s"] = sum(cpu_seconds(p.pid) for p in self.workers)
+        got["server_threads"] = thread_cpu_s(self.server.pid)
+        workers = {}
+        for p in self.workers:
+            for k, v in thread_cpu_s(p.pid).items():
+                workers[k] = workers.get(k, 0.0) + v
+        got["workers_threads"] = workers
         return got
 
 
@@ -577,7 +583,33 @@ def path_breakdown(before, after, seconds, clients_cpu_s):
     return {"queue_ms": queue and queue * 1e3, "request_ms": request and request * 1e3, "batch_items": items,
             "server_cores": (after["server_cpu_s"] - before["server_cpu_s"]) / seconds,
             "workers_cores": (after["workers_cpu_s"] - before["workers_cpu_s"]) / seconds,
-            "clients_cores": clients_cpu_s / seconds}
+            "clients_cores": clients_cpu_s / seconds,
+            "server_threads_cores": threads_cores(before["server_threads"], after["server_threads"], seconds),
+            "workers_threads_cores": threads_cores(before["workers_threads"], after["workers_threads"], seconds)}
+
+
+def thread_cpu_s(pid):
+    """CPU seconds of process `pid`'s live threads so far, summed by thread name with digits,
+    dashes and hashes cut (`tokio-runtime-worker`, `minilm-3` -> `minilm`): which threads a
+    process's cores go to."""
+    out = {}
+    for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+        try:
+            text = open(stat).read()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        name = re.sub(r"[-_#]*\d+$", "", comm) or comm
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def threads_cores(before, after, seconds, top=6):
+    """The cores each thread name kept busy between two `thread_cpu_s` (summed over
+    processes), the busiest `top`."""
+    cores = {k: (after.get(k, 0.0) - before.get(k, 0.0)) / seconds for k in after}
+    return {k: round(v, 2) for k, v in sorted(cores.items(), key=lambda kv: -kv[1])[:top] if v >= 0.01}
 
 
 def children_cpu_s():
