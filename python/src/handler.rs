@@ -233,6 +233,14 @@ impl Handler for PyHandler {
                     None => break,
                 },
                 outcome = &mut answered => {
+                    // The thread sends its last part before its answer, but both may come
+                    // between the polls above (the channel looked empty, then the answer was
+                    // there): what it sent first goes first, or the part would be lost.
+                    while let Ok(part) = sent.try_recv() {
+                        if sink.send(part).await.is_err() {
+                            break;
+                        }
+                    }
                     return outcome.unwrap_or_else(|_| Err(thread_failed()));
                 }
                 () = cancelled.cancelled() => {

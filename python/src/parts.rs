@@ -1,8 +1,8 @@
 //! `Parts`: how a streaming handler's parts leave its thread. The Python side
 //! (`modelshare._serve`) calls it with each part in `outcome`'s form; it hands the part to the
 //! serve loop (`handler`'s `handle_stream`, which sends it within the item's window) and waits,
-//! without the GIL, until the loop has taken it: so a closed window or a slow reader holds the
-//! handler's generator, never a buffer. It answers False once the item is cancelled or its
+//! without the GIL, until the loop has room for it (one part at most waits between the two):
+//! so a closed window or a slow reader holds the handler's generator, never a buffer. It answers False once the item is cancelled or its
 //! stream has ended: the Python side then stops the generator.
 
 use modelshare_worker::serve::Output;
@@ -27,7 +27,7 @@ impl Parts {
 
 #[pymethods]
 impl Parts {
-    /// Sends `part` (`(True, tensors, parameters)`), waiting until the serve loop takes it:
+    /// Sends `part` (`(True, tensors, parameters)`), waiting until the serve loop has room:
     /// True when sent, False when the item was cancelled or its stream ended. A part that is
     /// not of the form raises ValueError.
     fn __call__(&self, py: Python<'_>, part: &Bound<'_, PyAny>) -> PyResult<bool> {
