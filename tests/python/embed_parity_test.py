@@ -340,11 +340,15 @@ COMPUTE_SLOTS = 2
 
 def profile_logged(log, slots):
     """The worker stopped with --profile-stages logged where its time went: each compute
-    thread's (one per slot) jobs, busy and idle time, and the batches' tokenization."""
+    thread's (one per slot) jobs, busy and idle time and its jobs' wait for it, and a batch's
+    tokenization, compute and answer time in the handler."""
     text = open(log, errors="replace").read()
     jobs = [int(n) for n in re.findall(r"profile: compute thread.*jobs=(\d+)", text)]
-    ok = len(jobs) == slots and sum(jobs) > 0 and "busy_s=" in text and "profile: tokenization" in text
-    return ("--profile-stages logs the compute thread's and tokenization's time", ok, 0.0,
+    handler = re.search(r"profile: a batch in the handler.*batches=(\d+)\S* tokenize_ms=\S+ compute_ms=\S+ "
+                        r"answer_ms=\S+", text)
+    ok = (len(jobs) == slots and sum(jobs) > 0 and "busy_s=" in text and "queued_s=" in text
+          and handler is not None and int(handler.group(1)) > 0)
+    return ("--profile-stages logs the compute threads' and the handler's time", ok, 0.0,
             None if ok else "no profile lines in the worker's log:\n" + text[-1500:])
 
 

@@ -58,8 +58,10 @@ impl Profile {
 impl Drop for Embedder {
     fn drop(&mut self) {
         if let Some(p) = &self.profile {
-            let batches = p.batches.load(Ordering::Relaxed).max(1) as f64;
-            let ms = |step: &AtomicU64| step.load(Ordering::Relaxed) as f64 / 1e3 / batches;
+            let batches = p.batches.load(Ordering::Relaxed);
+            let ms = |step: &AtomicU64| {
+                step.load(Ordering::Relaxed) as f64 / 1e3 / batches.max(1) as f64
+            };
             tracing::info!(
                 batches,
                 tokenize_ms = ms(&p.tokenize),
