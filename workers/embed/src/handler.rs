@@ -14,7 +14,7 @@ use modelshare_proto::v1 as pb;
 use modelshare_worker::serve::{
     Batch, Input, InputTensor, Item, ItemFailure, Outcome, Output, OutputTensor,
 };
-use modelshare_worker::{Handler, Model};
+use modelshare_worker::{Bytes, Handler, Model};
 
 use crate::compute::{Encoded, Slots};
 use crate::encoder::EncodeError;
@@ -131,18 +131,30 @@ impl Handler for Embedder {
             at = p.add(&p.compute, at);
         }
         match encoded {
-            Ok(encoded) => {
-                for (((i, row), tokens), cancelled) in ok
-                    .into_iter()
-                    .zip(encoded.vectors.chunks_exact(hidden.max(1)))
-                    .zip(lengths)
-                    .zip(encoded.cancelled)
+            Ok(Encoded { vectors, cancelled }) => {
+                // One buffer for the batch; each item's tensor a slice of it, not a copy.
+                let row = hidden * std::mem::size_of::<f32>();
+                let rows = Bytes::from_owner(F32Bytes(vectors));
+                for (((n, i), tokens), cancelled) in
+                    ok.into_iter().enumerate().zip(lengths).zip(cancelled)
                 {
+                    let Some(bytes) = rows.get(n * row..(n + 1) * row) else {
+                        outcomes[i] = Err(ItemFailure::internal(
+                            "the compute returned fewer vectors than sequences",
+                        ));
+                        continue;
+                    };
                     outcomes[i] = if cancelled {
                         Err(ItemFailure::cancelled("the server cancelled the item"))
                     } else {
+                        let data = rows.slice_ref(bytes);
                         Ok(Output::new()
-                            .with_tensor(OutputTensor::f32(OUTPUT, vec![hidden as i64], row))
+                            .with_tensor(OutputTensor::new(
+                                OUTPUT,
+                                pb::DType::DtypeF32,
+                                vec![hidden as i64],
+                                data,
+                            ))
                             .with_parameter("prompt_tokens", tokens as i64))
                     };
                 }
@@ -158,6 +170,16 @@ impl Handler for Embedder {
             p.add(&p.answer, at);
         }
         outcomes
+    }
+}
+
+/// A batch's vectors as the little-endian bytes of its items' FP32 tensors (the SDK runs on
+/// little-endian hosts only).
+struct F32Bytes(Vec<f32>);
+
+impl AsRef<[u8]> for F32Bytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
     }
 }
 
