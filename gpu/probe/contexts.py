@@ -40,28 +40,26 @@ def busy(seconds):
                  torch.randn(f, h, device=dev, dtype=torch.half) * 0.05) for _ in range(LAYERS)]
 
     layers = weights()
+
+    def forward(y):
+        for wqkv, wo, wup, wdown in layers:
+            qkv = y @ wqkv
+            a = qkv[:, :h] @ wo
+            y = torch.nn.functional.layer_norm(a + y, (h,))
+            u = torch.nn.functional.gelu(y @ wup)
+            y = torch.nn.functional.layer_norm(u @ wdown + y, (h,))
+        return y
+
     streams = [torch.cuda.Stream() for _ in range(STREAMS)]
     graphs, inputs = [], []
     for s in streams:
         x = torch.randn(TOKENS, h, device=dev, dtype=torch.half)
         with torch.cuda.stream(s):
-            y = x
-            for wqkv, wo, wup, wdown in layers:  # warm (cuBLAS picks its kernels)
-                qkv = y @ wqkv
-                a = qkv[:, :h] @ wo
-                y = torch.nn.functional.layer_norm(a + y, (h,))
-                u = torch.nn.functional.gelu(y @ wup)
-                y = torch.nn.functional.layer_norm(u @ wdown + y, (h,))
+            forward(x)  # warm: cuBLAS picks its kernels
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            y = x
-            for wqkv, wo, wup, wdown in layers:
-                qkv = y @ wqkv
-                a = qkv[:, :h] @ wo
-                y = torch.nn.functional.layer_norm(a + y, (h,))
-                u = torch.nn.functional.gelu(y @ wup)
-                y = torch.nn.functional.layer_norm(u @ wdown + y, (h,))
+            forward(x)
         graphs.append(g)
         inputs.append(x)
     torch.cuda.synchronize()

@@ -64,15 +64,18 @@ pub(super) fn render(r: &InferResponse, floats: bool) -> Result<Vec<u8>, InferEr
         } else {
             write_base64(&mut out, vector);
         }
-        out.extend_from_slice(format!(",\"index\":{index},\"object\":\"embedding\"}}").as_bytes());
+        write_text(
+            &mut out,
+            format_args!(",\"index\":{index},\"object\":\"embedding\"}}"),
+        );
     }
     out.extend_from_slice(b"],\"model\":");
     write_json(&mut out, &r.model);
-    out.extend_from_slice(
-        format!(
+    write_text(
+        &mut out,
+        format_args!(
             ",\"object\":\"list\",\"usage\":{{\"prompt_tokens\":{tokens},\"total_tokens\":{tokens}}}}}"
-        )
-        .as_bytes(),
+        ),
     );
     Ok(out)
 }
@@ -113,33 +116,53 @@ fn write_base64(out: &mut Vec<u8>, vector: &Vector<'_>) {
     out.push(b'"');
 }
 
+/// Formatted text, written into `out` without a string of its own.
+fn write_text(out: &mut Vec<u8>, text: std::fmt::Arguments<'_>) {
+    // Writing into a Vec cannot fail.
+    std::io::Write::write_fmt(out, text).expect("text into memory");
+}
+
 /// `value` as JSON (a string escaped, a float as serde_json writes it).
 fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     // Writing a string or a number into a Vec cannot fail.
     serde_json::to_writer(out, value).expect("JSON into memory");
 }
 
+/// Bytes per element of a float output the answer takes; `None` for any other dtype.
+fn float_size(dtype: i32) -> Option<usize> {
+    match pb::DType::try_from(dtype) {
+        Ok(pb::DType::DtypeF32) => Some(4),
+        Ok(pb::DType::DtypeF16 | pb::DType::DtypeBf16) => Some(2),
+        Ok(pb::DType::DtypeF64) => Some(8),
+        _ => None,
+    }
+}
+
+/// Each `N`-byte element of `data` widened or rounded to f32 by `f`.
+fn to_f32<const N: usize>(data: &[u8], f: impl Fn([u8; N]) -> f32) -> Vec<f32> {
+    data.chunks_exact(N)
+        .map(|c| f(c.try_into().unwrap_or([0; N])))
+        .collect()
+}
+
 /// The embedding of one output: the tensor `embedding`, else its first float tensor, of rank
-/// 1 (or `[1, d]`), its element count what its shape says.
+/// 1 (or `[1, d]`), its bytes whole elements, as many as its shape says (checked before any
+/// value is read).
 fn embedding<'a>(model: &str, output: &'a pb::ItemOutput) -> Result<Vector<'a>, InferError> {
     let bad = |reason: String| InferError::BadOutput {
         model: model.to_owned(),
         reason,
     };
-    let is_float = |t: &&pb::TensorOutput| {
-        matches!(
-            pb::DType::try_from(t.dtype),
-            Ok(pb::DType::DtypeF32
-                | pb::DType::DtypeF64
-                | pb::DType::DtypeF16
-                | pb::DType::DtypeBf16)
-        )
-    };
     let t = output
         .tensors
         .iter()
         .find(|t| t.name == "embedding")
-        .or_else(|| output.tensors.iter().find(is_float))
+        .or_else(|| {
+            output
+                .tensors
+                .iter()
+                .find(|t| float_size(t.dtype).is_some())
+        })
         .ok_or_else(|| bad("no 'embedding' output and no float output".into()))?;
     let vector = t.shape.len() == 1 || (t.shape.len() == 2 && t.shape[0] == 1);
     if !vector {
@@ -148,43 +171,11 @@ fn embedding<'a>(model: &str, output: &'a pb::ItemOutput) -> Result<Vector<'a>, 
             t.name, t.shape
         )));
     }
-    let (values, size) = match pb::DType::try_from(t.dtype) {
-        Ok(pb::DType::DtypeF32) => (Vector::Le(&t.data[..t.data.len() - t.data.len() % 4]), 4),
-        Ok(pb::DType::DtypeF16) => (
-            Vector::Converted(
-                t.data
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            ),
-            2,
-        ),
-        Ok(pb::DType::DtypeBf16) => (
-            Vector::Converted(
-                t.data
-                    .chunks_exact(2)
-                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            ),
-            2,
-        ),
-        // A Python worker's numpy arrays are float64 unless told otherwise: rounded to the
-        // f32 the answer carries (base64 is f32 by OpenAI's definition).
-        Ok(pb::DType::DtypeF64) => (
-            Vector::Converted(
-                t.data
-                    .chunks_exact(8)
-                    .map(|c| {
-                        f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
-                    })
-                    .collect(),
-            ),
-            8,
-        ),
-        _ => return Err(bad(format!("output '{}' is not a float tensor", t.name))),
+    let Some(size) = float_size(t.dtype) else {
+        return Err(bad(format!("output '{}' is not a float tensor", t.name)));
     };
     let want = t.shape.iter().product::<i64>();
-    if values.len() as i64 != want || t.data.len() % size != 0 {
+    if t.data.len() % size != 0 || (t.data.len() / size) as i64 != want {
         return Err(bad(format!(
             "output '{}' has {} bytes of {}-byte values for shape {:?}",
             t.name,
@@ -193,7 +184,22 @@ fn embedding<'a>(model: &str, output: &'a pb::ItemOutput) -> Result<Vector<'a>, 
             t.shape
         )));
     }
-    Ok(values)
+    let data = &t.data[..];
+    Ok(match pb::DType::try_from(t.dtype) {
+        Ok(pb::DType::DtypeF16) => {
+            Vector::Converted(to_f32(data, |b| half::f16::from_le_bytes(b).to_f32()))
+        }
+        Ok(pb::DType::DtypeBf16) => {
+            Vector::Converted(to_f32(data, |b| half::bf16::from_le_bytes(b).to_f32()))
+        }
+        // A Python worker's numpy arrays are float64 unless told otherwise: rounded to the
+        // f32 the answer carries (base64 is f32 by OpenAI's definition).
+        Ok(pb::DType::DtypeF64) => {
+            Vector::Converted(to_f32(data, |b| f64::from_le_bytes(b) as f32))
+        }
+        // FP32 (float_size let no other type through): the bytes as they are.
+        _ => Vector::Le(data),
+    })
 }
 
 fn prompt_tokens(output: &pb::ItemOutput) -> i64 {
