@@ -29,10 +29,12 @@
 //! - `stages`: [`StageTimes`], the GPU time of each stage of the calls, when asked for.
 
 mod buffers;
+mod graphs;
 mod model;
 mod pack;
 mod pass;
 mod placement;
+mod replay;
 mod sizes;
 mod stages;
 #[cfg(test)]

@@ -6,9 +6,10 @@ use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 use modelshare_device::Mapping;
 
 use super::buffers::Buffers;
-use super::pack::{Packed, Padding, Tokens, input_ints, pack};
+use super::graphs::{Graphs, launch_shape};
+use super::pack::{Group, Packed, Padding, Tokens, input_ints, pack};
 use super::placement::{Placed, place};
-use super::sizes::{Dims, Limits, buffer_tokens, check_dims};
+use super::sizes::{Dims, Limits, buffer_tokens, check_dims, padded_len};
 use super::stages::{Marks, Stage, StageTimes};
 use super::weights::EncoderWeights;
 use crate::blas::Blas;
@@ -46,6 +47,19 @@ pub struct CudaBert {
     /// worker's compute slots would spin one each, cores its tokenization, the server and the
     /// other workers of the machine need.
     done: CudaEvent,
+    /// Tokens the activation buffers hold (what a launch shape may reach).
+    buffer_tokens: usize,
+    /// The forward pass's graphs by launch shape: `Some` while they are used (the fused
+    /// attention, whose buffers are all per token, and not turned off).
+    pub(super) graphs: Option<Graphs>,
+    /// Whether a forward pass has run on the stream (every kernel module is loaded): graphs
+    /// are captured only after.
+    pub(super) warm: bool,
+    /// Why graphs were turned off after a capture failed, until [`CudaBert::graphs_failure`]
+    /// takes it.
+    pub(super) graphs_failure: Option<String>,
+    /// Graphs captured so far (kept or since dropped).
+    pub(super) captured: usize,
 }
 
 /// Full-size groups whose inputs the staging holds at once (a job's groups are mostly far
@@ -96,7 +110,8 @@ impl CudaBert {
         // the rows its copies wrote, after waiting for them. Not write-combined: it is read.
         let pinned =
             unsafe { ctx.alloc_pinned_with_flags::<f32>(limits.max_sequences * dims.hidden, 0)? };
-        let group_ints = input_ints(buffer_tokens(&dims, &limits, es)?, limits.max_sequences);
+        let tokens = buffer_tokens(&dims, &limits, es)?;
+        let group_ints = input_ints(tokens, limits.max_sequences);
         // SAFETY: the memory is unset until `upload` writes a group's range, which it then
         // copies up. Write-combined: the host only writes it, the device only reads it.
         let staging = unsafe {
@@ -123,7 +138,44 @@ impl CudaBert {
             pinned,
             staging,
             done,
+            buffer_tokens: tokens,
+            graphs: fused_attention.then(Graphs::default),
+            warm: false,
+            graphs_failure: None,
+            captured: 0,
         })
+    }
+
+    /// Whether the forward pass is replayed as CUDA graphs (the default where the fused
+    /// attention runs; see [`super::graphs`]): `false` launches each kernel every call.
+    pub fn use_graphs(&mut self, on: bool) {
+        self.graphs = (on && self.fused_attention).then(Graphs::default);
+    }
+
+    /// Whether graphs are in use.
+    pub fn uses_graphs(&self) -> bool {
+        self.graphs.is_some()
+    }
+
+    /// Graphs captured so far (one per launch shape, again for a shape whose graph was
+    /// dropped to keep at most 64).
+    pub fn graphs_captured(&self) -> usize {
+        self.captured
+    }
+
+    /// Why graphs were turned off, once: a capture failed, and calls since launch each kernel.
+    pub fn graphs_failure(&mut self) -> Option<String> {
+        self.graphs_failure.take()
+    }
+
+    /// The shape `g` is launched at: bucketed while graphs are in use, else its own.
+    fn launch_shape(&self, g: Group) -> Group {
+        if self.graphs.is_none() {
+            return g;
+        }
+        let d = &self.dims;
+        let s = padded_len(self.limits.max_seq_len, d.max_positions - d.position_offset);
+        launch_shape(g, self.buffer_tokens, self.limits.max_sequences, s)
     }
 
     /// From now on, times each stage of every call on the GPU (an event after each; see
@@ -203,13 +255,14 @@ impl CudaBert {
                 continue;
             };
             let b = packed.group.b;
-            if offset + b > self.limits.max_sequences || staged + packed.ints() > self.staging.len()
-            {
+            let launch = self.launch_shape(packed.group);
+            let ints = input_ints(launch.t, launch.b);
+            if offset + b > self.limits.max_sequences || staged + ints > self.staging.len() {
                 self.collect(&mut queued, out)?;
                 (offset, staged) = (0, 0);
             }
-            let marks = self.queue(&packed, offset * h, staged)?;
-            staged += packed.ints();
+            let marks = self.queue(&packed, launch, offset * h, staged)?;
+            staged += ints;
             queued.push(Queued {
                 offset,
                 sequences: b,
@@ -245,15 +298,16 @@ impl CudaBert {
         Ok(())
     }
 
-    /// Queues one packed group: its inputs up, the layers, the pooling, and the copy of its
+    /// Queues one packed group at its launch shape `launch`: its inputs up, the forward pass
+    /// (replayed as a graph when graphs are in use and no stage is timed), and the copy of its
     /// vectors down into the pinned rows from `at` (elements); returns its stage marks.
     fn queue(
         &mut self,
         packed: &Packed,
+        launch: Group,
         at: usize,
         staged: usize,
     ) -> Result<Option<Marks>, KernelError> {
-        let g = packed.group;
         let mut marks = match self.stages {
             Some(_) => Some(Marks::start(&self.stream)?),
             None => None,
@@ -263,33 +317,18 @@ impl CudaBert {
             Some(m) => m.mark(&stream, stage),
             None => Ok(()),
         };
-        self.upload(packed, staged)?;
+        self.upload(packed, launch, staged)?;
         mark(Stage::Upload)?;
-        self.embed(g)?;
-        mark(Stage::Embed)?;
-        for layer in &self.weights.layers {
-            let qkv = self.project(layer, g)?;
-            let ctx = if self.fused_attention {
-                mark(Stage::Projections)?;
-                let ctx = self.attend_packed(layer, qkv, g)?;
-                mark(Stage::Attention)?;
-                Some(ctx)
-            } else {
-                self.split(layer, qkv, g)?;
-                mark(Stage::Projections)?;
-                self.attend(g)?;
-                mark(Stage::Attention)?;
-                None
-            };
-            self.attention_output(layer, ctx, g)?;
-            mark(Stage::AttentionOutput)?;
-            self.feed_forward(layer, g)?;
-            mark(Stage::FeedForward)?;
+        if self.stages.is_none() && self.warm && self.graphs.is_some() {
+            self.replay(launch)?;
+        } else {
+            self.forward(launch, &mut mark)?;
+            self.warm = true;
         }
         // The pinned memory's own event is never recorded (it is only used here), so taking
         // its pointer does not wait.
         let rows = (self.pinned.as_mut_ptr()?, self.pinned.len());
-        self.pool(g, rows, at)?;
+        self.copy_down(packed.group.b, rows, at)?;
         mark(Stage::Pool)?;
         Ok(marks)
     }

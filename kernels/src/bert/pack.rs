@@ -139,25 +139,26 @@ pub(super) const fn input_ints(t: usize, b: usize) -> usize {
 }
 
 impl Packed {
-    /// Integers [`Packed::write_ints`] writes.
-    pub(super) fn ints(&self) -> usize {
-        input_ints(self.group.t, self.group.b)
-    }
-
-    /// Lays out ids, types, positions, lengths and offsets one after the other in `dst`
-    /// (at least [`Packed::ints`] long), as [`Buffers::inputs_of`](super::buffers::Buffers::inputs_of)
-    /// finds them on the device.
-    pub(super) fn write_ints(&self, dst: &mut [i32]) {
-        let mut at = 0;
-        for part in [
-            &self.ids,
-            &self.types,
-            &self.positions,
-            &self.lengths,
-            &self.offsets,
+    /// Lays out ids, types, positions, lengths and offsets one after the other in `dst` (at
+    /// least `input_ints(at.t, at.b)` long), as
+    /// [`Buffers::inputs_of`](super::buffers::Buffers::inputs_of) finds them on the device
+    /// for the launch shape `at` (at least the group's): rows past the group's tokens hold
+    /// token 0, type 0, position 0; sequences past its own have length 0 and start at its
+    /// end, so that they hold no row.
+    pub(super) fn write_ints(&self, dst: &mut [i32], at: Group) {
+        let end = *self.offsets.last().unwrap_or(&0);
+        let mut from = 0;
+        for (part, len, fill) in [
+            (&self.ids, at.t, 0),
+            (&self.types, at.t, 0),
+            (&self.positions, at.t, 0),
+            (&self.lengths, at.b, 0),
+            (&self.offsets, at.b + 1, end),
         ] {
-            dst[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
+            let (head, tail) = dst[from..from + len].split_at_mut(part.len());
+            head.copy_from_slice(part);
+            tail.fill(fill);
+            from += len;
         }
     }
 }

@@ -2,19 +2,30 @@
 //! embeddings, each layer's attention and feed-forward, then pooling and the copy down.
 
 use super::model::CudaBert;
-use super::pack::{Group, Packed};
+use super::pack::{Group, Packed, input_ints};
+use super::stages::Stage;
 use super::weights::{Layer, Linear, Norm};
 use crate::blas::BatchedMatmul;
 use crate::encoder::{self, EmbedArgs, HeadsArgs, Layout, PackedAttentionArgs, ResidualNormArgs};
 use crate::error::KernelError;
 
 impl CudaBert {
-    /// Copies a group's integer inputs up in one copy, from the page-locked staging at
-    /// `staged` (ints), which [`CudaBert::encode_groups`] hands out so that no queued copy
-    /// reads it until the stream has been waited for.
-    pub(super) fn upload(&mut self, p: &Packed, staged: usize) -> Result<(), KernelError> {
-        let n = p.ints();
-        if staged + n > self.staging.len() || n > self.buffers.inputs.slice.len() {
+    /// Copies a group's integer inputs up in one copy, laid out for its launch shape `at`
+    /// (see [`Packed::write_ints`]), from the page-locked staging at `staged` (ints), which
+    /// [`CudaBert::encode_groups`] hands out so that no queued copy reads it until the stream
+    /// has been waited for.
+    pub(super) fn upload(
+        &mut self,
+        p: &Packed,
+        at: Group,
+        staged: usize,
+    ) -> Result<(), KernelError> {
+        let n = input_ints(at.t, at.b);
+        if at.t < p.group.t
+            || at.b < p.group.b
+            || staged + n > self.staging.len()
+            || n > self.buffers.inputs.slice.len()
+        {
             return Err(KernelError::bad(format!(
                 "{n} input ints at {staged} do not fit the staging ({}) or the device buffer",
                 self.staging.len()
@@ -27,7 +38,7 @@ impl CudaBert {
         // queued group its own range until it waits for the stream, and waits for it before
         // returning, on success or error, so no queued copy reads it now.
         let src = unsafe { std::slice::from_raw_parts_mut(base.add(staged), n) };
-        p.write_ints(src);
+        p.write_ints(src, at);
         // SAFETY: `inputs` holds at least n i32 (checked above); `src` is page-locked and
         // untouched until the stream is waited for; the copy is ordered on the stream after
         // the previous group's kernels that read `inputs`.
@@ -39,6 +50,38 @@ impl CudaBert {
             )?
         };
         Ok(())
+    }
+
+    /// Enqueues a group's kernels at its launch shape `g` (its inputs already up): the
+    /// embeddings, each layer, the pooling into `pooled`; `mark` is called after each stage.
+    /// The same launches whether run or captured into a graph.
+    pub(super) fn forward(
+        &self,
+        g: Group,
+        mark: &mut dyn FnMut(Stage) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        self.embed(g)?;
+        mark(Stage::Embed)?;
+        for layer in &self.weights.layers {
+            let qkv = self.project(layer, g)?;
+            let ctx = if self.fused_attention {
+                mark(Stage::Projections)?;
+                let ctx = self.attend_packed(layer, qkv, g)?;
+                mark(Stage::Attention)?;
+                Some(ctx)
+            } else {
+                self.split(layer, qkv, g)?;
+                mark(Stage::Projections)?;
+                self.attend(g)?;
+                mark(Stage::Attention)?;
+                None
+            };
+            self.attention_output(layer, ctx, g)?;
+            mark(Stage::AttentionOutput)?;
+            self.feed_forward(layer, g)?;
+            mark(Stage::FeedForward)?;
+        }
+        self.pool(g)
     }
 
     /// Where the group's sequences lie in the token rows: packed, `t` rows.
@@ -316,17 +359,10 @@ impl CudaBert {
         self.add_norm(bu.down, layer.down.bias, &layer.out_norm, g.t)
     }
 
-    /// Pooling (and normalizing) the last hidden states into f32 `pooled`, then its copy down
-    /// into the pinned rows `(pointer, length in f32)` from element `at`, queued (the caller
-    /// waits for the stream before it reads them).
-    pub(super) fn pool(
-        &self,
-        g: Group,
-        (rows, len): (*mut f32, usize),
-        at: usize,
-    ) -> Result<(), KernelError> {
+    /// Pooling (and normalizing) the last hidden states into f32 `pooled` (a sequence of
+    /// length 0 gives zeros).
+    fn pool(&self, g: Group) -> Result<(), KernelError> {
         let (d, bu) = (self.dims, &self.buffers);
-        let h = d.hidden;
         // SAFETY: as said on `Group`; `pooled` holds max_sequences·hidden f32.
         unsafe {
             encoder::pool(
@@ -339,13 +375,24 @@ impl CudaBert {
                 bu.pooled.ptr,
                 g.b,
                 g.s,
-                h,
+                d.hidden,
                 d.pooling,
                 d.normalize,
-            )?;
+            )
         }
-        let n = g.b * h;
-        if at + n > len || n > bu.pooled.slice.len() {
+    }
+
+    /// Queues the copy of the first `sequences` pooled vectors down into the pinned rows
+    /// `(pointer, length in f32)` from element `at` (the caller waits for the stream before
+    /// it reads them).
+    pub(super) fn copy_down(
+        &self,
+        sequences: usize,
+        (rows, len): (*mut f32, usize),
+        at: usize,
+    ) -> Result<(), KernelError> {
+        let n = sequences * self.dims.hidden;
+        if at + n > len || n > self.buffers.pooled.slice.len() {
             return Err(KernelError::bad(format!(
                 "{n} pooled values at {at} do not fit the {len} pinned ones"
             )));
@@ -356,7 +403,11 @@ impl CudaBert {
         // queues no other write to them before.
         unsafe {
             let dst = std::slice::from_raw_parts_mut(rows.add(at), n);
-            cudarc::driver::result::memcpy_dtoh_async(dst, bu.pooled.ptr, self.stream.cu_stream())?;
+            cudarc::driver::result::memcpy_dtoh_async(
+                dst,
+                self.buffers.pooled.ptr,
+                self.stream.cu_stream(),
+            )?;
         }
         Ok(())
     }

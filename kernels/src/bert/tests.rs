@@ -128,7 +128,7 @@ fn padding_and_limits_are_checked() {
 /// an id outside the vocabulary or a group past the limits through.
 #[test]
 fn groups_are_packed_without_padding() {
-    use super::pack::{Padding, Tokens, pack};
+    use super::pack::{Group, Padding, Tokens, input_ints, pack};
     let (a, b, c) = ([5u32, 6, 7], [8u32], [9u32, 10, 11, 12, 13]);
     let types = [0u32; 5];
     let seqs = [
@@ -155,15 +155,36 @@ fn groups_are_packed_without_padding() {
     assert_eq!(p.offsets, [0, 3, 4, 9]);
     assert_eq!(p.types.len(), 9);
     // One copy up brings them all, in the order Buffers::inputs_of reads them.
-    assert_eq!(p.ints(), 3 * 9 + 2 * 3 + 1);
-    let mut ints = vec![-7; p.ints() + 2];
-    p.write_ints(&mut ints);
+    let n = input_ints(p.group.t, p.group.b);
+    assert_eq!(n, 3 * 9 + 2 * 3 + 1);
+    let mut ints = vec![-7; n + 2];
+    p.write_ints(&mut ints, p.group);
     let want: Vec<i32> = [&p.ids, &p.types, &p.positions, &p.lengths, &p.offsets]
         .into_iter()
         .flatten()
         .copied()
         .chain([-7, -7])
         .collect();
+    assert_eq!(ints, want);
+    // At a graph's launch shape (more rows and sequences): the rows past the tokens are
+    // token 0 at position 0, the sequences past the group's empty and starting at its end.
+    let at = Group { b: 4, s: 32, t: 12 };
+    let mut ints = vec![-7; input_ints(12, 4) + 1];
+    p.write_ints(&mut ints, at);
+    let pad = |v: &[i32], n: usize, fill: i32| {
+        let mut v = v.to_vec();
+        v.resize(n, fill);
+        v
+    };
+    let want: Vec<i32> = [
+        pad(&p.ids, 12, 0),
+        pad(&p.types, 12, 0),
+        pad(&p.positions, 12, 0),
+        pad(&p.lengths, 4, 0),
+        pad(&p.offsets, 5, 9),
+        vec![-7],
+    ]
+    .concat();
     assert_eq!(ints, want);
     assert!(
         pack(dims(2), limits(), Padding::Padded, &[])

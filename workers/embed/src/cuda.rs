@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use modelshare_kernels::bert::{CudaBert, Dims, Limits, Placed, Tokens};
 use modelshare_worker::{Mapping, Tensor};
+use tracing::{debug, warn};
 
 use crate::encoder::{EncodeError, Encoder};
 use crate::spec::ModelSpec;
@@ -16,6 +17,8 @@ use crate::weights::EncoderWeights;
 struct CudaEncoder {
     hidden: usize,
     bert: CudaBert,
+    /// Graphs the encoder had captured when last looked at.
+    captured: usize,
 }
 
 /// The encoder on the GPU of `arena`, built on the calling (compute) thread.
@@ -26,6 +29,7 @@ pub fn encoder(
     max_tokens: usize,
     max_sequences: usize,
     time_stages: bool,
+    graphs: bool,
 ) -> Result<Box<dyn Encoder>, EncodeError> {
     let c = &spec.encoder;
     let placed = weights.try_map(|t| {
@@ -55,9 +59,11 @@ pub fn encoder(
     if time_stages {
         bert.time_stages();
     }
+    bert.use_graphs(graphs);
     Ok(Box::new(CudaEncoder {
         hidden: c.hidden,
         bert,
+        captured: 0,
     }))
 }
 
@@ -93,7 +99,9 @@ impl Encoder for CudaEncoder {
     }
 
     fn encode(&mut self, seqs: &[&Sequence]) -> Result<Vec<f32>, EncodeError> {
-        Ok(self.bert.encode(&tokens_of(seqs))?)
+        let out = self.bert.encode(&tokens_of(seqs));
+        self.say_graphs();
+        Ok(out?)
     }
 
     fn queues_groups(&self) -> bool {
@@ -103,11 +111,28 @@ impl Encoder for CudaEncoder {
     fn encode_groups(&mut self, groups: &[Vec<&Sequence>]) -> Result<Vec<Vec<f32>>, EncodeError> {
         let tokens: Vec<Vec<Tokens<'_>>> = groups.iter().map(|g| tokens_of(g)).collect();
         let refs: Vec<&[Tokens<'_>]> = tokens.iter().map(Vec::as_slice).collect();
-        Ok(self.bert.encode_groups(&refs)?)
+        let out = self.bert.encode_groups(&refs);
+        self.say_graphs();
+        Ok(out?)
     }
 
     fn stage_report(&self) -> Option<String> {
         self.bert.stage_times().map(|t| t.report())
+    }
+}
+
+impl CudaEncoder {
+    /// Logs a graph capture (debug), and, once, that one failed and the encoder launches
+    /// every kernel since (warning).
+    fn say_graphs(&mut self) {
+        let captured = self.bert.graphs_captured();
+        if captured != self.captured {
+            self.captured = captured;
+            debug!(captured, "captured a CUDA graph of the forward pass");
+        }
+        if let Some(reason) = self.bert.graphs_failure() {
+            warn!(%reason, "CUDA graphs are off for this compute slot");
+        }
     }
 }
 

@@ -39,6 +39,9 @@ pub struct Config {
     /// Compute threads, each with an encoder (and on CUDA its stream and buffers) of its own:
     /// batches in flight on the GPU at once (`None`: [`Defaults`]).
     pub compute_slots: Option<usize>,
+    /// On CUDA, replay each batch's forward pass as a CUDA graph (one launch instead of ~50;
+    /// see `modelshare_kernels::bert`), else launch every kernel.
+    pub cuda_graphs: bool,
 }
 
 /// Models of at most this many bytes of weights are small: on CUDA they get
@@ -144,6 +147,7 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
         credits,
         max_batch_items,
         max_batch_tokens,
+        cuda_graphs = on_device && config.cuda_graphs,
         "model read"
     );
     let max_tokens = max_batch_tokens.max(spec.max_seq_len);
@@ -151,12 +155,20 @@ pub fn setup(model: Arc<Model>, config: &Config) -> Result<(ServeOptions, Embedd
     let arena = model.view();
     let stop = config.stop.clone();
     let on_fatal: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |reason| stop.fail(reason));
-    let profile = config.profile;
+    let (profile, graphs) = (config.profile, config.cuda_graphs);
     let make = |_slot: usize| {
         let (spec, arena, weights) = (spec.clone(), arena.clone(), weights.clone());
         move || {
             let encoder: Box<dyn Encoder> = if on_device {
-                crate::cuda::encoder(spec, &arena, &weights, max_tokens, max_sequences, profile)?
+                crate::cuda::encoder(
+                    spec,
+                    &arena,
+                    &weights,
+                    max_tokens,
+                    max_sequences,
+                    profile,
+                    graphs,
+                )?
             } else {
                 Box::new(CpuEncoder::new(spec, &weights, max_tokens, max_sequences)?)
             };
