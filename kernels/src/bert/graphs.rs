@@ -10,9 +10,11 @@
 //! attention and pooling never read them), its sequences up to a power of two (the extra
 //! ones of length 0, which the attention kernel skips and pooling writes as zeros, never
 //! copied down), and attention over the longest length the limits allow (its kernel stops
-//! at each sequence's own length).
+//! at each sequence's own length). No real row reads a padded one; the real rows' values
+//! are the unpadded pass's up to rounding (cuBLAS may pick another algorithm for the padded
+//! row count).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use cudarc::driver::CudaGraph;
 
@@ -21,6 +23,10 @@ use super::pack::Group;
 /// Graphs kept per encoder; past this the least recently used is dropped (a worker's load
 /// uses a handful of shapes; each graph holds ~50 kernel nodes of device memory).
 pub(super) const MAX_GRAPHS: usize = 64;
+
+/// Launch shapes remembered as seen once (a shape is captured the second time it comes, so
+/// that one-off shapes neither pay a capture nor push out graphs in use).
+const SEEN_SHAPES: usize = 1024;
 
 /// Token buckets are at least this many rows apart.
 const MIN_TOKEN_STEP: usize = 64;
@@ -60,11 +66,13 @@ impl Graph {
 }
 
 /// The graphs by launch shape `(sequences, tokens)` (the length is the same for all), with
-/// when each was last used.
+/// when each was last used; and the shapes seen once, oldest first.
 #[derive(Default)]
 pub(super) struct Graphs {
     by_shape: HashMap<(usize, usize), (Graph, u64)>,
     clock: u64,
+    seen: HashSet<(usize, usize)>,
+    seen_order: VecDeque<(usize, usize)>,
 }
 
 impl std::fmt::Debug for Graphs {
@@ -84,6 +92,25 @@ impl Graphs {
             *used = now;
             &*graph
         })
+    }
+
+    /// Whether `g`'s shape (which has no graph) should be captured now: it came before.
+    /// Else it is remembered (the oldest of [`SEEN_SHAPES`] forgotten) and runs kernel by
+    /// kernel this time.
+    pub(super) fn admit(&mut self, g: Group) -> bool {
+        let key = (g.b, g.t);
+        if self.seen.remove(&key) {
+            self.seen_order.retain(|k| *k != key);
+            return true;
+        }
+        if self.seen.len() >= SEEN_SHAPES
+            && let Some(oldest) = self.seen_order.pop_front()
+        {
+            self.seen.remove(&oldest);
+        }
+        self.seen.insert(key);
+        self.seen_order.push_back(key);
+        false
     }
 
     /// Keeps `graph` for `g`'s shape, dropping the least recently used one if full (a graph
@@ -107,7 +134,35 @@ impl Graphs {
 
 #[cfg(test)]
 mod tests {
-    use super::{Group, launch_shape};
+    use super::{Graphs, Group, SEEN_SHAPES, launch_shape};
+
+    /// A shape would be captured the first time it comes (one-off shapes paying a capture and
+    /// pushing out graphs in use), or never again once seen, or the seen set would grow
+    /// without bound.
+    #[test]
+    fn shapes_are_captured_the_second_time_they_come() {
+        let mut graphs = Graphs::default();
+        let g = |b, t| Group { b, s: 256, t };
+        assert!(
+            !graphs.admit(g(128, 10_240)),
+            "first time: run kernel by kernel"
+        );
+        assert!(graphs.admit(g(128, 10_240)), "second time: capture");
+        assert!(
+            !graphs.admit(g(128, 10_240)),
+            "admitted once, then seen afresh"
+        );
+        for t in 0..SEEN_SHAPES + 10 {
+            assert!(!graphs.admit(g(1, 64 * (t + 1))));
+        }
+        assert_eq!(graphs.seen.len(), SEEN_SHAPES);
+        assert_eq!(graphs.seen_order.len(), SEEN_SHAPES);
+        assert!(!graphs.admit(g(1, 64)), "the oldest was forgotten");
+        assert!(
+            graphs.admit(g(1, 64 * (SEEN_SHAPES + 10))),
+            "the newest was kept"
+        );
+    }
 
     fn shape(b: usize, t: usize) -> (usize, usize, usize) {
         let g = launch_shape(Group { b, s: 40, t }, 17408, 128, 256);

@@ -168,9 +168,10 @@ impl CudaBert {
         self.graphs_failure.take()
     }
 
-    /// The shape `g` is launched at: bucketed while graphs are in use, else its own.
+    /// The shape `g` is launched at: bucketed while graphs are in use, else (and while stages
+    /// are timed, which launches each kernel) its own.
     fn launch_shape(&self, g: Group) -> Group {
-        if self.graphs.is_none() {
+        if self.graphs.is_none() || self.stages.is_some() {
             return g;
         }
         let d = &self.dims;

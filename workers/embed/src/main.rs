@@ -123,8 +123,9 @@ struct Args {
     profile_stages: bool,
     /// On CUDA, replay each batch's forward pass as a CUDA graph, captured once per launch
     /// shape (tokens bucketed to within ~3%): one launch instead of ~50, so that the compute
-    /// threads and the driver keep up with a small model's GPU. `false` launches every kernel
-    /// (the pass is the same; for comparison, or if capture misbehaves). Stage timing
+    /// threads and the driver keep up with a small model's GPU; a shape is captured the second
+    /// time it comes. `false` launches every kernel (the same values up to rounding; for
+    /// comparison, or if capture misbehaves). Stage timing
     /// (--profile-stages) launches every kernel.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     cuda_graphs: bool,
