@@ -52,9 +52,6 @@ pub struct CudaBert {
     /// The forward pass's graphs by launch shape: `Some` while they are used (the fused
     /// attention, whose buffers are all per token, and not turned off).
     pub(super) graphs: Option<Graphs>,
-    /// Whether a forward pass has run on the stream (every kernel module is loaded): graphs
-    /// are captured only after.
-    pub(super) warm: bool,
     /// Why graphs were turned off after a capture failed, until [`CudaBert::graphs_failure`]
     /// takes it.
     pub(super) graphs_failure: Option<String>,
@@ -140,7 +137,6 @@ impl CudaBert {
             done,
             buffer_tokens: tokens,
             graphs: fused_attention.then(Graphs::default),
-            warm: false,
             graphs_failure: None,
             captured: 0,
         })
@@ -150,11 +146,6 @@ impl CudaBert {
     /// attention runs; see [`super::graphs`]): `false` launches each kernel every call.
     pub fn use_graphs(&mut self, on: bool) {
         self.graphs = (on && self.fused_attention).then(Graphs::default);
-    }
-
-    /// Whether graphs are in use.
-    pub fn uses_graphs(&self) -> bool {
-        self.graphs.is_some()
     }
 
     /// Graphs captured so far (one per launch shape, again for a shape whose graph was
@@ -320,11 +311,10 @@ impl CudaBert {
         };
         self.upload(packed, launch, staged)?;
         mark(Stage::Upload)?;
-        if self.stages.is_none() && self.warm && self.graphs.is_some() {
+        if self.stages.is_none() {
             self.replay(launch)?;
         } else {
             self.forward(launch, &mut mark)?;
-            self.warm = true;
         }
         // The pinned memory's own event is never recorded (it is only used here), so taking
         // its pointer does not wait.

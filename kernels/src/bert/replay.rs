@@ -1,6 +1,7 @@
 //! The forward pass replayed as a CUDA graph ([`super::graphs`]): the launch shape's graph
-//! launched, captured first if it has none and the shape came before (a shape seen once runs
-//! kernel by kernel). A capture that fails turns graphs off for the encoder (the pass then
+//! launched, captured first if it has none and the shape came before (a shape's first pass
+//! runs kernel by kernel, which also loads every module and cuBLAS kernel the capture will
+//! record), and each kernel launched without graphs. A capture that fails turns graphs off for the encoder (the pass then
 //! launches each kernel, as without graphs) and says why once.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
@@ -12,7 +13,8 @@ use super::pack::Group;
 use crate::error::KernelError;
 
 impl CudaBert {
-    /// Enqueues the forward pass at launch shape `g` (its inputs already up) as its graph.
+    /// Enqueues the forward pass at launch shape `g` (its inputs already up): as its graph
+    /// where graphs are in use and the shape has one or came before, else kernel by kernel.
     pub(super) fn replay(&mut self, g: Group) -> Result<(), KernelError> {
         let Some(graphs) = self.graphs.as_mut() else {
             return self.forward(g, &mut |_| Ok(()));

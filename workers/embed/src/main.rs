@@ -125,8 +125,8 @@ struct Args {
     /// shape (tokens bucketed to within ~3%): one launch instead of ~50, so that the compute
     /// threads and the driver keep up with a small model's GPU; a shape is captured the second
     /// time it comes. `false` launches every kernel (the same values up to rounding; for
-    /// comparison, or if capture misbehaves). Stage timing
-    /// (--profile-stages) launches every kernel.
+    /// comparison, or if capture misbehaves). Stage timing (--profile-stages) launches every
+    /// kernel.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     cuda_graphs: bool,
 }
